@@ -1,0 +1,354 @@
+import Yams
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+extension GatewayConfiguration {
+    /// The outcome of loading: the configuration (when there is no error) and every problem.
+    public struct LoadResult: Sendable {
+        public var configuration: GatewayConfiguration?
+        public var problems: [ConfigProblem]
+        public var errors: [ConfigProblem] { problems.filter { $0.severity == .error } }
+        public var warnings: [ConfigProblem] { problems.filter { $0.severity == .warning } }
+    }
+
+    /// Reads and validates a configuration file. Reads the one file; connects to nothing.
+    public static func load(file path: String) -> LoadResult {
+        guard let handle = fopen(path, "rb") else {
+            return LoadResult(configuration: nil, problems: [ConfigProblem(.error, path: "", message: "cannot read the file: \(String(cString: strerror(errno)))")])
+        }
+        defer { fclose(handle) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = fread(&chunk, 1, chunk.count, handle)
+            if n <= 0 { break }
+            bytes += chunk[0..<n]
+            if bytes.count > 4 << 20 {
+                return LoadResult(configuration: nil, problems: [ConfigProblem(.error, path: "", message: "the file is larger than 4 MiB")])
+            }
+        }
+        return parse(yaml: String(decoding: bytes, as: UTF8.self))
+    }
+
+    /// Parses and validates YAML text: every problem, each with its key path and line:column.
+    public static func parse(yaml: String) -> LoadResult {
+        let node: Node?
+        do {
+            node = try Yams.compose(yaml: yaml)
+        } catch let error as YamlError {
+            return LoadResult(configuration: nil, problems: [Self.problem(from: error)])
+        } catch {
+            return LoadResult(configuration: nil, problems: [ConfigProblem(.error, path: "", message: "not valid YAML")])
+        }
+        let reader = ConfigReader()
+        var config = GatewayConfiguration()
+        let top = ["server", "apple", "session", "store", "identity", "routes"]
+        guard let root = reader.section(node ?? Node(""), path: "", keys: top) else {
+            return LoadResult(configuration: nil, problems: reader.problems)
+        }
+        config.readServer(reader, root)
+        config.readApple(reader, root)
+        config.readSession(reader, root)
+        config.readStore(reader, root)
+        config.readIdentity(reader, root)
+        config.readRoutes(reader, root)
+        config.crossCheck(reader, root)
+        let problems = reader.problems
+        let ok = !problems.contains { $0.severity == .error }
+        return LoadResult(configuration: ok ? config : nil, problems: problems)
+    }
+
+    private static func problem(from error: YamlError) -> ConfigProblem {
+        switch error {
+        case .scanner(_, let problem, let mark, _), .parser(_, let problem, let mark, _), .composer(_, let problem, let mark, _):
+            return ConfigProblem(.error, path: "", line: mark.line, column: mark.column, message: "YAML syntax: \(problem)")
+        case .duplicatedKeysInMapping(let duplicates, let context):
+            return ConfigProblem(.error, path: "", line: context.mark.line, column: context.mark.column,
+                                 message: "duplicate key \(duplicates.map { "'\($0)'" }.joined(separator: ", "))")
+        default:
+            return ConfigProblem(.error, path: "", message: "not valid YAML")
+        }
+    }
+
+    // MARK: sections
+
+    private mutating func readServer(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard let s = r.section(root.values["server"], path: "server", keys: [
+            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "tls", "access_log", "timeouts", "limits",
+        ]) else { return }
+        if let text = r.string(s, "listen") {
+            if let v = ListenAddress.parse(text) { server.listen = v }
+            else { r.report(s.child("listen"), r.mark(s, "listen"), "'\(text)' is not host:port (e.g. 0.0.0.0:8080 or [::]:8080)") }
+        }
+        if let text = r.string(s, "admin_listen") {
+            if let v = ListenAddress.parse(text) {
+                server.adminListen = v
+                if !v.isLoopback {
+                    r.warn(s.child("admin_listen"), r.mark(s, "admin_listen"), "metrics and health are served on a non-loopback address; keep it off the public network")
+                }
+            } else { r.report(s.child("admin_listen"), r.mark(s, "admin_listen"), "'\(text)' is not host:port") }
+        }
+        if let text = r.string(s, "public_url") {
+            if let origin = Self.parseOrigin(text) { server.publicURL = origin }
+            else { r.report(s.child("public_url"), r.mark(s, "public_url"), "'\(text)' is not an origin like https://app.example.com (scheme and host, no path)") }
+        }
+        if let text = r.string(s, "auth_prefix") {
+            let segments = text.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+            let ok = text.hasPrefix("/") && text.count > 1 && !text.hasSuffix("/")
+                && segments.allSatisfy { !$0.isEmpty && $0 != "." && $0 != ".." && $0.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || "-_.~".contains($0)) } }
+            if ok { server.authPrefix = text }
+            else { r.report(s.child("auth_prefix"), r.mark(s, "auth_prefix"), "'\(text)' must be a path like /_auth (leading /, no trailing /, letters, digits, - _ . ~)") }
+        }
+        if let v = r.list(s, "trusted_proxies", what: "an address or CIDR (e.g. 10.0.0.0/8)", parse: CIDR.parse) { server.trustedProxies = v }
+        if let tls = r.section(s.values["tls"], path: s.child("tls"), keys: ["certificate_file", "private_key_file"]), !tls.values.isEmpty {
+            r.report(s.child("tls"), s.values["tls"]?.mark, "TLS termination is not available in this version; terminate TLS in front of SessionGate (load balancer, nginx) and remove server.tls")
+        }
+        if let v = r.enumeration(s, "access_log", as: AccessLogFormat.self) { server.accessLog = v }
+        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown"]) {
+            if let v = r.duration(t, "upstream_connect") { server.timeouts.upstreamConnect = v }
+            if let v = r.duration(t, "upstream_response") { server.timeouts.upstreamResponse = v }
+            if let v = r.duration(t, "idle") { server.timeouts.idle = v }
+            if let v = r.duration(t, "shutdown", atLeast: .zero) { server.timeouts.shutdown = v }
+        }
+        if let l = r.section(s.values["limits"], path: s.child("limits"), keys: ["max_header_bytes", "max_header_count"]) {
+            if let v = r.int(l, "max_header_bytes", range: 1024...(1 << 20)) { server.limits.maxHeaderBytes = v }
+            if let v = r.int(l, "max_header_count", range: 8...1000) { server.limits.maxHeaderCount = v }
+        }
+    }
+
+    private mutating func readApple(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard root.values["apple"] != nil, let s = r.section(root.values["apple"], path: "apple", keys: [
+            "team_id", "client_ids", "key_id", "private_key_file", "base_url", "scopes",
+            "revalidate_after", "revalidate_grace", "outage_grace", "timeout",
+        ]) else { return }
+        var apple = Apple()
+        func required(_ key: String) -> String? {
+            if s.values[key] == nil { r.report(s.child(key), s.mark, "is required"); return nil }
+            return r.string(s, key)
+        }
+        let appleID: (Character) -> Bool = { $0.isASCII && ($0.isUppercase || $0.isNumber) }
+        if let v = required("team_id") {
+            if v.count == 10, v.allSatisfy(appleID) { apple.teamID = v }
+            else { r.report(s.child("team_id"), r.mark(s, "team_id"), "'\(v)' is not a 10-character Apple Team ID (A-Z, 0-9)") }
+        }
+        if let v = required("key_id") {
+            if v.count == 10, v.allSatisfy(appleID) { apple.keyID = v }
+            else { r.report(s.child("key_id"), r.mark(s, "key_id"), "'\(v)' is not a 10-character Apple Key ID (A-Z, 0-9)") }
+        }
+        if s.values["client_ids"] == nil { r.report(s.child("client_ids"), s.mark, "is required: your Services ID first, then any App IDs") }
+        if let v = r.list(s, "client_ids", what: "a client id (e.g. com.example.web)", parse: { id in
+            id.isEmpty || id.contains(where: { $0.isWhitespace || !$0.isASCII }) ? nil : id
+        }) {
+            if v.isEmpty { r.report(s.child("client_ids"), r.mark(s, "client_ids"), "needs at least one client id") }
+            else if Set(v).count != v.count { r.report(s.child("client_ids"), r.mark(s, "client_ids"), "lists a client id twice") }
+            apple.clientIDs = v
+        }
+        if s.values["private_key_file"] == nil { r.report(s.child("private_key_file"), s.mark, "is required (the AuthKey_<key id>.p8 file, or env:NAME)") }
+        if let v = r.string(s, "private_key_file") {
+            if let ref = SecretReference.parse(v) { apple.privateKeyFile = ref }
+            else { r.report(s.child("private_key_file"), r.mark(s, "private_key_file"), "'\(v)' is not a file path or env:NAME") }
+        }
+        if let v = r.string(s, "base_url") {
+            if let origin = Self.parseOrigin(v) {
+                apple.baseURL = origin
+                if origin.hasPrefix("http://"), !Self.isLoopbackOrigin(origin) {
+                    r.warn(s.child("base_url"), r.mark(s, "base_url"), "plain http to a non-loopback host: only for a simulator on a private network")
+                }
+            } else { r.report(s.child("base_url"), r.mark(s, "base_url"), "'\(v)' is not an origin like https://appleid.apple.com") }
+        }
+        if let v = r.list(s, "scopes", what: "a scope (name or email)", parse: { ["name", "email"].contains($0) ? $0 : nil }) { apple.scopes = v }
+        if let v = r.duration(s, "revalidate_after", atLeast: .seconds(1)) {
+            apple.revalidateAfter = v
+            if v < .seconds(86_400) {
+                r.warn(s.child("revalidate_after"), r.mark(s, "revalidate_after"), "Apple asks relying parties to validate a refresh token at most once a day; below 24h risks throttling")
+            }
+        }
+        if let v = r.duration(s, "revalidate_grace", atLeast: .zero) { apple.revalidateGrace = v }
+        if let v = r.duration(s, "outage_grace", atLeast: .zero) { apple.outageGrace = v }
+        if let v = r.duration(s, "timeout") { apple.timeout = v }
+        self.apple = apple
+    }
+
+    private mutating func readSession(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard let s = r.section(root.values["session"], path: "session", keys: ["cookie_name", "secret_file", "idle_timeout", "absolute_timeout"]) else { return }
+        if let v = r.string(s, "cookie_name") {
+            if Self.isToken(v) { session.cookieName = v }
+            else { r.report(s.child("cookie_name"), r.mark(s, "cookie_name"), "'\(v)' is not a valid cookie name") }
+        }
+        if let v = r.string(s, "secret_file") {
+            if let ref = SecretReference.parse(v) { session.secretFile = ref }
+            else { r.report(s.child("secret_file"), r.mark(s, "secret_file"), "'\(v)' is not a file path or env:NAME") }
+        }
+        if let v = r.duration(s, "idle_timeout", atLeast: .seconds(1)) { session.idleTimeout = v }
+        if let v = r.duration(s, "absolute_timeout", atLeast: .seconds(1)) { session.absoluteTimeout = v }
+        if session.idleTimeout > session.absoluteTimeout {
+            r.report(s.child("idle_timeout"), r.mark(s, "idle_timeout"), "is longer than session.absolute_timeout (\(ConfigDuration.format(session.absoluteTimeout)))")
+        }
+    }
+
+    private mutating func readStore(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard let s = r.section(root.values["store"], path: "store", keys: ["redis_url", "key_prefix", "timeout", "local_cache_ttl"]) else { return }
+        if let v = r.string(s, "redis_url") {
+            if let url = RedisURL.parse(v) { store.redisURL = url }
+            else { r.report(s.child("redis_url"), r.mark(s, "redis_url"), "not a redis URL (redis://[:password@]host[:port][/db])") }
+        }
+        if let v = r.string(s, "key_prefix") {
+            if !v.isEmpty, !v.contains(where: { $0.isWhitespace || $0 == "{" || $0 == "}" }) { store.keyPrefix = v }
+            else { r.report(s.child("key_prefix"), r.mark(s, "key_prefix"), "must be non-empty, without spaces or braces") }
+        }
+        if let v = r.duration(s, "timeout") { store.timeout = v }
+        if let v = r.duration(s, "local_cache_ttl", atLeast: .zero) { store.localCacheTTL = v }
+    }
+
+    private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers"]) else { return }
+        if let a = r.section(s.values["assertion"], path: s.child("assertion"), keys: ["enabled", "key_file", "ttl"]) {
+            if let v = r.bool(a, "enabled") { identity.assertion.enabled = v }
+            if let v = r.string(a, "key_file") {
+                if let ref = SecretReference.parse(v) { identity.assertion.keyFile = ref }
+                else { r.report(a.child("key_file"), r.mark(a, "key_file"), "'\(v)' is not a file path or env:NAME") }
+            }
+            if let v = r.duration(a, "ttl", atLeast: .seconds(1)) { identity.assertion.ttl = v }
+            if identity.assertion.enabled, identity.assertion.keyFile == nil {
+                r.report(a.child("key_file"), a.mark, "is required when assertion.enabled is true")
+            }
+        }
+        let keys: [(String, WritableKeyPath<IdentityHeaderNames, String>)] = [
+            ("user", \.user), ("email", \.email), ("email_verified", \.emailVerified), ("private_email", \.privateEmail),
+            ("email_forwarding", \.emailForwarding), ("name", \.name), ("real_user_status", \.realUserStatus), ("assertion", \.assertion),
+        ]
+        if let h = r.section(s.values["headers"], path: s.child("headers"), keys: keys.map(\.0)) {
+            for (key, path) in keys {
+                guard let v = r.string(h, key) else { continue }
+                if Self.isToken(v) { identity.headers[keyPath: path] = v }
+                else { r.report(h.child(key), r.mark(h, key), "'\(v)' is not a valid header name") }
+            }
+            let normalized = identity.headers.all.map { $0.lowercased().replacingUnderscores }
+            if Set(normalized).count != normalized.count {
+                r.report(s.child("headers"), s.values["headers"]?.mark, "two identity headers have the same name (case, '_' and '-' do not distinguish names)")
+            }
+        }
+    }
+
+    private mutating func readRoutes(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard let list = r.sequence(root, "routes") else {
+            if root.values["routes"] == nil { r.report("routes", nil, "at least one route is required") }
+            return
+        }
+        if list.isEmpty { r.report("routes", root.values["routes"]?.mark, "at least one route is required") }
+        var seenNames: [String: Int] = [:]
+        var seenMatches: [String: Int] = [:]
+        for (index, node) in list.enumerated() {
+            let path = "routes[\(index)]"
+            guard let s = r.section(node, path: path, keys: ["name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated"]) else { continue }
+            let name = r.string(s, "name") ?? ""
+            if s.values["name"] == nil { r.report(s.child("name"), s.mark, "is required") }
+            else if name.isEmpty || !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) {
+                r.report(s.child("name"), r.mark(s, "name"), "'\(name)' must be letters, digits, - or _ (it labels metrics)")
+            } else if let first = seenNames[name] {
+                r.report(s.child("name"), r.mark(s, "name"), "'\(name)' is already the name of routes[\(first)]")
+            } else { seenNames[name] = index }
+
+            var host: String? = nil
+            if let v = r.string(s, "host") {
+                let lower = v.lowercased()
+                let ok = !lower.isEmpty && lower.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-") }
+                if ok { host = lower } else { r.report(s.child("host"), r.mark(s, "host"), "'\(v)' is not a host name (no port, no scheme)") }
+            }
+            var prefix = "/"
+            if let v = r.string(s, "path_prefix") {
+                if Self.isCanonicalPrefix(v) { prefix = v }
+                else { r.report(s.child("path_prefix"), r.mark(s, "path_prefix"), "'\(v)' must be a canonical path starting with / (no dot segments, no %, no //, no query)") }
+            }
+            var upstream: UpstreamURL? = nil
+            if s.values["upstream"] == nil { r.report(s.child("upstream"), s.mark, "is required (e.g. http://127.0.0.1:9000)") }
+            else if let v = r.string(s, "upstream") {
+                switch UpstreamURL.parse(v) {
+                case .success(let u): upstream = u
+                case .failure(.scheme): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)': only http:// upstreams are supported")
+                case .failure(.path): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)': an upstream is an origin (http://host:port), without path or query")
+                case .failure(.authority): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)' has no valid host:port")
+                }
+            }
+            let auth = r.enumeration(s, "auth", as: AuthMode.self) ?? .required
+            let unauthenticated = r.enumeration(s, "unauthenticated", as: UnauthenticatedAction.self) ?? .redirect
+            var allow = Allow()
+            if let a = r.section(s.values["allow"], path: s.child("allow"), keys: ["users", "emails", "email_domains"]) {
+                allow.users = r.list(a, "users", what: "an Apple user id (sub)", parse: { $0.isEmpty ? nil : $0 }) ?? []
+                allow.emails = r.list(a, "emails", what: "an email address", parse: { e in
+                    e.filter { $0 == "@" }.count == 1 && !e.hasPrefix("@") && !e.hasSuffix("@") ? e.lowercased() : nil
+                }) ?? []
+                allow.emailDomains = r.list(a, "email_domains", what: "a domain (example.com)", parse: { d in
+                    !d.isEmpty && !d.contains("@") && d.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-") }) ? d.lowercased() : nil
+                }) ?? []
+                if auth == .public, !(allow.users.isEmpty && allow.emails.isEmpty && allow.emailDomains.isEmpty) {
+                    r.report(s.child("allow"), s.values["allow"]?.mark, "an allow list has no effect on a public route")
+                }
+            }
+            let matchKey = "\(host ?? "*") \(prefix)"
+            if let first = seenMatches[matchKey] {
+                r.report(s.child("path_prefix"), r.mark(s, "path_prefix"), "routes[\(first)] already matches host \(host ?? "(any)") and path_prefix \(prefix)")
+            } else { seenMatches[matchKey] = index }
+            if let upstream {
+                routes.append(Route(name: name, host: host, pathPrefix: prefix, upstream: upstream, auth: auth, allow: allow, unauthenticated: unauthenticated))
+            }
+        }
+    }
+
+    private func crossCheck(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        let needsAuth = routes.contains { $0.auth != .public }
+        if needsAuth {
+            r.warn("routes", root.values["routes"]?.mark,
+                     "this version does not sign users in yet: routes with auth 'required' or 'optional' are admitted as public")
+        }
+        if session.cookieName.hasPrefix("__Host-"), let url = server.publicURL, !url.hasPrefix("https://") {
+            r.warn("session.cookie_name", root.values["session"]?.mark,
+                     "a __Host- cookie is only kept by browsers over https; server.public_url is \(url)")
+        }
+    }
+
+    // MARK: value rules
+
+    /// `scheme://host[:port]` with an optional trailing `/`; returns it without the slash.
+    static func parseOrigin(_ text: String) -> String? {
+        var t = Substring(text)
+        if t.hasSuffix("/") { t = t.dropLast() }
+        let scheme: String
+        if t.hasPrefix("https://") { scheme = "https://" } else if t.hasPrefix("http://") { scheme = "http://" } else { return nil }
+        let authority = t.dropFirst(scheme.count)
+        guard !authority.isEmpty, !authority.contains(where: { "/?#@ ".contains($0) }) else { return nil }
+        if ListenAddress.parse(String(authority)) == nil, ListenAddress.parse(String(authority) + ":1") == nil { return nil }
+        return String(t)
+    }
+
+    static func isLoopbackOrigin(_ origin: String) -> Bool {
+        let authority = origin.split(separator: "/").last.map(String.init) ?? ""
+        let address = ListenAddress.parse(authority) ?? ListenAddress.parse(authority + ":1")
+        return address?.isLoopback ?? false
+    }
+
+    /// RFC 9110 token characters (header and cookie names).
+    static func isToken(_ text: String) -> Bool {
+        !text.isEmpty && text.utf8.allSatisfy { b in
+            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || "!#$%&'*+-.^_`|~".utf8.contains(b)
+        }
+    }
+
+    static func isCanonicalPrefix(_ text: String) -> Bool {
+        guard text.hasPrefix("/") else { return false }
+        if text == "/" { return true }
+        let body = text.hasSuffix("/") ? String(text.dropFirst().dropLast()) : String(text.dropFirst())
+        return body.split(separator: "/", omittingEmptySubsequences: false).allSatisfy { segment in
+            !segment.isEmpty && segment != "." && segment != ".."
+                && segment.utf8.allSatisfy { b in b > 0x20 && b < 0x7f && !"%?#\\;".utf8.contains(b) }
+        }
+    }
+}
+
+extension String {
+    var replacingUnderscores: String { String(map { $0 == "_" ? "-" : $0 }) }
+}

@@ -1,0 +1,237 @@
+/// The whole gateway configuration, as loaded from `conf/sessiongate.yaml`.
+///
+/// Every default here is the one `conf/sessiongate.yaml` documents. Modules receive the typed
+/// sub-structures; only this module knows the file format.
+public struct GatewayConfiguration: Sendable, Equatable {
+    public var server = Server()
+    /// Absent until the operator configures Sign in with Apple.
+    public var apple: Apple? = nil
+    public var session = Session()
+    public var store = Store()
+    public var identity = Identity()
+    public var routes: [Route] = []
+
+    public init() {}
+
+    public struct Server: Sendable, Equatable {
+        public var listen = ListenAddress(host: "0.0.0.0", port: 8080)
+        /// The origin users see, e.g. `https://app.example.com` (no path).
+        public var publicURL: String? = nil
+        public var authPrefix = "/_auth"
+        public var adminListen = ListenAddress(host: "127.0.0.1", port: 9091)
+        /// Peers allowed to set `X-Forwarded-*`; everyone else's are replaced.
+        public var trustedProxies: [CIDR] = []
+        public var accessLog: AccessLogFormat = .text
+        public var timeouts = Timeouts()
+        public var limits = Limits()
+        public init() {}
+    }
+
+    public enum AccessLogFormat: String, Sendable, Equatable, CaseIterable {
+        case text, json, off
+    }
+
+    public struct Timeouts: Sendable, Equatable {
+        /// Establishing a TCP connection to an upstream.
+        public var upstreamConnect: Duration = .seconds(5)
+        /// From the end of the request to the upstream's response head.
+        public var upstreamResponse: Duration = .seconds(60)
+        /// An open connection (client or upstream) with nothing moving.
+        public var idle: Duration = .seconds(60)
+        /// How long SIGTERM waits for in-flight requests.
+        public var shutdown: Duration = .seconds(30)
+        public init() {}
+    }
+
+    public struct Limits: Sendable, Equatable {
+        /// Request line plus header block, in bytes; beyond it: 431.
+        public var maxHeaderBytes = 16 * 1024
+        /// Number of header fields; beyond it: 431.
+        public var maxHeaderCount = 100
+        public init() {}
+    }
+
+    public struct Apple: Sendable, Equatable {
+        public var teamID = ""
+        public var clientIDs: [String] = []
+        public var keyID = ""
+        public var privateKeyFile: SecretReference = .file("")
+        public var baseURL = "https://appleid.apple.com"
+        public var scopes: [String] = ["name", "email"]
+        public var revalidateAfter: Duration = .seconds(86_400)
+        public var revalidateGrace: Duration = .seconds(3600)
+        public var outageGrace: Duration = .seconds(72 * 3600)
+        public var timeout: Duration = .seconds(5)
+        public init() {}
+    }
+
+    public struct Session: Sendable, Equatable {
+        public var cookieName = "__Host-sessiongate"
+        public var secretFile: SecretReference? = nil
+        public var idleTimeout: Duration = .seconds(12 * 3600)
+        public var absoluteTimeout: Duration = .seconds(30 * 86_400)
+        public init() {}
+    }
+
+    public struct Store: Sendable, Equatable {
+        /// `nil`: the in-memory store (one instance only).
+        public var redisURL: RedisURL? = nil
+        public var keyPrefix = "sg:"
+        public var timeout: Duration = .milliseconds(250)
+        public var localCacheTTL: Duration = .seconds(5)
+        public init() {}
+    }
+
+    public struct Identity: Sendable, Equatable {
+        public var assertion = Assertion()
+        public var headers = IdentityHeaderNames()
+        public init() {}
+
+        public struct Assertion: Sendable, Equatable {
+            public var enabled = false
+            public var keyFile: SecretReference? = nil
+            public var ttl: Duration = .seconds(60)
+            public init() {}
+        }
+    }
+
+    public struct Route: Sendable, Equatable {
+        public var name: String
+        /// Lower-cased host the route answers for (port ignored); `nil` answers any host.
+        public var host: String?
+        public var pathPrefix: String
+        public var upstream: UpstreamURL
+        public var auth: AuthMode
+        public var allow: Allow
+        public var unauthenticated: UnauthenticatedAction
+
+        public init(
+            name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,
+            auth: AuthMode = .required, allow: Allow = Allow(), unauthenticated: UnauthenticatedAction = .redirect
+        ) {
+            self.name = name
+            self.host = host
+            self.pathPrefix = pathPrefix
+            self.upstream = upstream
+            self.auth = auth
+            self.allow = allow
+            self.unauthenticated = unauthenticated
+        }
+    }
+
+    public enum AuthMode: String, Sendable, Equatable, CaseIterable {
+        case required, optional, `public`
+    }
+
+    public enum UnauthenticatedAction: String, Sendable, Equatable, CaseIterable {
+        case redirect, deny
+    }
+
+    public struct Allow: Sendable, Equatable {
+        public var users: [String] = []
+        public var emails: [String] = []
+        public var emailDomains: [String] = []
+        public init() {}
+    }
+}
+
+/// Names of the identity headers sent upstream (and stripped from every client request).
+public struct IdentityHeaderNames: Sendable, Equatable {
+    public var user = "X-Auth-User"
+    public var email = "X-Auth-Email"
+    public var emailVerified = "X-Auth-Email-Verified"
+    public var privateEmail = "X-Auth-Private-Email"
+    public var emailForwarding = "X-Auth-Email-Forwarding"
+    public var name = "X-Auth-Name"
+    public var realUserStatus = "X-Auth-Real-User-Status"
+    public var assertion = "X-Auth-Assertion"
+    public init() {}
+
+    public var all: [String] { [user, email, emailVerified, privateEmail, emailForwarding, name, realUserStatus, assertion] }
+}
+
+/// Where a secret comes from: a file path, or an environment variable (`env:NAME`). Never inline.
+public enum SecretReference: Sendable, Equatable, CustomStringConvertible {
+    case file(String)
+    case environment(String)
+
+    public static func parse(_ text: String) -> SecretReference? {
+        if text.hasPrefix("env:") {
+            let name = String(text.dropFirst(4))
+            guard let first = name.first, first == "_" || (first.isASCII && first.isLetter),
+                  name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_") }) else { return nil }
+            return .environment(name)
+        }
+        guard !text.isEmpty, !text.contains("\0") else { return nil }
+        return .file(text)
+    }
+
+    public var description: String {
+        switch self {
+        case .file(let path): return path
+        case .environment(let name): return "env:\(name)"
+        }
+    }
+}
+
+/// `redis://[:password@]host[:port][/db]` (or `rediss://`).
+public struct RedisURL: Sendable, Equatable {
+    public var host: String
+    public var port: Int
+    public var database: Int
+    public var password: String?
+    public var username: String?
+    public var tls: Bool
+
+    public static func parse(_ text: String) -> RedisURL? {
+        let tls: Bool
+        var rest: Substring
+        if text.hasPrefix("redis://") { tls = false; rest = text.dropFirst(8) }
+        else if text.hasPrefix("rediss://") { tls = true; rest = text.dropFirst(9) }
+        else { return nil }
+        var username: String? = nil
+        var password: String? = nil
+        if let at = rest.lastIndex(of: "@") {
+            let userinfo = rest[..<at]
+            rest = rest[rest.index(after: at)...]
+            if let colon = userinfo.firstIndex(of: ":") {
+                let u = userinfo[..<colon]
+                username = u.isEmpty ? nil : String(u).removingPercentEncodingSimple
+                password = String(userinfo[userinfo.index(after: colon)...]).removingPercentEncodingSimple
+            } else {
+                password = String(userinfo).removingPercentEncodingSimple
+            }
+        }
+        var database = 0
+        if let slash = rest.firstIndex(of: "/") {
+            let db = rest[rest.index(after: slash)...]
+            rest = rest[..<slash]
+            if !db.isEmpty {
+                guard let n = Int(db), n >= 0, db.allSatisfy(\.isNumber) else { return nil }
+                database = n
+            }
+        }
+        let authority = String(rest)
+        let address = ListenAddress.parse(authority) ?? ListenAddress.parse(authority + ":6379")
+        guard let address, address.port > 0 else { return nil }
+        return RedisURL(host: address.host, port: address.port, database: database, password: password, username: username, tls: tls)
+    }
+}
+
+extension String {
+    /// Percent-decoding of ASCII-safe text (passwords in URLs); invalid escapes are kept as is.
+    var removingPercentEncodingSimple: String {
+        var bytes: [UInt8] = []
+        var utf8 = Array(self.utf8)[...]
+        while let b = utf8.popFirst() {
+            if b == UInt8(ascii: "%"), utf8.count >= 2,
+               let v = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) {
+                bytes.append(v)
+                utf8 = utf8.dropFirst(2)
+            } else {
+                bytes.append(b)
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}

@@ -1,0 +1,55 @@
+import NIOCore
+import NIOHTTP1
+
+/// Serializes responses to the client straight into one buffer: one write per head, no encoder
+/// hop, and framing decided by the proxy (it knows the request method; NIO's encoder does not).
+enum HTTPWire {
+    static func writeStatusLine(_ status: HTTPResponseStatus, into buffer: inout ByteBuffer) {
+        buffer.writeStaticString("HTTP/1.1 ")
+        buffer.writeString(String(status.code))
+        buffer.writeStaticString(" ")
+        buffer.writeString(status.reasonPhrase)
+        buffer.writeStaticString("\r\n")
+    }
+
+    @inline(__always)
+    static func writeHeader(_ name: String, _ value: String, into buffer: inout ByteBuffer) {
+        buffer.writeString(name)
+        buffer.writeStaticString(": ")
+        buffer.writeString(value)
+        buffer.writeStaticString("\r\n")
+    }
+
+    /// Whether a value may go on the wire: no CR, LF or NUL (names and emails come from tokens
+    /// and users; `docs/security.md`, *Identity headers*).
+    @inline(__always)
+    static func isSafeValue(_ value: String) -> Bool {
+        !value.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 }
+    }
+
+    static func writeChunk(_ body: ByteBuffer, into buffer: inout ByteBuffer) {
+        buffer.writeString(String(body.readableBytes, radix: 16))
+        buffer.writeStaticString("\r\n")
+        var body = body
+        buffer.writeBuffer(&body)
+        buffer.writeStaticString("\r\n")
+    }
+
+    /// A complete response the gateway answers itself, as bytes.
+    static func localResponse(_ response: LocalResponse, requestID: String?, keepAlive: Bool, headRequest: Bool, allocator: ByteBufferAllocator) -> ByteBuffer {
+        var buffer = allocator.buffer(capacity: 256 + response.body.readableBytes)
+        writeStatusLine(response.status, into: &buffer)
+        for (name, value) in response.headers where isSafeValue(value) && isSafeValue(name) {
+            writeHeader(name, value, into: &buffer)
+        }
+        if let requestID { writeHeader("x-request-id", requestID, into: &buffer) }
+        writeHeader("content-length", String(response.body.readableBytes), into: &buffer)
+        if !keepAlive { buffer.writeStaticString("connection: close\r\n") }
+        buffer.writeStaticString("\r\n")
+        if !headRequest {
+            var body = response.body
+            buffer.writeBuffer(&body)
+        }
+        return buffer
+    }
+}

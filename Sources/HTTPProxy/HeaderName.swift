@@ -1,0 +1,48 @@
+/// Allocation-free header-name comparisons for the one pass over each header block.
+enum HeaderName {
+    /// ASCII case-insensitive equality against a lower-case literal of letters, digits and `-`.
+    @inline(__always)
+    static func equals(_ name: String, _ lower: String) -> Bool {
+        guard name.utf8.count == lower.utf8.count else { return false }
+        var a = name.utf8.makeIterator()
+        for l in lower.utf8 {
+            guard let b = a.next(), (b | 0x20) == l else { return false }
+        }
+        return true
+    }
+
+    /// Equality after folding case and `_` to `-` (how identity-header spellings are compared).
+    @inline(__always)
+    static func equalsNormalized(_ name: String, _ normalizedLower: String) -> Bool {
+        guard name.utf8.count == normalizedLower.utf8.count else { return false }
+        var a = name.utf8.makeIterator()
+        for l in normalizedLower.utf8 {
+            guard let b = a.next() else { return false }
+            let folded = b == UInt8(ascii: "_") ? UInt8(ascii: "-") : b | 0x20
+            guard folded == l else { return false }
+        }
+        return true
+    }
+
+    /// `X_Auth-USER` → `x-auth-user`.
+    static func normalize(_ name: String) -> String {
+        String(decoding: name.utf8.map { $0 == UInt8(ascii: "_") ? UInt8(ascii: "-") : ($0 >= 0x41 && $0 <= 0x5a ? $0 | 0x20 : $0) }, as: UTF8.self)
+    }
+
+    /// Comma-separated tokens of a header value, trimmed and lower-cased.
+    static func tokens(_ value: String) -> [String] {
+        value.split(separator: ",").compactMap { part in
+            let t = part.trimmingSpaces
+            return t.isEmpty ? nil : t.lowercased()
+        }
+    }
+}
+
+extension Substring {
+    var trimmingSpaces: Substring {
+        var s = self
+        while let f = s.first, f == " " || f == "\t" { s = s.dropFirst() }
+        while let l = s.last, l == " " || l == "\t" { s = s.dropLast() }
+        return s
+    }
+}

@@ -1,0 +1,49 @@
+import NIOCore
+
+/// Why an exchange with an upstream failed (bounded: a metric label).
+public enum UpstreamErrorKind: String, Sendable, CaseIterable {
+    case connectRefused = "connect_refused"
+    case connectTimeout = "connect_timeout"
+    case responseTimeout = "response_timeout"
+    case closedBeforeResponse = "closed_before_response"
+    case resetDuringResponse = "reset_during_response"
+    case idleTimeout = "idle_timeout"
+}
+
+/// One completed (or abandoned) exchange, for the access log and metrics.
+public struct ExchangeRecord: Sendable {
+    public var method: String
+    /// The canonical path, or the raw target when it could not be parsed.
+    public var path: String
+    public var status: Int
+    public var route: String?
+    public var upstream: String?
+    public var client: String
+    public var requestID: String
+    public var durationNanoseconds: Int64
+    public var bytesSent: Int
+    /// The exchange ended without a complete response (aborted connection).
+    public var aborted: Bool
+    public var userAgent: String?
+}
+
+/// What the proxy reports; the gateway turns it into metrics and access-log lines.
+/// Called on event loops: implementations must be cheap and thread-safe.
+public protocol ProxyObserver: Sendable {
+    func exchangeCompleted(_ record: ExchangeRecord)
+    func upstreamFailed(_ kind: UpstreamErrorKind, route: String)
+    func clientConnectionOpened()
+    func clientConnectionClosed()
+    func upstreamConnectionOpened()
+    func upstreamConnectionClosed()
+}
+
+public struct SilentProxyObserver: ProxyObserver {
+    public init() {}
+    public func exchangeCompleted(_ record: ExchangeRecord) {}
+    public func upstreamFailed(_ kind: UpstreamErrorKind, route: String) {}
+    public func clientConnectionOpened() {}
+    public func clientConnectionClosed() {}
+    public func upstreamConnectionOpened() {}
+    public func upstreamConnectionClosed() {}
+}

@@ -1,0 +1,147 @@
+import GatewayConfig
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOExtras
+import NIOHTTP1
+import NIOPosix
+
+/// Settings of the data path (typed values; the file format lives in `GatewayConfig`).
+public struct ProxyConfiguration: Sendable {
+    public var listen: ListenAddress
+    public var timeouts: Timeouts
+    public var limits: GatewayConfiguration.Limits
+
+    public struct Timeouts: Sendable {
+        public var upstreamConnect: TimeAmount
+        public var upstreamResponse: TimeAmount
+        public var idle: TimeAmount
+
+        public init(upstreamConnect: TimeAmount = .seconds(5), upstreamResponse: TimeAmount = .seconds(60), idle: TimeAmount = .seconds(60)) {
+            self.upstreamConnect = upstreamConnect
+            self.upstreamResponse = upstreamResponse
+            self.idle = idle
+        }
+    }
+
+    public init(listen: ListenAddress, timeouts: Timeouts = Timeouts(), limits: GatewayConfiguration.Limits = .init()) {
+        self.listen = listen
+        self.timeouts = timeouts
+        self.limits = limits
+    }
+}
+
+/// What a reload swaps atomically: routes and the header rules that go with them.
+public final class RoutingSnapshot: Sendable {
+    public let table: RouteTable
+    let rules: RequestHeaderRules
+    let trustedProxies: [CIDR]
+
+    /// - Parameters:
+    ///   - identityHeaders: header names removed from every client request, in any spelling.
+    ///   - trustedProxies: peers whose `X-Forwarded-*` and `X-Request-Id` are kept.
+    public init(routes: [ProxyRoute], identityHeaders: [String], trustedProxies: [CIDR]) {
+        self.table = RouteTable(routes)
+        self.rules = RequestHeaderRules(identityHeaders: identityHeaders)
+        self.trustedProxies = trustedProxies
+    }
+}
+
+/// State every connection of one server shares.
+final class ProxyShared: Sendable {
+    private let current: NIOLockedValueBox<RoutingSnapshot>
+    let timeouts: ProxyConfiguration.Timeouts
+    let limits: GatewayConfiguration.Limits
+    let observer: any ProxyObserver
+
+    init(snapshot: RoutingSnapshot, configuration: ProxyConfiguration, observer: any ProxyObserver) {
+        self.current = NIOLockedValueBox(snapshot)
+        self.timeouts = configuration.timeouts
+        self.limits = configuration.limits
+        self.observer = observer
+    }
+
+    var snapshot: RoutingSnapshot { current.withLockedValue { $0 } }
+    func replace(_ snapshot: RoutingSnapshot) { current.withLockedValue { $0 = snapshot } }
+}
+
+/// The gateway's public HTTP/1.1 listener: one event loop per core, each with its own upstream
+/// pool. Start with `start()`, swap routes with `replaceRouting(_:)`, stop with `shutdown`.
+public final class ProxyServer: Sendable {
+    private let configuration: ProxyConfiguration
+    private let group: any EventLoopGroup
+    private let shared: ProxyShared
+    private let pools: [ObjectIdentifier: NIOLoopBound<UpstreamPool>]
+    private let state = NIOLockedValueBox<(channel: (any Channel)?, quiesce: ServerQuiescingHelper?)>((nil, nil))
+    private let logger: Logger
+
+    public init(configuration: ProxyConfiguration, routing: RoutingSnapshot, group: MultiThreadedEventLoopGroup, observer: any ProxyObserver = SilentProxyObserver(), logger: Logger) {
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+        self.shared = ProxyShared(snapshot: routing, configuration: configuration, observer: observer)
+        var pools: [ObjectIdentifier: NIOLoopBound<UpstreamPool>] = [:]
+        for loop in group.makeIterator() {
+            let pool = UpstreamPool(eventLoop: loop, connectTimeout: configuration.timeouts.upstreamConnect,
+                                    idleTimeout: configuration.timeouts.idle, observer: observer)
+            pools[ObjectIdentifier(loop)] = NIOLoopBound(pool, eventLoop: loop)
+        }
+        self.pools = pools
+    }
+
+    /// Binds and starts accepting. Returns the bound address (port 0 picks a free port).
+    @discardableResult
+    public func start() async throws -> SocketAddress {
+        let quiesce = ServerQuiescingHelper(group: group)
+        let shared = self.shared
+        let pools = self.pools
+        let limits = configuration.limits
+        let channel = try await ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 1024)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(quiesce.makeServerChannelHandler(channel: channel))
+                }
+            }
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.allowRemoteHalfClosure, value: false)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    guard let pool = pools[ObjectIdentifier(channel.eventLoop)]?.value else {
+                        throw ChannelError.operationUnsupported
+                    }
+                    var decoderLimits = NIOHTTPDecoderLimitConfiguration()
+                    decoderLimits.maxHeaderFieldSize = limits.maxHeaderBytes
+                    decoderLimits.maxHeaderListSize = limits.maxHeaderBytes
+                    decoderLimits.maxHeaderFieldCount = limits.maxHeaderCount
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .drop, limitConfiguration: decoderLimits)))
+                    try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool))
+                }
+            }
+            .bind(host: configuration.listen.host, port: configuration.listen.port)
+            .get()
+        state.withLockedValue { $0 = (channel, quiesce) }
+        return channel.localAddress!
+    }
+
+    public var localAddress: SocketAddress? { state.withLockedValue { $0.channel?.localAddress } }
+
+    /// Swaps routes and header rules; requests already admitted keep the old ones.
+    public func replaceRouting(_ snapshot: RoutingSnapshot) { shared.replace(snapshot) }
+
+    /// Stops accepting, closes idle keep-alive connections, lets in-flight exchanges finish
+    /// (with `connection: close`) until `deadline`, then closes what is left.
+    public func shutdown(deadline: TimeAmount) async {
+        guard let quiesce = state.withLockedValue({ $0.quiesce }) else { return }
+        let promise = group.next().makePromise(of: Void.self)
+        quiesce.initiateShutdown(promise: promise)
+        let timeout = group.next().scheduleTask(in: deadline) { promise.succeed(()) }
+        try? await promise.futureResult.get()
+        timeout.cancel()
+        for (_, pool) in pools {
+            try? await pool.eventLoop.submit { pool.value.closeAll() }.get()
+        }
+    }
+}

@@ -1,0 +1,697 @@
+import GatewayConfig
+import NIOCore
+import NIOHTTP1
+
+/// The client side of the proxy: one per client connection, last in the pipeline after the
+/// request decoder. It decides, per request, what happens (reject, answer, forward), streams
+/// bodies both ways with back-pressure, handles pipelining itself, and writes responses with
+/// its own serializer (one write per head, flushes coalesced per read burst).
+///
+/// Read gating: the handler swallows `read()` unless it wants input — never while a verdict or
+/// an upstream connection is pending, and while forwarding a body only if the upstream is
+/// writable. Everything runs on the client's event loop, as does the upstream connection.
+final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, UpstreamConnectionOwner {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private enum Phase {
+        case idle
+        case awaitingVerdict
+        case connecting
+        case forwarding
+        case closed
+    }
+
+    private enum ResponseFraming {
+        case noBody, raw, chunked, untilClose
+    }
+
+    /// The request/response pair in flight.
+    private struct Exchange {
+        var method: HTTPMethod = .GET
+        var clientVersion: HTTPVersion = .http1_1
+        var start: NIODeadline = .now()
+        var path = ""
+        var requestEnded = false
+        var requestHasBody = false
+        var keepAlive = true
+        var isWebSocket = false
+        var route: ProxyRoute? = nil
+        var requestID = ""
+        var userAgent: String? = nil
+        var inbound: InboundRequest? = nil
+        var target: RequestTarget? = nil
+        var upstreamHead: HTTPRequestHead? = nil
+        var responseStarted = false
+        var framing: ResponseFraming = .raw
+        var upstreamKeepAlive = true
+        var status = 0
+        var bytesSent = 0
+        var retried = false
+    }
+
+    private let shared: ProxyShared
+    private let pool: UpstreamPool
+    private var context: ChannelHandlerContext!
+    private var phase: Phase = .idle
+    private var exchange = Exchange()
+    private var generation: UInt64 = 0
+    private var buffered = CircularBuffer<HTTPServerRequestPart>()
+    private var pipelined = CircularBuffer<HTTPServerRequestPart>()
+    private var drainingPipeline = false
+    private var readPending = false
+    private var quiescing = false
+    private var upstream: UpstreamConnection? = nil
+    private var peerAddress: IPAddress? = nil
+    private var peerString = "-"
+    private var idSeed: UInt64 = 0
+    private var lastActivity: NIODeadline = .now()
+    private var responseDeadline: NIODeadline? = nil
+    private var timer: Scheduled<Void>? = nil
+    private var timerDeadline: NIODeadline = .distantFuture
+    private var inReadBurst = false
+    private var closing = false
+
+    init(shared: ProxyShared, pool: UpstreamPool) {
+        self.shared = shared
+        self.pool = pool
+    }
+
+    // MARK: channel events
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        var rng = SystemRandomNumberGenerator()
+        idSeed = rng.next() | 1
+        if let remote = context.channel.remoteAddress, let ip = remote.ipAddress {
+            peerString = ip
+            peerAddress = IPAddress.parse(ip)
+        }
+        shared.observer.clientConnectionOpened()
+        armTimer(in: shared.timeouts.idle)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if phase == .forwarding || phase == .connecting {
+            if let upstream { upstream.close() }
+            if phase == .forwarding { record(aborted: true) }
+        }
+        upstream = nil
+        phase = .closed
+        generation &+= 1
+        timer?.cancel()
+        shared.observer.clientConnectionClosed()
+        context.fireChannelInactive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        lastActivity = .now()
+        inReadBurst = true
+        receive(unwrapInboundIn(data))
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        inReadBurst = false
+        if phase == .forwarding { upstream?.flush() }
+        context.flush()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { upstream?.clientBecameWritable() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // Decoder errors: framing is in doubt, so answer (if nothing was answered yet) and close.
+        guard phase != .closed else { return }
+        if phase == .forwarding, exchange.responseStarted {
+            context.close(promise: nil)
+            return
+        }
+        if phase == .idle {
+            exchange = Exchange()
+            exchange.requestID = nextRequestID()
+        }
+        if let upstream { upstream.close(); self.upstream = nil }
+        let status: HTTPResponseStatus
+        let reason: String
+        if let parserError = error as? HTTPParserError, parserError == .headerOverflow {
+            status = .requestHeaderFieldsTooLarge
+            reason = "request header block too large or too many fields"
+        } else {
+            status = .badRequest
+            reason = "malformed HTTP request"
+        }
+        generation &+= 1
+        respondLocal(.error(status, reason, close: true))
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ChannelShouldQuiesceEvent {
+            quiescing = true
+            if phase == .idle, pipelined.isEmpty { close() }
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if wantsRead { context.read() } else { readPending = true }
+    }
+
+    private var wantsRead: Bool {
+        switch phase {
+        case .idle: return !quiescing
+        case .awaitingVerdict, .connecting, .closed: return false
+        case .forwarding: return !exchange.requestEnded && (upstream?.isWritable ?? false)
+        }
+    }
+
+    private func resumeReading() {
+        if readPending, wantsRead {
+            readPending = false
+            context.read()
+        }
+    }
+
+    // MARK: requests
+
+    private func receive(_ part: HTTPServerRequestPart) {
+        if phase == .idle {
+            guard case .head(let head) = part else { return }
+            startExchange(head)
+        } else if phase != .closed, !exchange.requestEnded {
+            requestPart(part)
+        } else if phase != .closed {
+            pipelined.append(part)
+        }
+    }
+
+    private func requestPart(_ part: HTTPServerRequestPart) {
+        if case .end = part { exchange.requestEnded = true }
+        switch phase {
+        case .awaitingVerdict, .connecting:
+            buffered.append(part)
+        case .forwarding:
+            guard let upstream else { return }
+            switch part {
+            case .body(let buffer): upstream.write(.body(.byteBuffer(buffer)))
+            case .end(let trailers):
+                upstream.write(.end(trailers))
+                startResponseDeadline()
+            case .head: break
+            }
+        case .idle, .closed:
+            break
+        }
+    }
+
+    private func startExchange(_ head: HTTPRequestHead) {
+        generation &+= 1
+        exchange = Exchange(method: head.method, clientVersion: head.version, start: .now(), path: head.uri)
+        exchange.requestID = nextRequestID()
+        exchange.keepAlive = false
+        guard head.version.major == 1, head.version.minor <= 1 else {
+            return respondLocal(.error(.httpVersionNotSupported, "only HTTP/1.0 and HTTP/1.1", close: true))
+        }
+        guard head.uri.utf8.count <= shared.limits.maxHeaderBytes else {
+            return respondLocal(.error(.uriTooLong, "request target too long", close: true))
+        }
+        let snapshot = shared.snapshot
+        let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
+        let inbound: InboundRequest
+        switch snapshot.rules.inspect(head, peerTrusted: trusted) {
+        case .success(let value): inbound = value
+        case .failure(.badRequest(let reason)): return respondLocal(.error(.badRequest, reason, close: true))
+        }
+        exchange.requestHasBody = inbound.framing != .none
+        exchange.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
+        exchange.isWebSocket = inbound.isWebSocketUpgrade
+        if let id = inbound.requestID { exchange.requestID = id }
+        exchange.userAgent = head.headers.first(name: "user-agent")
+        if head.headers.contains(name: "upgrade"), !inbound.isWebSocketUpgrade {
+            // e.g. h2c: served as plain HTTP/1.1 without the upgrade, then closed (the
+            // decoder stops parsing after an upgrade request).
+            exchange.keepAlive = false
+        }
+        let target: RequestTarget
+        switch RequestTarget.parse(head.uri, host: inbound.host) {
+        case .success(let t): target = t
+        case .failure(let rejection): return respondLocal(.error(.badRequest, rejection.rawValue, close: true))
+        }
+        exchange.path = target.path
+        guard let route = snapshot.table.match(host: inbound.host, path: target.path) else {
+            return respondLocal(.error(.notFound, "no route for this host and path"))
+        }
+        exchange.route = route
+        exchange.inbound = inbound
+        exchange.target = target
+        phase = .awaitingVerdict
+        let request = GuardRequest(head: head, target: target, routeName: route.name, clientAddress: context.channel.remoteAddress)
+        switch route.requestGuard.admit(request, on: context.eventLoop) {
+        case .verdict(let verdict):
+            apply(verdict)
+        case .pending(let future):
+            let gen = generation
+            let this = NIOLoopBound(self, eventLoop: context.eventLoop)
+            future.hop(to: context.eventLoop).whenComplete { result in
+                let handler = this.value
+                guard handler.generation == gen, handler.phase == .awaitingVerdict else { return }
+                switch result {
+                case .success(let verdict): handler.apply(verdict)
+                case .failure: handler.respondLocal(.error(.serviceUnavailable, "admission could not be decided"))
+                }
+            }
+        }
+    }
+
+    private func apply(_ verdict: Verdict) {
+        switch verdict {
+        case .respond(let response):
+            respondLocal(response)
+        case .forward(let addHeaders):
+            guard let inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
+            var headers = inbound.upstreamHeaders
+            headers.add(name: "X-Forwarded-For", value: inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString)
+            headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? "http")
+            if let host = inbound.forwardedHost ?? inbound.host { headers.add(name: "X-Forwarded-Host", value: host) }
+            if inbound.host == nil { headers.add(name: "Host", value: route.upstream.description) }
+            headers.add(name: "X-Request-Id", value: exchange.requestID)
+            for (name, value) in addHeaders where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
+                headers.add(name: name, value: value)
+            }
+            exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: target.forwarded, headers: headers)
+            exchange.inbound = nil
+            acquireUpstream()
+        }
+    }
+
+    private func acquireUpstream() {
+        guard let route = exchange.route else { return }
+        phase = .connecting
+        if !exchange.isWebSocket, let connection = pool.takeIdle(route.upstream) {
+            attach(connection)
+            return
+        }
+        let gen = generation
+        let this = NIOLoopBound(self, eventLoop: context.eventLoop)
+        pool.connect(route.upstream).whenComplete { result in
+            let handler = this.value
+            switch result {
+            case .success(let connection):
+                guard handler.generation == gen, handler.phase == .connecting else {
+                    connection.close()
+                    return
+                }
+                handler.attach(connection)
+            case .failure(let error):
+                guard handler.generation == gen, handler.phase == .connecting else { return }
+                if let channelError = error as? ChannelError, case .connectTimeout = channelError {
+                    handler.upstreamFailure(.connectTimeout, .gatewayTimeout, "upstream did not accept the connection in time")
+                } else {
+                    handler.upstreamFailure(.connectRefused, .badGateway, "upstream refused the connection")
+                }
+            }
+        }
+    }
+
+    private func attach(_ connection: UpstreamConnection) {
+        guard let head = exchange.upstreamHead else { return }
+        upstream = connection
+        connection.owner = self
+        phase = .forwarding
+        connection.write(.head(head))
+        while let part = buffered.popFirst() {
+            switch part {
+            case .body(let buffer): connection.write(.body(.byteBuffer(buffer)))
+            case .end(let trailers):
+                connection.write(.end(trailers))
+                startResponseDeadline()
+            case .head: break
+            }
+        }
+        // Inside a read burst, channelReadComplete flushes once for the whole burst.
+        if !inReadBurst { connection.flush() }
+        resumeReading()
+    }
+
+    private func upstreamFailure(_ kind: UpstreamErrorKind, _ status: HTTPResponseStatus, _ reason: String) {
+        shared.observer.upstreamFailed(kind, route: exchange.route?.name ?? "-")
+        respondLocal(.error(status, reason))
+    }
+
+    // MARK: responses from the upstream
+
+    var clientIsWritable: Bool { context?.channel.isWritable ?? false }
+
+    func upstreamWritabilityChanged(isWritable: Bool) {
+        if isWritable { resumeReading() }
+    }
+
+    func upstreamRead(_ part: HTTPClientResponsePart) {
+        lastActivity = .now()
+        switch part {
+        case .head(let head):
+            responseHead(head)
+        case .body(let buffer):
+            exchange.bytesSent += buffer.readableBytes
+            switch exchange.framing {
+            case .raw, .untilClose:
+                context.write(wrapOutboundOut(buffer), promise: nil)
+            case .chunked:
+                guard buffer.readableBytes > 0 else { return }
+                var prefix = context.channel.allocator.buffer(capacity: 12)
+                prefix.writeString(String(buffer.readableBytes, radix: 16))
+                prefix.writeStaticString("\r\n")
+                context.write(wrapOutboundOut(prefix), promise: nil)
+                context.write(wrapOutboundOut(buffer), promise: nil)
+                context.write(wrapOutboundOut(ByteBuffer(staticString: "\r\n")), promise: nil)
+            case .noBody:
+                break
+            }
+        case .end:
+            if exchange.framing == .chunked {
+                context.write(wrapOutboundOut(ByteBuffer(staticString: "0\r\n\r\n")), promise: nil)
+            }
+            finishExchange()
+        }
+    }
+
+    func upstreamReadComplete() {
+        context.flush()
+    }
+
+    private func responseHead(_ head: HTTPResponseHead) {
+        if head.status == .switchingProtocols {
+            if exchange.isWebSocket, !exchange.responseStarted { return upgrade(head) }
+            upstream?.close()
+            upstream = nil
+            return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream switched protocols unasked")
+        }
+        if head.status.code < 200 {
+            // Interim (100 Continue, 103): pass on to HTTP/1.1 clients.
+            guard exchange.clientVersion.minor >= 1 else { return }
+            var buffer = context.channel.allocator.buffer(capacity: 64)
+            HTTPWire.writeStatusLine(head.status, into: &buffer)
+            buffer.writeStaticString("\r\n")
+            context.write(wrapOutboundOut(buffer), promise: nil)
+            return
+        }
+        responseDeadline = nil
+        exchange.responseStarted = true
+        exchange.status = Int(head.status.code)
+        let noBody = exchange.method == .HEAD || head.status.code == 204 || head.status.code == 304
+        var hasContentLength = false
+        var connectionTokens: [String] = []
+        var hasRequestID = false
+        for (name, value) in head.headers {
+            switch RequestHeaderRules.classify(name) {
+            case .connection: connectionTokens += HeaderName.tokens(value)
+            case .contentLength: hasContentLength = true
+            case .requestID: hasRequestID = true
+            default: break
+            }
+        }
+        exchange.upstreamKeepAlive = head.version.minor >= 1 ? !connectionTokens.contains("close") : connectionTokens.contains("keep-alive")
+        if noBody {
+            exchange.framing = .noBody
+        } else if hasContentLength {
+            exchange.framing = .raw
+        } else if exchange.clientVersion.minor >= 1 {
+            exchange.framing = .chunked
+        } else {
+            exchange.framing = .untilClose
+            exchange.keepAlive = false
+        }
+        if quiescing { exchange.keepAlive = false }
+        var buffer = context.channel.allocator.buffer(capacity: 512)
+        HTTPWire.writeStatusLine(head.status, into: &buffer)
+        let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" }
+        for (name, value) in head.headers {
+            switch RequestHeaderRules.classify(name) {
+            case .connection, .upgrade, .hopByHop, .transferEncoding: continue
+            case .contentLength: if exchange.status == 204 { continue }
+            case .other: if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
+            default: break
+            }
+            HTTPWire.writeHeader(name, value, into: &buffer)
+        }
+        if !hasRequestID { HTTPWire.writeHeader("x-request-id", exchange.requestID, into: &buffer) }
+        if exchange.framing == .chunked { buffer.writeStaticString("transfer-encoding: chunked\r\n") }
+        if !exchange.keepAlive {
+            buffer.writeStaticString("connection: close\r\n")
+        } else if exchange.clientVersion.minor == 0 {
+            buffer.writeStaticString("connection: keep-alive\r\n")
+        }
+        buffer.writeStaticString("\r\n")
+        context.write(wrapOutboundOut(buffer), promise: nil)
+    }
+
+    func upstreamClosed(_ error: (any Error)?) {
+        guard phase == .forwarding, let connection = upstream else { return }
+        upstream = nil
+        if !exchange.responseStarted {
+            let idempotent: Bool
+            switch exchange.method {
+            case .GET, .HEAD, .OPTIONS, .PUT, .DELETE, .TRACE: idempotent = true
+            default: idempotent = false
+            }
+            if connection.reused, idempotent, !exchange.requestHasBody, exchange.requestEnded, !exchange.retried {
+                // The pooled connection was closed by the upstream before answering: the request
+                // never reached it. Retry once on a fresh connection (RFC 9110 §9.2.2).
+                exchange.retried = true
+                buffered.removeAll()
+                buffered.append(.end(nil))
+                responseDeadline = nil
+                acquireUpstreamFresh()
+                return
+            }
+            return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream closed the connection before responding")
+        }
+        // Mid-response: never let a truncated response look complete.
+        shared.observer.upstreamFailed(.resetDuringResponse, route: exchange.route?.name ?? "-")
+        record(aborted: true)
+        phase = .closed
+        context.flush()
+        context.close(promise: nil)
+    }
+
+    private func acquireUpstreamFresh() {
+        guard let route = exchange.route else { return }
+        phase = .connecting
+        let gen = generation
+        let this = NIOLoopBound(self, eventLoop: context.eventLoop)
+        pool.connect(route.upstream).whenComplete { result in
+            let handler = this.value
+            guard handler.generation == gen, handler.phase == .connecting else {
+                if case .success(let connection) = result { connection.close() }
+                return
+            }
+            switch result {
+            case .success(let connection): handler.attach(connection)
+            case .failure: handler.upstreamFailure(.connectRefused, .badGateway, "upstream refused the connection")
+            }
+        }
+    }
+
+    private func finishExchange() {
+        record(aborted: false)
+        if let connection = upstream {
+            upstream = nil
+            if exchange.requestEnded, exchange.upstreamKeepAlive, !exchange.isWebSocket {
+                pool.release(connection)
+            } else {
+                connection.close()
+            }
+        }
+        continueOrClose()
+    }
+
+    /// After a response is complete: next (pipelined) request, or close.
+    private func continueOrClose() {
+        responseDeadline = nil
+        buffered.removeAll()
+        if exchange.keepAlive, exchange.requestEnded, !quiescing {
+            phase = .idle
+            drainPipelined()
+            if phase == .idle { resumeReading() }
+            if quiescing, phase == .idle, pipelined.isEmpty { close() }
+        } else {
+            close()
+        }
+    }
+
+    private func drainPipelined() {
+        guard !drainingPipeline else { return }
+        drainingPipeline = true
+        defer { drainingPipeline = false }
+        while phase != .closed, let part = pipelined.first {
+            if phase == .idle || !exchange.requestEnded {
+                pipelined.removeFirst()
+                receive(part)
+            } else {
+                break
+            }
+        }
+    }
+
+    // MARK: local responses
+
+    private func respondLocal(_ response: LocalResponse) {
+        let requestDrained = exchange.requestEnded || !exchange.requestHasBody
+        if response.close || !requestDrained { exchange.keepAlive = false }
+        if quiescing { exchange.keepAlive = false }
+        exchange.status = Int(response.status.code)
+        exchange.responseStarted = true
+        let bytes = HTTPWire.localResponse(response, requestID: exchange.requestID, keepAlive: exchange.keepAlive,
+                                           headRequest: exchange.method == .HEAD, allocator: context.channel.allocator)
+        exchange.bytesSent = response.body.readableBytes
+        context.write(wrapOutboundOut(bytes), promise: nil)
+        record(aborted: false)
+        if exchange.keepAlive {
+            // A body-less request's `.end` may still follow in this read burst: in `.idle`
+            // anything but a head is ignored, so it is dropped there.
+            phase = .idle
+            if !inReadBurst { context.flush() }
+            drainPipelined()
+            if phase == .idle { resumeReading() }
+        } else {
+            close()
+        }
+    }
+
+    private func close() {
+        guard !closing else { return }
+        closing = true
+        phase = .closed
+        generation &+= 1
+        if let upstream { upstream.close(); self.upstream = nil }
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(capacity: 0))).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+    }
+
+    // MARK: upgrade
+
+    private func upgrade(_ head: HTTPResponseHead) {
+        guard let connection = upstream, let upstreamChannel = connection.channel else { return }
+        exchange.status = 101
+        exchange.responseStarted = true
+        var buffer = context.channel.allocator.buffer(capacity: 256)
+        HTTPWire.writeStatusLine(head.status, into: &buffer)
+        for (name, value) in head.headers {
+            switch RequestHeaderRules.classify(name) {
+            case .hopByHop, .transferEncoding, .contentLength: continue
+            default: HTTPWire.writeHeader(name, value, into: &buffer)
+            }
+        }
+        buffer.writeStaticString("\r\n")
+        context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        record(aborted: false)
+        phase = .closed
+        upstream = nil
+        connection.owner = nil
+        connection.pool = nil
+        let (clientGlue, upstreamGlue) = GlueHandler.pair()
+        do {
+            let up = upstreamChannel.pipeline.syncOperations
+            try up.addHandler(upstreamGlue)
+            _ = up.removeHandler(connection)
+            _ = up.removeHandler(try up.handler(type: HTTPRequestEncoder.self))
+            _ = up.removeHandler(try up.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self))
+            let down = context.pipeline.syncOperations
+            try down.addHandler(clientGlue)
+            _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self))
+            _ = down.removeHandler(context: context)
+        } catch {
+            upstreamChannel.close(promise: nil)
+            context.close(promise: nil)
+        }
+    }
+
+    // MARK: bookkeeping
+
+    private func record(aborted: Bool) {
+        let duration = NIODeadline.now().uptimeNanoseconds - exchange.start.uptimeNanoseconds
+        shared.observer.exchangeCompleted(ExchangeRecord(
+            method: exchange.method.rawValue, path: exchange.path, status: exchange.status,
+            route: exchange.route?.name, upstream: exchange.route?.upstream.description, client: peerString,
+            requestID: exchange.requestID, durationNanoseconds: Int64(duration), bytesSent: exchange.bytesSent,
+            aborted: aborted, userAgent: exchange.userAgent))
+    }
+
+    private func nextRequestID() -> String {
+        // xorshift64*: unique enough to correlate log lines; seeded per connection.
+        idSeed ^= idSeed >> 12
+        idSeed ^= idSeed << 25
+        idSeed ^= idSeed >> 27
+        let value = idSeed &* 2_685_821_657_736_338_717
+        let hex = String(value, radix: 16)
+        return hex.count == 16 ? hex : String(repeating: "0", count: 16 - hex.count) + hex
+    }
+
+    // MARK: timers
+
+    /// One lazily re-armed timer per connection: deadlines are plain values, so a request sets
+    /// one without scheduling anything.
+    private func armTimer(in amount: TimeAmount) {
+        let this = NIOLoopBound(self, eventLoop: context.eventLoop)
+        timerDeadline = .now() + amount
+        timer = context.eventLoop.scheduleTask(deadline: timerDeadline) { this.value.timerFired() }
+    }
+
+    /// The request is fully sent: the upstream now has `upstream_response` to answer.
+    private func startResponseDeadline() {
+        let deadline = NIODeadline.now() + shared.timeouts.upstreamResponse
+        responseDeadline = deadline
+        if deadline < timerDeadline {
+            timer?.cancel()
+            armTimer(in: shared.timeouts.upstreamResponse)
+        }
+    }
+
+    private func timerFired() {
+        guard phase != .closed else { return }
+        let now = NIODeadline.now()
+        if let deadline = responseDeadline, deadline <= now, phase == .forwarding, !exchange.responseStarted {
+            responseDeadline = nil
+            upstream?.close()
+            upstream = nil
+            upstreamFailure(.responseTimeout, .gatewayTimeout, "upstream did not respond in time")
+            if phase == .closed { return }
+        }
+        let idleDeadline = lastActivity + shared.timeouts.idle
+        if idleDeadline <= now {
+            if phase == .idle {
+                close()
+                return
+            }
+            if phase == .forwarding || phase == .connecting {
+                shared.observer.upstreamFailed(.idleTimeout, route: exchange.route?.name ?? "-")
+                if exchange.responseStarted {
+                    record(aborted: true)
+                    phase = .closed
+                    upstream?.close()
+                    upstream = nil
+                    context.close(promise: nil)
+                } else {
+                    upstream?.close()
+                    upstream = nil
+                    respondLocal(.error(.gatewayTimeout, "no progress within the idle timeout", close: true))
+                }
+                return
+            }
+        }
+        var next = idleDeadline
+        if let deadline = responseDeadline, deadline < next { next = deadline }
+        let wait = next - now
+        armTimer(in: wait > .milliseconds(1) ? wait : .milliseconds(1))
+    }
+}

@@ -1,0 +1,65 @@
+import NIOCore
+import NIOHTTP1
+
+/// The admission hook the proxy asks before forwarding a request (DESIGN §2, step 2).
+///
+/// The proxy stops reading the client until a verdict exists. A guard answers synchronously
+/// (`.verdict`) when it can — the hot path allocates nothing — and with a future otherwise.
+public protocol RequestGuard: Sendable {
+    /// Called on the client channel's event loop. `request.head` carries the headers exactly as
+    /// the client sent them; `request.target` is the one canonical target.
+    func admit(_ request: GuardRequest, on eventLoop: any EventLoop) -> GuardDecision
+}
+
+public struct GuardRequest {
+    public var head: HTTPRequestHead
+    public var target: RequestTarget
+    public var routeName: String
+    public var clientAddress: SocketAddress?
+}
+
+public enum GuardDecision {
+    case verdict(Verdict)
+    case pending(EventLoopFuture<Verdict>)
+}
+
+public enum Verdict: Sendable {
+    /// Forward upstream, adding these headers (after every identity header was stripped).
+    case forward(addHeaders: [(String, String)])
+    /// Answer the client directly; the upstream sees nothing.
+    case respond(LocalResponse)
+
+    public static let forward = Verdict.forward(addHeaders: [])
+}
+
+/// A response the gateway writes itself (errors, redirects, its own endpoints).
+public struct LocalResponse: Sendable {
+    public var status: HTTPResponseStatus
+    public var headers: [(String, String)]
+    public var body: ByteBuffer
+    /// Close the client connection after this response.
+    public var close: Bool
+
+    public init(status: HTTPResponseStatus, headers: [(String, String)] = [], body: ByteBuffer = ByteBuffer(), close: Bool = false) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.close = close
+    }
+
+    /// A short plain-text error: `"<code> <reason>: <detail>\n"`.
+    public static func error(_ status: HTTPResponseStatus, _ detail: String, close: Bool = false) -> LocalResponse {
+        LocalResponse(
+            status: status,
+            headers: [("content-type", "text/plain; charset=utf-8")],
+            body: ByteBuffer(string: "\(status.code) \(status.reasonPhrase): \(detail)\n"),
+            close: close
+        )
+    }
+}
+
+/// Admits every request: the behaviour of `auth: public`.
+public struct PublicGuard: RequestGuard {
+    public init() {}
+    public func admit(_ request: GuardRequest, on eventLoop: any EventLoop) -> GuardDecision { .verdict(.forward) }
+}

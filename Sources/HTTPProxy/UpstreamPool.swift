@@ -1,0 +1,110 @@
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// Keep-alive connections to upstreams, one pool per event loop, used only on that loop: a
+/// client's request goes upstream on the client's own event loop, without a thread hop.
+final class UpstreamPool {
+    let eventLoop: any EventLoop
+    private var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
+    private let maxIdlePerUpstream: Int
+    private let connectTimeout: TimeAmount
+    private let idleTimeout: TimeAmount
+    private let observer: ProxyObserver
+    private var sweep: Scheduled<Void>? = nil
+
+    init(eventLoop: any EventLoop, connectTimeout: TimeAmount, idleTimeout: TimeAmount, maxIdlePerUpstream: Int = 128, observer: ProxyObserver) {
+        self.eventLoop = eventLoop
+        self.connectTimeout = connectTimeout
+        self.idleTimeout = idleTimeout
+        self.maxIdlePerUpstream = maxIdlePerUpstream
+        self.observer = observer
+    }
+
+    /// An idle pooled connection, if one is alive.
+    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
+        while let connection = idle[address]?.popLast() {
+            if connection.isActive {
+                connection.idleSince = nil
+                return connection
+            }
+        }
+        return nil
+    }
+
+    /// Opens a new connection on this event loop.
+    func connect(_ address: UpstreamAddress) -> EventLoopFuture<UpstreamConnection> {
+        let handler = UpstreamConnection(address: address)
+        handler.pool = self
+        let bound = NIOLoopBound(handler, eventLoop: eventLoop)
+        let observer = self.observer
+        return ClientBootstrap(group: eventLoop)
+            .connectTimeout(connectTimeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(.autoRead, value: true)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    var encoderConfiguration = HTTPRequestEncoder.Configuration()
+                    encoderConfiguration.automaticallySetFramingHeaders = false
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(HTTPRequestEncoder(configuration: encoderConfiguration))
+                    try sync.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .forward)))
+                    try sync.addHandler(bound.value)
+                }
+            }
+            .connect(host: address.host, port: address.port)
+            .map { channel in
+                observer.upstreamConnectionOpened()
+                channel.closeFuture.whenComplete { _ in observer.upstreamConnectionClosed() }
+                return bound.value
+            }
+    }
+
+    /// Returns a connection after a complete exchange.
+    func release(_ connection: UpstreamConnection) {
+        guard connection.isActive, (idle[connection.address]?.count ?? 0) < maxIdlePerUpstream else {
+            connection.close()
+            return
+        }
+        connection.owner = nil
+        connection.reused = true
+        connection.idleSince = .now()
+        idle[connection.address, default: []].append(connection)
+        scheduleSweep()
+    }
+
+    func remove(_ connection: UpstreamConnection) {
+        guard var list = idle[connection.address], let index = list.firstIndex(where: { $0 === connection }) else { return }
+        list.remove(at: index)
+        idle[connection.address] = list
+    }
+
+    /// Closes every idle connection (shutdown).
+    func closeAll() {
+        let all = idle.values.flatMap { $0 }
+        idle.removeAll()
+        sweep?.cancel()
+        for connection in all { connection.close() }
+    }
+
+    private func scheduleSweep() {
+        guard sweep == nil else { return }
+        let this = NIOLoopBound(self, eventLoop: eventLoop)
+        sweep = eventLoop.scheduleTask(in: idleTimeout) { this.value.sweepIdle() }
+    }
+
+    private func sweepIdle() {
+            self.sweep = nil
+            let cutoff = NIODeadline.now() - self.idleTimeout
+            var anyLeft = false
+            for (address, list) in self.idle {
+                let (stale, fresh) = list.reduce(into: ([UpstreamConnection](), [UpstreamConnection]())) { acc, c in
+                    if let since = c.idleSince, since <= cutoff { acc.0.append(c) } else { acc.1.append(c) }
+                }
+                self.idle[address] = fresh
+                anyLeft = anyLeft || !fresh.isEmpty
+                for connection in stale { connection.close() }
+            }
+            if anyLeft { self.scheduleSweep() }
+    }
+}
