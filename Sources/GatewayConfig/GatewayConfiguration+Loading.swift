@@ -305,7 +305,7 @@ extension GatewayConfiguration {
             r.warn("routes", root.values["routes"]?.mark,
                      "this version does not sign users in yet: routes with auth 'required' or 'optional' are admitted as public")
         }
-        if session.cookieName.hasPrefix("__Host-"), let url = server.publicURL, !url.hasPrefix("https://") {
+        if needsAuth, session.cookieName.hasPrefix("__Host-"), let url = server.publicURL, !url.hasPrefix("https://") {
             r.warn("session.cookie_name", root.values["session"]?.mark,
                      "a __Host- cookie is only kept by browsers over https; server.public_url is \(url)")
         }

@@ -71,7 +71,7 @@ public final class ProxyServer: Sendable {
     private let configuration: ProxyConfiguration
     private let group: any EventLoopGroup
     private let shared: ProxyShared
-    private let pools: [ObjectIdentifier: NIOLoopBound<UpstreamPool>]
+    private let pools: [ObjectIdentifier: NIOLoopBoundBox<UpstreamPool>]
     private let state = NIOLockedValueBox<(channel: (any Channel)?, quiesce: ServerQuiescingHelper?)>((nil, nil))
     private let logger: Logger
 
@@ -80,11 +80,12 @@ public final class ProxyServer: Sendable {
         self.group = group
         self.logger = logger
         self.shared = ProxyShared(snapshot: routing, configuration: configuration, observer: observer)
-        var pools: [ObjectIdentifier: NIOLoopBound<UpstreamPool>] = [:]
+        var pools: [ObjectIdentifier: NIOLoopBoundBox<UpstreamPool>] = [:]
         for loop in group.makeIterator() {
-            let pool = UpstreamPool(eventLoop: loop, connectTimeout: configuration.timeouts.upstreamConnect,
-                                    idleTimeout: configuration.timeouts.idle, observer: observer)
-            pools[ObjectIdentifier(loop)] = NIOLoopBound(pool, eventLoop: loop)
+            pools[ObjectIdentifier(loop)] = NIOLoopBoundBox.makeBoxSendingValue(
+                UpstreamPool(eventLoop: loop, connectTimeout: configuration.timeouts.upstreamConnect,
+                             idleTimeout: configuration.timeouts.idle, observer: observer),
+                eventLoop: loop)
         }
         self.pools = pools
     }

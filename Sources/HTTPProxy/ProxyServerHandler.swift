@@ -501,6 +501,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private func finishExchange() {
+        // The upstream's readComplete will not reach us once the connection is back in the
+        // pool: flush the response now (one flush per response in the common case).
+        context.flush()
         record(aborted: false)
         if let connection = upstream {
             upstream = nil

@@ -1,0 +1,68 @@
+import NIOCore
+import NIOHTTP1
+
+/// The demo's upstream application: it shows the request exactly as it arrived behind the
+/// gateway — method, target, and every header (identity headers included) — as HTML for
+/// browsers and plain text for everything else.
+public enum DemoUpstream {
+    public static func start(host: String, port: Int, group: any EventLoopGroup) async throws -> SimpleHTTPServer {
+        try await SimpleHTTPServer.start(host: host, port: port, group: group, responder: respond)
+    }
+
+    @Sendable
+    static func respond(_ request: SimpleRequest) -> SimpleResponse {
+        let head = request.head
+        let wantsHTML = head.headers["accept"].contains { $0.contains("text/html") }
+        if !wantsHTML {
+            var text = "demo upstream received:\n\(head.method.rawValue) \(head.uri) HTTP/\(head.version.major).\(head.version.minor)\n"
+            for (name, value) in head.headers { text += "\(name): \(value)\n" }
+            if request.body.readableBytes > 0 { text += "\n(\(request.body.readableBytes) body bytes)\n" }
+            return SimpleResponse(text)
+        }
+        let identity = head.headers.filter { $0.name.lowercased().hasPrefix("x-auth-") }
+        var rows = ""
+        for (name, value) in head.headers {
+            let highlight = name.lowercased().hasPrefix("x-auth-") || name.lowercased().hasPrefix("x-forwarded-") || name.lowercased() == "x-request-id"
+            rows += "<tr\(highlight ? " class=\"hl\"" : "")><th>\(escape(name))</th><td>\(escape(value))</td></tr>\n"
+        }
+        let who = identity.first { $0.name.lowercased() == "x-auth-user" }.map { "Signed in as <b>\(escape($0.value))</b>" }
+            ?? "No identity headers: this route is public (sign-in arrives with the sessions release)."
+        let html = """
+        <!doctype html>
+        <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+        <title>SessionGate demo upstream</title>
+        <style>
+        body{font:16px/1.5 -apple-system,BlinkMacSystemFont,"Helvetica Neue",Arial,sans-serif;margin:2rem auto;max-width:54rem;padding:0 1rem;color:#1d1d1f}
+        h1{font-size:1.6rem;margin-bottom:.2rem} .sub{color:#6e6e73;margin-top:0}
+        code{background:#f5f5f7;padding:.1rem .35rem;border-radius:4px}
+        table{border-collapse:collapse;width:100%;margin-top:1rem;font-size:.92rem}
+        th,td{text-align:left;padding:.35rem .6rem;border-bottom:1px solid #e5e5ea;vertical-align:top;word-break:break-all}
+        th{width:14rem;font-weight:600} tr.hl{background:#eef6ff}
+        .who{padding:.7rem 1rem;background:#f5f5f7;border-radius:8px}
+        </style></head><body>
+        <h1>Demo upstream</h1>
+        <p class="sub">This page is served by the application <em>behind</em> SessionGate. It shows the request as the gateway forwarded it.</p>
+        <p class="who">\(who)</p>
+        <p><code>\(escape(head.method.rawValue)) \(escape(head.uri))</code></p>
+        <table>\(rows)</table>
+        <p class="sub">Highlighted: headers the gateway set (forwarding, request id, identity). Anything a client sends under those names is removed first.</p>
+        </body></html>
+        """
+        return SimpleResponse(contentType: "text/html; charset=utf-8", html)
+    }
+
+    static func escape(_ text: String) -> String {
+        var out = ""
+        for c in text {
+            switch c {
+            case "&": out += "&amp;"
+            case "<": out += "&lt;"
+            case ">": out += "&gt;"
+            case "\"": out += "&quot;"
+            case "'": out += "&#39;"
+            default: out.append(c)
+            }
+        }
+        return out
+    }
+}

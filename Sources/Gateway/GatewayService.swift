@@ -1,0 +1,146 @@
+import GatewayConfig
+import HTTPProxy
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import ServiceLifecycle
+import UnixSignals
+
+/// The gateway as one long-running `Service`: the public proxy listener and the admin listener,
+/// configuration reloads on SIGHUP, and a graceful drain on shutdown (SIGTERM/SIGINT through the
+/// `ServiceGroup`).
+public final class GatewayService: Service, Sendable {
+    private let configPath: String?
+    private let initial: GatewayConfiguration
+    private let group: MultiThreadedEventLoopGroup
+    private let logger: Logger
+    public let metrics = GatewayMetrics()
+    private let proxy: ProxyServer
+    private let admin = NIOLockedValueBox<SimpleHTTPServer?>(nil)
+    private let current: NIOLockedValueBox<GatewayConfiguration>
+    private let started = NIOLockedValueBox(false)
+    private let startedWaiters = NIOLockedValueBox<[CheckedContinuation<Void, Never>]>([])
+
+    /// - Parameters:
+    ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
+    public init(configuration: GatewayConfiguration, configPath: String?, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) {
+        self.configPath = configPath
+        self.initial = configuration
+        self.group = group
+        self.logger = logger
+        self.current = NIOLockedValueBox(configuration)
+        let accessLog: Logger?
+        switch configuration.server.accessLog {
+        case .off: accessLog = nil
+        case .text: accessLog = Logger(label: "sessiongate.access") { LineLogHandler(label: $0, format: .text) }
+        case .json: accessLog = Logger(label: "sessiongate.access") { LineLogHandler(label: $0, format: .json) }
+        }
+        let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
+        self.proxy = ProxyServer(
+            configuration: Self.proxyConfiguration(configuration),
+            routing: Self.routing(configuration),
+            group: group, observer: observer, logger: logger)
+    }
+
+    static func proxyConfiguration(_ c: GatewayConfiguration) -> ProxyConfiguration {
+        ProxyConfiguration(
+            listen: c.server.listen,
+            timeouts: .init(upstreamConnect: .init(c.server.timeouts.upstreamConnect),
+                            upstreamResponse: .init(c.server.timeouts.upstreamResponse),
+                            idle: .init(c.server.timeouts.idle)),
+            limits: c.server.limits)
+    }
+
+    /// Routes as the proxy sees them. Until sign-in exists every route is admitted as public.
+    static func routing(_ c: GatewayConfiguration) -> RoutingSnapshot {
+        let routes = c.routes.map { route in
+            ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix,
+                       upstream: UpstreamAddress(host: route.upstream.host, port: route.upstream.port),
+                       requestGuard: PublicGuard())
+        }
+        return RoutingSnapshot(routes: routes, identityHeaders: c.identity.headers.all, trustedProxies: c.server.trustedProxies)
+    }
+
+    /// The bound public address once running (tests listen on port 0).
+    public var proxyAddress: SocketAddress? { proxy.localAddress }
+    public var adminAddress: SocketAddress? { admin.withLockedValue { $0?.localAddress } }
+
+    /// Suspends until both listeners are bound.
+    public func waitUntilStarted() async {
+        if started.withLockedValue({ $0 }) { return }
+        await withCheckedContinuation { continuation in
+            let resumeNow = started.withLockedValue { isStarted -> Bool in
+                if isStarted { return true }
+                startedWaiters.withLockedValue { $0.append(continuation) }
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    public func run() async throws {
+        let address = try await proxy.start()
+        let metrics = self.metrics
+        let adminServer = try await SimpleHTTPServer.start(
+            host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
+        ) { request in
+            AdminEndpoints.respond(request, metrics: metrics, ready: { true })
+        }
+        admin.withLockedValue { $0 = adminServer }
+        logger.info("sessiongate listening", metadata: [
+            "listen": "\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",
+            "routes": "\(initial.routes.count)",
+        ])
+        let waiters = started.withLockedValue { isStarted in
+            isStarted = true
+            return startedWaiters.withLockedValue { w in defer { w.removeAll() }; return w }
+        }
+        waiters.forEach { $0.resume() }
+
+        await withDiscardingTaskGroup { tasks in
+            if configPath != nil {
+                tasks.addTask { await self.reloadOnSIGHUP() }
+            }
+            try? await gracefulShutdown()
+            tasks.cancelAll()
+        }
+        logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(initial.server.timeouts.shutdown))"])
+        await proxy.shutdown(deadline: .init(initial.server.timeouts.shutdown))
+        await adminServer.close()
+        logger.info("stopped")
+    }
+
+    private func reloadOnSIGHUP() async {
+        for await _ in await UnixSignalsSequence(trapping: .sighup) {
+            if Task.isCancelled { return }
+            reload()
+        }
+    }
+
+    /// Re-reads the configuration file; an invalid file keeps the running configuration.
+    /// Listener addresses and timeouts apply at the next restart.
+    @discardableResult
+    public func reload() -> Bool {
+        guard let configPath else { return false }
+        let result = GatewayConfiguration.load(file: configPath)
+        for problem in result.problems {
+            logger.log(level: problem.severity == .error ? .error : .warning, "\(configPath):\(problem)")
+        }
+        guard let next = result.configuration else {
+            metrics.reloadsFailed.increment()
+            logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)", "errors": "\(result.errors.count)"])
+            return false
+        }
+        let previous = current.withLockedValue { old in defer { old = next }; return old }
+        if previous.server.listen != next.server.listen || previous.server.adminListen != next.server.adminListen
+            || previous.server.timeouts != next.server.timeouts || previous.server.limits != next.server.limits
+            || previous.server.accessLog != next.server.accessLog {
+            logger.warning("listen addresses, timeouts, limits and access_log apply at the next restart")
+        }
+        proxy.replaceRouting(Self.routing(next))
+        metrics.reloadsSucceeded.increment()
+        logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": "\(next.routes.count)"])
+        return true
+    }
+}
