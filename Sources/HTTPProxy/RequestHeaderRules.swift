@@ -161,11 +161,12 @@ struct RequestHeaderRules: Sendable {
         case 7:
             if HeaderName.equals(name, "upgrade") { return .upgrade }
             if HeaderName.equals(name, "trailer") { return .hopByHop }
-        case 9: if HeaderName.equals(name, "forwarded") { return .forwarding(.other) }
-        case 9 + 1:
+        case 9:
+            if HeaderName.equals(name, "forwarded") { return .forwarding(.other) }
+            if HeaderName.equals(name, "x-real-ip") { return .forwarding(.other) }
+        case 10:
             if HeaderName.equals(name, "connection") { return .connection }
             if HeaderName.equals(name, "keep-alive") { return .hopByHop }
-        case 9 + 2: if HeaderName.equals(name, "x-real-ip") { return .forwarding(.other) }
         case 12: if HeaderName.equals(name, "x-request-id") { return .requestID }
         case 13:
             if HeaderName.equals(name, "x-rewrite-url") { return .forwarding(.other) }

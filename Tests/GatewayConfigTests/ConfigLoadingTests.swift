@@ -1,0 +1,192 @@
+import Foundation
+import Testing
+
+@testable import GatewayConfig
+
+/// The repository root, for the shipped example configurations.
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+
+@Suite("Configuration loading")
+struct ConfigLoadingTests {
+    static let minimal = """
+        routes:
+          - name: app
+            upstream: "http://127.0.0.1:9000"
+        """
+
+    @Test("the shipped configurations are valid", arguments: ["conf/sessiongate.yaml", "conf/demo.yaml"])
+    func shippedConfigurations(path: String) throws {
+        let result = GatewayConfiguration.load(file: "\(repositoryRoot)/\(path)")
+        #expect(result.errors == [], "\(result.errors)")
+        #expect(result.configuration != nil)
+    }
+
+    @Test("the annotated example sets every key to its documented default")
+    func annotatedDefaults() throws {
+        let config = try #require(GatewayConfiguration.load(file: "\(repositoryRoot)/conf/sessiongate.yaml").configuration)
+        var defaults = GatewayConfiguration()
+        #expect(config.server.timeouts == defaults.server.timeouts)
+        #expect(config.server.limits == defaults.server.limits)
+        #expect(config.server.authPrefix == defaults.server.authPrefix)
+        #expect(config.server.adminListen == defaults.server.adminListen)
+        #expect(config.session.idleTimeout == defaults.session.idleTimeout)
+        #expect(config.session.absoluteTimeout == defaults.session.absoluteTimeout)
+        #expect(config.store.timeout == defaults.store.timeout)
+        #expect(config.store.localCacheTTL == defaults.store.localCacheTTL)
+        #expect(config.identity.headers == defaults.identity.headers)
+        defaults.apple = GatewayConfiguration.Apple()
+        #expect(config.apple?.revalidateAfter == defaults.apple?.revalidateAfter)
+        #expect(config.apple?.outageGrace == defaults.apple?.outageGrace)
+        #expect(config.apple?.baseURL == defaults.apple?.baseURL)
+    }
+
+    @Test("a minimal file takes every default")
+    func minimalFile() throws {
+        let config = try #require(GatewayConfiguration.parse(yaml: Self.minimal).configuration)
+        #expect(config.server.listen == ListenAddress(host: "0.0.0.0", port: 8080))
+        #expect(config.routes.count == 1)
+        #expect(config.routes[0].auth == .required)
+        #expect(config.routes[0].pathPrefix == "/")
+        #expect(config.routes[0].upstream == UpstreamURL(host: "127.0.0.1", port: 9000))
+        #expect(config.apple == nil)
+        #expect(config.store.redisURL == nil)
+    }
+
+    struct BadCase: CustomTestStringConvertible, Sendable {
+        let name: String
+        let yaml: String
+        let path: String
+        let line: Int?
+        let column: Int?
+        let message: String
+        var testDescription: String { name }
+    }
+
+    static let badCases: [BadCase] = [
+        BadCase(name: "misspelled key", yaml: "server:\n  lisen: \"0.0.0.0:80\"\n" + minimal, path: "server.lisen", line: 2, column: 3, message: "did you mean 'listen'"),
+        BadCase(name: "unknown top-level key", yaml: "servers: {}\n" + minimal, path: "servers", line: 1, column: 1, message: "did you mean 'server'"),
+        BadCase(name: "wrong type: mapping expected", yaml: "server: 8080\n" + minimal, path: "server", line: 1, column: 9, message: "expected a mapping"),
+        BadCase(name: "wrong type: list expected", yaml: "server:\n  trusted_proxies: \"10.0.0.0/8\"\n" + minimal, path: "server.trusted_proxies", line: 2, column: 20, message: "expected a list"),
+        BadCase(name: "wrong type: number expected", yaml: "server:\n  limits:\n    max_header_count: many\n" + minimal, path: "server.limits.max_header_count", line: 3, column: 23, message: "whole number"),
+        BadCase(name: "bad duration", yaml: "store:\n  timeout: \"5 seconds\"\n" + minimal, path: "store.timeout", line: 2, column: 12, message: "not a duration"),
+        BadCase(name: "negative duration", yaml: "store:\n  timeout: \"-5s\"\n" + minimal, path: "store.timeout", line: 2, column: 12, message: "not a duration"),
+        BadCase(name: "bad CIDR", yaml: "server:\n  trusted_proxies: [\"10.0.0.0/33\"]\n" + minimal, path: "server.trusted_proxies[0]", line: 2, column: 21, message: "CIDR"),
+        BadCase(name: "bad listen address", yaml: "server:\n  listen: \"8080\"\n" + minimal, path: "server.listen", line: 2, column: 11, message: "host:port"),
+        BadCase(name: "bad upstream scheme", yaml: "routes:\n  - name: a\n    upstream: \"https://x:1\"\n", path: "routes[0].upstream", line: 3, column: 15, message: "only http://"),
+        BadCase(name: "upstream with a path", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1/base\"\n", path: "routes[0].upstream", line: 3, column: 15, message: "without path"),
+        BadCase(name: "route without upstream", yaml: "routes:\n  - name: a\n    path_prefix: /x\n", path: "routes[0].upstream", line: 2, column: 5, message: "is required"),
+        BadCase(name: "route without name", yaml: "routes:\n  - upstream: \"http://x:1\"\n", path: "routes[0].name", line: 2, column: 5, message: "is required"),
+        BadCase(name: "overlapping identical routes", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n  - name: b\n    upstream: \"http://y:1\"\n", path: "routes[1].path_prefix", line: 4, column: 5, message: "routes[0] already matches"),
+        BadCase(name: "duplicate route name", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n  - name: a\n    path_prefix: /b\n    upstream: \"http://y:1\"\n", path: "routes[1].name", line: 4, column: 11, message: "already the name"),
+        BadCase(name: "non-canonical path prefix", yaml: "routes:\n  - name: a\n    path_prefix: \"/a/../b\"\n    upstream: \"http://x:1\"\n", path: "routes[0].path_prefix", line: 3, column: 18, message: "canonical"),
+        BadCase(name: "bad auth mode", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    auth: maybe\n", path: "routes[0].auth", line: 4, column: 11, message: "required | optional | public"),
+        BadCase(name: "no routes", yaml: "server: {}\n", path: "routes", line: nil, column: nil, message: "at least one route"),
+        BadCase(name: "inline secret", yaml: "session:\n  secret_file: \"env:1BAD\"\n" + minimal, path: "session.secret_file", line: 2, column: 16, message: "env:NAME"),
+        BadCase(name: "bad redis URL", yaml: "store:\n  redis_url: \"http://x\"\n" + minimal, path: "store.redis_url", line: 2, column: 14, message: "redis URL"),
+        BadCase(name: "apple without required keys", yaml: "apple:\n  scopes: [name]\n" + minimal, path: "apple.team_id", line: 2, column: 3, message: "is required"),
+        BadCase(name: "bad team id", yaml: "apple:\n  team_id: abc\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n" + minimal, path: "apple.team_id", line: 2, column: 12, message: "Team ID"),
+        BadCase(name: "bad apple scope", yaml: "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n  scopes: [phone]\n" + minimal, path: "apple.scopes[0]", line: 6, column: 12, message: "scope"),
+        BadCase(name: "idle longer than absolute", yaml: "session:\n  idle_timeout: 40d\n" + minimal, path: "session.idle_timeout", line: 2, column: 17, message: "longer than"),
+        BadCase(name: "duplicate key", yaml: "server:\n  listen: \"0.0.0.0:1\"\n  listen: \"0.0.0.0:2\"\n" + minimal, path: "", line: nil, column: nil, message: "duplicate key 'listen'"),
+        BadCase(name: "YAML syntax error", yaml: "server:\n  listen: [\n", path: "", line: 3, column: 1, message: "YAML syntax"),
+        BadCase(name: "identity headers that collide", yaml: "identity:\n  headers:\n    email: X_Auth_User\n" + minimal, path: "identity.headers", line: 3, column: 5, message: "same name"),
+        BadCase(name: "TLS not yet available", yaml: "server:\n  tls: { certificate_file: a, private_key_file: b }\n" + minimal, path: "server.tls", line: 2, column: 8, message: "not available"),
+        BadCase(name: "bad access_log", yaml: "server:\n  access_log: verbose\n" + minimal, path: "server.access_log", line: 2, column: 15, message: "text | json | off"),
+    ]
+
+    @Test("each problem names its key path and line:column", arguments: badCases)
+    func badConfiguration(_ c: BadCase) throws {
+        let result = GatewayConfiguration.parse(yaml: c.yaml)
+        #expect(result.configuration == nil)
+        let problem = try #require(result.errors.first { $0.path == c.path && $0.message.contains(c.message) }, "got: \(result.errors)")
+        if c.line != nil || c.path.isEmpty == false {
+            #expect(problem.line == c.line, "line of \(problem)")
+            #expect(problem.column == c.column, "column of \(problem)")
+        }
+    }
+
+    @Test("all problems are reported at once")
+    func everyProblemAtOnce() {
+        let yaml = """
+            server:
+              lisen: "x"
+              admin_listen: "nope"
+            store:
+              timeout: "soon"
+            routes:
+              - name: a
+                upstrem: "http://x:1"
+            """
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        let paths = Set(result.errors.map(\.path))
+        #expect(paths.isSuperset(of: ["server.lisen", "server.admin_listen", "store.timeout", "routes[0].upstrem", "routes[0].upstream"]))
+        #expect(result.configuration == nil)
+    }
+
+    @Test("warnings do not fail loading")
+    func warnings() throws {
+        let yaml = "server:\n  admin_listen: \"0.0.0.0:9091\"\n" + Self.minimal
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        #expect(result.configuration != nil)
+        #expect(result.warnings.contains { $0.path == "server.admin_listen" })
+        #expect(result.warnings.contains { $0.path == "routes" && $0.message.contains("admitted as public") })
+    }
+
+    @Test("a missing file is an error, not a crash")
+    func missingFile() {
+        let result = GatewayConfiguration.load(file: "/nonexistent/sessiongate.yaml")
+        #expect(result.configuration == nil)
+        #expect(result.errors.first?.message.contains("cannot read") == true)
+    }
+
+    @Test("problems print as file:line:column: severity: path: message")
+    func problemFormat() {
+        let error = ConfigError(file: "x.yaml", problems: [ConfigProblem(.error, path: "server.lisen", line: 3, column: 5, message: "unknown key")])
+        #expect(error.description == "x.yaml:3:5: error: server.lisen: unknown key")
+    }
+}
+
+@Suite("Configuration values")
+struct ConfigValueTests {
+    @Test("durations", arguments: [
+        ("250ms", Duration.milliseconds(250)), ("5s", .seconds(5)), ("10m", .seconds(600)), ("12h", .seconds(43_200)),
+        ("30d", .seconds(2_592_000)), ("1h30m", .seconds(5400)), ("0s", .zero),
+    ])
+    func durations(text: String, expected: Duration) {
+        #expect(ConfigDuration.parse(text) == expected)
+    }
+
+    @Test("invalid durations", arguments: ["", "5", "s", "5 s", "-5s", "5x", "1.5s", "99999999999999999999d", "5S"])
+    func invalidDurations(text: String) {
+        #expect(ConfigDuration.parse(text) == nil)
+    }
+
+    @Test("CIDR membership", arguments: [
+        ("10.0.0.0/8", "10.1.2.3", true), ("10.0.0.0/8", "11.0.0.1", false), ("127.0.0.1", "127.0.0.1", true),
+        ("127.0.0.1", "127.0.0.2", false), ("192.168.1.0/24", "192.168.1.255", true), ("0.0.0.0/0", "8.8.8.8", true),
+        ("::1/128", "::1", true), ("fd00::/8", "fd12::1", true), ("fd00::/8", "fe80::1", false), ("10.0.0.0/8", "::1", false),
+    ])
+    func cidr(network: String, address: String, inside: Bool) throws {
+        let cidr = try #require(CIDR.parse(network))
+        let ip = try #require(IPAddress.parse(address))
+        #expect(cidr.contains(ip) == inside)
+    }
+
+    @Test("listen addresses", arguments: [
+        ("0.0.0.0:8080", "0.0.0.0", 8080), ("[::]:80", "::", 80), ("localhost:1", "localhost", 1),
+    ])
+    func listen(text: String, host: String, port: Int) {
+        #expect(ListenAddress.parse(text) == ListenAddress(host: host, port: port))
+    }
+
+    @Test("redis URLs")
+    func redisURLs() throws {
+        let url = try #require(RedisURL.parse("redis://:p%40ss@10.0.0.5:6380/2"))
+        #expect(url.host == "10.0.0.5")
+        #expect(url.port == 6380)
+        #expect(url.database == 2)
+        #expect(url.password == "p@ss")
+        #expect(RedisURL.parse("redis://localhost")?.port == 6379)
+        #expect(RedisURL.parse("redis://localhost/x") == nil)
+    }
+}

@@ -1,0 +1,148 @@
+import NIOHTTP1
+import Testing
+
+@testable import HTTPProxy
+
+@Suite("Request header rules")
+struct RequestHeaderRulesTests {
+    let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User", "X-Auth-Email", "X-Auth-Name"])
+
+    func head(_ headers: [(String, String)], version: HTTPVersion = .http1_1) -> HTTPRequestHead {
+        HTTPRequestHead(version: version, method: .POST, uri: "/", headers: HTTPHeaders(headers))
+    }
+
+    @Test("framing in doubt is rejected", arguments: [
+        ("both Content-Length and Transfer-Encoding", [("Host", "a"), ("Content-Length", "3"), ("Transfer-Encoding", "chunked")]),
+        ("duplicate Content-Length", [("Host", "a"), ("Content-Length", "3"), ("Content-Length", "3")]),
+        ("empty Content-Length", [("Host", "a"), ("Content-Length", "")]),
+        ("signed Content-Length", [("Host", "a"), ("Content-Length", "+3")]),
+        ("Transfer-Encoding other than chunked", [("Host", "a"), ("Transfer-Encoding", "gzip, chunked")]),
+        ("Transfer-Encoding identity", [("Host", "a"), ("Transfer-Encoding", "identity")]),
+        ("duplicate Transfer-Encoding", [("Host", "a"), ("Transfer-Encoding", "chunked"), ("Transfer-Encoding", "chunked")]),
+        ("duplicate Host", [("Host", "a"), ("Host", "b")]),
+        ("missing Host in HTTP/1.1", [("Accept", "*/*")]),
+        ("Host with a path", [("Host", "a/b")]),
+        ("Host with userinfo", [("Host", "user@a")]),
+    ])
+    func framingRejected(name: String, headers: [(String, String)]) {
+        let result = rules.inspect(head(headers), peerTrusted: false)
+        guard case .failure(.badRequest) = result else {
+            Issue.record("\(name) was accepted")
+            return
+        }
+    }
+
+    @Test("Transfer-Encoding in HTTP/1.0 is rejected")
+    func transferEncodingHTTP10() {
+        guard case .failure = rules.inspect(head([("Transfer-Encoding", "chunked")], version: .http1_0), peerTrusted: false) else {
+            Issue.record("accepted")
+            return
+        }
+    }
+
+    @Test("identity headers are removed in every spelling", arguments: [
+        "X-Auth-User", "x-auth-user", "X-AUTH-USER", "X_Auth_User", "x_auth-user", "X-Auth_Email", "x-auth-name",
+    ])
+    func identityStripped(name: String) throws {
+        let inbound = try rules.inspect(head([("Host", "a"), (name, "mallory")]), peerTrusted: true).get()
+        #expect(!inbound.upstreamHeaders.contains { $0.value == "mallory" })
+    }
+
+    @Test("hop-by-hop headers and those named in Connection are removed")
+    func hopByHop() throws {
+        let inbound = try rules.inspect(head([
+            ("Host", "a"), ("Connection", "keep-alive, X-Auth-Other, X-Custom"), ("Keep-Alive", "timeout=5"),
+            ("TE", "trailers"), ("Trailer", "x"), ("Proxy-Connection", "keep-alive"), ("Proxy-Authorization", "Basic x"),
+            ("Upgrade", "h2c"), ("X-Custom", "named"), ("X-Kept", "yes"),
+        ]), peerTrusted: false).get()
+        let names = Set(inbound.upstreamHeaders.map { $0.name.lowercased() })
+        #expect(names == ["host", "x-kept"])
+        #expect(!inbound.isWebSocketUpgrade)
+    }
+
+    @Test("a client cannot protect an identity header by naming it in Connection")
+    func connectionNamesIdentity() throws {
+        let inbound = try rules.inspect(head([("Host", "a"), ("Connection", "X-Auth-User"), ("X-Auth-User", "mallory")]), peerTrusted: false).get()
+        #expect(inbound.upstreamHeaders["X-Auth-User"].isEmpty)
+    }
+
+    @Test("forwarding headers from untrusted peers are dropped")
+    func untrustedForwarding() throws {
+        let inbound = try rules.inspect(head([
+            ("Host", "a"), ("X-Forwarded-For", "1.2.3.4"), ("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "evil"),
+            ("Forwarded", "for=1.2.3.4"), ("X-Real-IP", "1.2.3.4"), ("X-Original-URL", "/admin"), ("X-Request-Id", "abc"),
+        ]), peerTrusted: false).get()
+        #expect(inbound.forwardedFor == nil)
+        #expect(inbound.forwardedProto == nil)
+        #expect(inbound.forwardedHost == nil)
+        #expect(inbound.requestID == nil)
+        #expect(Array(inbound.upstreamHeaders.map(\.name)) == ["Host"])
+    }
+
+    @Test("forwarding headers from trusted peers are kept for the proxy to extend")
+    func trustedForwarding() throws {
+        let inbound = try rules.inspect(head([
+            ("Host", "a"), ("X-Forwarded-For", "1.2.3.4"), ("X-Forwarded-For", "5.6.7.8"), ("X-Forwarded-Proto", "https"),
+            ("X-Request-Id", "abc-123"),
+        ]), peerTrusted: true).get()
+        #expect(inbound.forwardedFor == "1.2.3.4, 5.6.7.8")
+        #expect(inbound.forwardedProto == "https")
+        #expect(inbound.requestID == "abc-123")
+    }
+
+    @Test("keep-alive per HTTP version", arguments: [
+        (HTTPVersion.http1_1, [("Host", "a")], true),
+        (.http1_1, [("Host", "a"), ("Connection", "close")], false),
+        (.http1_0, [], false),
+        (.http1_0, [("Connection", "keep-alive")], true),
+    ])
+    func keepAlive(version: HTTPVersion, headers: [(String, String)], expected: Bool) throws {
+        #expect(try rules.inspect(head(headers, version: version), peerTrusted: false).get().keepAlive == expected)
+    }
+
+    @Test("a WebSocket handshake keeps exactly its Upgrade and Connection")
+    func websocket() throws {
+        let inbound = try rules.inspect(head([("Host", "a"), ("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Key", "k")]), peerTrusted: false).get()
+        #expect(inbound.isWebSocketUpgrade)
+        #expect(inbound.upstreamHeaders["Upgrade"] == ["websocket"])
+        #expect(inbound.upstreamHeaders["Connection"] == ["Upgrade"])
+    }
+
+    @Test("nothing to strip: the header list passes as is")
+    func fastPath() throws {
+        let inbound = try rules.inspect(head([("Host", "a"), ("Content-Length", "5"), ("Accept", "*/*")]), peerTrusted: false).get()
+        #expect(inbound.upstreamHeaders.count == 3)
+        #expect(inbound.framing == .contentLength(5))
+    }
+}
+
+@Suite("Routing")
+struct RouteTableTests {
+    static let upstream = UpstreamAddress(host: "127.0.0.1", port: 1)
+    let table = RouteTable([
+        ProxyRoute(name: "root", pathPrefix: "/", upstream: upstream),
+        ProxyRoute(name: "api", pathPrefix: "/api", upstream: upstream),
+        ProxyRoute(name: "api-v2", pathPrefix: "/api/v2/", upstream: upstream),
+        ProxyRoute(name: "admin-host", host: "admin.example.com", pathPrefix: "/", upstream: upstream),
+        ProxyRoute(name: "admin-host-static", host: "admin.example.com", pathPrefix: "/static", upstream: upstream),
+        ProxyRoute(name: "only-api-host", host: "api.example.com", pathPrefix: "/v1", upstream: upstream),
+    ])
+
+    @Test("host first, then the longest prefix on a segment boundary", arguments: [
+        ("app.example.com", "/", "root"),
+        ("app.example.com", "/api", "api"),
+        ("app.example.com", "/api/users", "api"),
+        ("app.example.com", "/apix", "root"),
+        ("app.example.com", "/api/v2", "api"),
+        ("app.example.com", "/api/v2/x", "api-v2"),
+        ("admin.example.com", "/api", "admin-host"),
+        ("ADMIN.example.com:8443", "/static/a.css", "admin-host-static"),
+        ("admin.example.com", "/staticfile", "admin-host"),
+        ("api.example.com", "/v1/x", "only-api-host"),
+        ("api.example.com", "/v2", nil),
+        (nil, "/api", "api"),
+    ] as [(String?, String, String?)])
+    func routing(host: String?, path: String, expected: String?) {
+        #expect(table.match(host: host, path: path)?.name == expected)
+    }
+}
