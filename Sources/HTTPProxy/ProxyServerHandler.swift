@@ -71,6 +71,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var timer: Scheduled<Void>? = nil
     private var timerDeadline: NIODeadline = .distantFuture
     private var inReadBurst = false
+    private var pendingUpgrade: HTTPResponseHead? = nil
     private var closing = false
 
     init(shared: ProxyShared, pool: UpstreamPool) {
@@ -376,6 +377,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 break
             }
         case .end:
+            if let head = pendingUpgrade {
+                pendingUpgrade = nil
+                return upgrade(head)
+            }
             if exchange.framing == .chunked {
                 context.write(wrapOutboundOut(ByteBuffer(staticString: "0\r\n\r\n")), promise: nil)
             }
@@ -389,7 +394,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func responseHead(_ head: HTTPResponseHead) {
         if head.status == .switchingProtocols {
-            if exchange.isWebSocket, !exchange.responseStarted { return upgrade(head) }
+            // Hand over at the 101's `.end`: the decoder still delivers it to this handler.
+            if exchange.isWebSocket, !exchange.responseStarted { pendingUpgrade = head; return }
             upstream?.close()
             upstream = nil
             return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream switched protocols unasked")
@@ -542,6 +548,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 break
             }
         }
+        // Parts replayed from the queue were written outside a client read burst.
+        if phase == .forwarding, !inReadBurst { upstream?.flush() }
     }
 
     // MARK: local responses
@@ -612,7 +620,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             let down = context.pipeline.syncOperations
             try down.addHandler(clientGlue)
             _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self))
+            let clientChannel = context.channel
             _ = down.removeHandler(context: context)
+            // This handler held back the client's read while the handshake was in flight: the
+            // glue takes over reading on both sides from here.
+            clientChannel.read()
+            upstreamChannel.read()
         } catch {
             upstreamChannel.close(promise: nil)
             context.close(promise: nil)

@@ -1,0 +1,54 @@
+import GatewayConfig
+import HTTPProxy
+import Logging
+import NIOCore
+import NIOPosix
+
+/// A proxy in front of a `TestUpstream`, both real servers on loopback.
+struct ProxyHarness {
+    let proxy: ProxyServer
+    let upstream: TestUpstream
+    var port: Int { proxy.localAddress!.port! }
+
+    static func start(
+        timeouts: ProxyConfiguration.Timeouts = .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)),
+        limits: GatewayConfiguration.Limits = .init(),
+        trustedProxies: [CIDR] = [],
+        upstreamPort: Int? = nil,
+        guard requestGuard: any RequestGuard = PublicGuard()
+    ) async throws -> ProxyHarness {
+        let upstream = try await TestUpstream.start()
+        let routes = [
+            ProxyRoute(name: "test", pathPrefix: "/", upstream: UpstreamAddress(host: "127.0.0.1", port: upstreamPort ?? upstream.port), requestGuard: requestGuard),
+        ]
+        let snapshot = RoutingSnapshot(routes: routes, identityHeaders: IdentityHeaderNames().all, trustedProxies: trustedProxies)
+        let proxy = ProxyServer(
+            configuration: ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: timeouts, limits: limits),
+            routing: snapshot, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+        try await proxy.start()
+        return ProxyHarness(proxy: proxy, upstream: upstream)
+    }
+
+    func stop() async {
+        await proxy.shutdown(deadline: .seconds(1))
+        await upstream.close()
+    }
+}
+
+/// A port nothing listens on (bound, then closed).
+func closedPort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_port = 0
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
+    return Int(UInt16(bigEndian: addr.sin_port))
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

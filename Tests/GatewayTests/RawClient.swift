@@ -1,0 +1,154 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A blocking TCP client with a receive timeout, for byte-exact HTTP/1.1 tests.
+final class RawClient {
+    let fd: Int32
+    private var buffer: [UInt8] = []
+    private(set) var eof = false
+
+    struct Response {
+        var status: Int
+        var headers: [(String, String)]
+        var body: [UInt8]
+        var text: String { String(decoding: body, as: UTF8.self) }
+        func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
+    }
+
+    enum Failure: Error { case connect(Int32), timeout, closed, malformed(String) }
+
+    init(port: Int, timeoutSeconds: Int = 10) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        if rc != 0 {
+            let e = errno
+            close(fd)
+            throw Failure.connect(e)
+        }
+    }
+
+    deinit { close(fd) }
+
+    func send(_ text: String) throws { try send(Array(text.utf8)) }
+
+    func send(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 { throw Failure.closed }
+            offset += n
+        }
+    }
+
+    /// Reads more bytes into the buffer; false at end of stream.
+    private func fill() throws -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        let n = recv(fd, &chunk, chunk.count, 0)
+        if n == 0 { eof = true; return false }
+        if n < 0 { if errno == EAGAIN || errno == EWOULDBLOCK { throw Failure.timeout }; eof = true; return false }
+        buffer += chunk[0..<n]
+        return true
+    }
+
+    private func readLine() throws -> String {
+        while true {
+            if let i = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                var line = Array(buffer[..<i])
+                buffer.removeFirst(i + 1)
+                if line.last == UInt8(ascii: "\r") { line.removeLast() }
+                return String(decoding: line, as: UTF8.self)
+            }
+            guard try fill() else { throw Failure.closed }
+        }
+    }
+
+    private func readExactly(_ n: Int) throws -> [UInt8] {
+        while buffer.count < n { guard try fill() else { throw Failure.closed } }
+        let out = Array(buffer[..<n])
+        buffer.removeFirst(n)
+        return out
+    }
+
+    /// Reads one response. `head: true` for a response to HEAD (no body).
+    func readResponse(head: Bool = false, discardBody: Bool = false) throws -> Response {
+        var status = 0
+        var headers: [(String, String)] = []
+        repeat {
+            let statusLine = try readLine()
+            let parts = statusLine.split(separator: " ", maxSplits: 2)
+            guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), let code = Int(parts[1]) else { throw Failure.malformed(statusLine) }
+            status = code
+            headers = []
+            while true {
+                let line = try readLine()
+                if line.isEmpty { break }
+                guard let colon = line.firstIndex(of: ":") else { throw Failure.malformed(line) }
+                headers.append((String(line[..<colon]), String(line[line.index(after: colon)...]).trimmingSpaces()))
+            }
+        } while status >= 100 && status < 200 && status != 101
+        var response = Response(status: status, headers: headers, body: [])
+        if head || status == 204 || status == 304 || status == 101 { return response }
+        if let te = response.header("transfer-encoding"), te.lowercased() == "chunked" {
+            while true {
+                let sizeLine = try readLine()
+                guard let size = Int(sizeLine.split(separator: ";").first.map(String.init) ?? "", radix: 16) else { throw Failure.malformed(sizeLine) }
+                if size == 0 { _ = try readLine(); break }
+                let data = try readExactly(size)
+                if !discardBody { response.body += data }
+                _ = try readLine()
+            }
+        } else if let cl = response.header("content-length"), let n = Int(cl) {
+            var remaining = n
+            while remaining > 0 {
+                if buffer.isEmpty { guard try fill() else { throw Failure.closed } }
+                let take = min(remaining, buffer.count)
+                if !discardBody { response.body += buffer[..<take] }
+                buffer.removeFirst(take)
+                remaining -= take
+            }
+        } else {
+            while try fill() {}
+            if !discardBody { response.body = buffer }
+            buffer = []
+        }
+        return response
+    }
+
+    /// Bytes already received and not yet consumed, plus whatever arrives until `count`.
+    func read(count: Int) throws -> [UInt8] { try readExactly(count) }
+
+    /// True if the peer closes the connection (within the receive timeout) without sending more.
+    func waitForClose() -> Bool {
+        if eof { return true }
+        while true {
+            do { if try !fill() { return true } } catch { return false }
+        }
+    }
+}
+
+extension String {
+    func trimmingSpaces() -> String {
+        var s = Substring(self)
+        while s.first == " " || s.first == "\t" { s = s.dropFirst() }
+        while s.last == " " || s.last == "\t" { s = s.dropLast() }
+        return String(s)
+    }
+}
+
+/// Runs blocking socket work off the cooperative thread pool.
+func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread { continuation.resume(with: Result { try work() }) }
+        thread.start()
+    }
+}
+
+import Foundation

@@ -1,0 +1,208 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// A real upstream on loopback whose behaviour is chosen by the request path:
+///
+/// - `/echo…`: 200 with the request line, headers and body size.
+/// - `/download?n=BYTES[&chunked]`: streams `n` bytes with back-pressure.
+/// - `/upload`: reads the body, answers its length and a checksum.
+/// - `/slow?ms=N`: answers after N ms. `/hang`: never answers.
+/// - `/reset`: promises 1000 bytes, sends 10, closes.
+/// - `/flaky`: answers the first request of a connection; closes on any later one unanswered.
+/// - `/ws`: WebSocket handshake (101), then echoes bytes.
+final class TestUpstream: Sendable {
+    let channel: any Channel
+    let stats = NIOLockedValueBox(Stats())
+    private let arrivals = NIOLockedValueBox<[String: [CheckedContinuation<Void, Never>]]>([:])
+
+    struct Stats {
+        var connections = 0
+        var requests = 0
+        var paths: [String] = []
+        var lastHeaders: HTTPHeaders = [:]
+    }
+
+    var port: Int { channel.localAddress!.port! }
+
+    static func start() async throws -> TestUpstream {
+        let box = NIOLockedValueBox<TestUpstream?>(nil)
+        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    guard let upstream = box.withLockedValue({ $0 }) else { throw ChannelError.ioOnClosedChannel }
+                    upstream.stats.withLockedValue { $0.connections += 1 }
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false)
+                    try channel.pipeline.syncOperations.addHandler(TestUpstreamHandler(upstream: upstream))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let upstream = TestUpstream(channel: channel)
+        box.withLockedValue { $0 = upstream }
+        return upstream
+    }
+
+    private init(channel: any Channel) { self.channel = channel }
+
+    func close() async { try? await channel.close() }
+
+    func arrived(_ head: HTTPRequestHead) {
+        let path = String(head.uri.split(separator: "?").first ?? "")
+        stats.withLockedValue {
+            $0.requests += 1
+            $0.paths.append(head.uri)
+            $0.lastHeaders = head.headers
+        }
+        let waiters = arrivals.withLockedValue { $0.removeValue(forKey: path) ?? [] }
+        waiters.forEach { $0.resume() }
+    }
+
+    /// Suspends until a request for `path` reaches the upstream (call before sending it).
+    func waitForArrival(of path: String, _ registered: @Sendable () -> Void) async {
+        await withCheckedContinuation { continuation in
+            arrivals.withLockedValue { $0[path, default: []].append(continuation) }
+            registered()
+        }
+    }
+}
+
+final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let upstream: TestUpstream
+    private var head: HTTPRequestHead?
+    private var bodyBytes = 0
+    private var checksum: UInt32 = 0
+    private var requestsOnConnection = 0
+    private var remainingDownload = 0
+    private var chunkedDownload = false
+    private var context: ChannelHandlerContext?
+
+    init(upstream: TestUpstream) { self.upstream = upstream }
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let h):
+            head = h
+            bodyBytes = 0
+            checksum = 0
+            requestsOnConnection += 1
+            upstream.arrived(h)
+        case .body(let buffer):
+            bodyBytes += buffer.readableBytes
+            buffer.withUnsafeReadableBytes { raw in for b in raw { checksum = checksum &* 31 &+ UInt32(b) } }
+        case .end:
+            guard let head else { return }
+            if head.uri.hasPrefix("/ws") { return upgrade(context: context, head: head) }
+            respond(context: context, head: head)
+        }
+    }
+
+    private func query(_ head: HTTPRequestHead, _ key: String) -> String? {
+        guard let q = head.uri.split(separator: "?", maxSplits: 1).dropFirst().first else { return nil }
+        for pair in q.split(separator: "&") {
+            let kv = pair.split(separator: "=", maxSplits: 1)
+            if kv.first.map(String.init) == key { return kv.count > 1 ? String(kv[1]) : "" }
+        }
+        return nil
+    }
+
+    private func send(context: ChannelHandlerContext, status: HTTPResponseStatus = .ok, _ text: String, extra: [(String, String)] = []) {
+        var headers = HTTPHeaders([("content-length", String(text.utf8.count)), ("content-type", "text/plain")])
+        for (n, v) in extra { headers.add(name: n, value: v) }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: text)))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+    }
+
+    private func respond(context: ChannelHandlerContext, head: HTTPRequestHead) {
+        let path = String(head.uri.split(separator: "?").first ?? "")
+        switch path {
+        case "/upload":
+            send(context: context, "n=\(bodyBytes) sum=\(checksum)")
+        case "/download":
+            remainingDownload = Int(query(head, "n") ?? "0") ?? 0
+            chunkedDownload = query(head, "chunked") != nil
+            var headers = HTTPHeaders()
+            if !chunkedDownload { headers.add(name: "content-length", value: String(remainingDownload)) }
+            else { headers.add(name: "transfer-encoding", value: "chunked") }
+            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
+            pumpDownload(context: context)
+        case "/slow":
+            let ms = Int64(query(head, "ms") ?? "100") ?? 100
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: .milliseconds(ms)) {
+                let (handler, ctx) = bound.value
+                handler.send(context: ctx, "slow done")
+            }
+        case "/hang":
+            break
+        case "/reset":
+            var headers = HTTPHeaders()
+            headers.add(name: "content-length", value: "1000")
+            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
+            context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "0123456789")))), promise: nil)
+            context.close(promise: nil)
+        case "/flaky":
+            if requestsOnConnection > 1 { context.close(promise: nil) } else { send(context: context, "flaky ok") }
+        case "/close":
+            send(context: context, "closing", extra: [("connection", "close")])
+            context.close(promise: nil)
+        default:
+            var text = "\(head.method.rawValue) \(head.uri) HTTP/\(head.version.major).\(head.version.minor)\n"
+            for (name, value) in head.headers { text += "\(name): \(value)\n" }
+            text += "body-bytes: \(bodyBytes)\n"
+            send(context: context, text)
+        }
+    }
+
+    private func pumpDownload(context: ChannelHandlerContext) {
+        let chunk = 64 * 1024
+        while remainingDownload > 0, context.channel.isWritable {
+            let n = min(chunk, remainingDownload)
+            remainingDownload -= n
+            var buffer = context.channel.allocator.buffer(capacity: n)
+            buffer.writeRepeatingByte(UInt8(ascii: "x"), count: n)
+            context.write(wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
+        }
+        if remainingDownload == 0 {
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            remainingDownload = -1
+        } else {
+            context.flush()
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable, remainingDownload > 0 { pumpDownload(context: context) }
+        context.fireChannelWritabilityChanged()
+    }
+
+    private func upgrade(context: ChannelHandlerContext, head: HTTPRequestHead) {
+        guard head.headers["upgrade"].first?.lowercased() == "websocket" else { return }
+        let headers = HTTPHeaders([("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Accept", "test")])
+        context.writeAndFlush(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .switchingProtocols, headers: headers))), promise: nil)
+        let sync = context.pipeline.syncOperations
+        do {
+            try sync.addHandler(EchoHandler())
+            _ = sync.removeHandler(try sync.handler(type: HTTPResponseEncoder.self))
+            _ = sync.removeHandler(try sync.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self))
+            _ = sync.removeHandler(context: context)
+        } catch {
+            context.close(promise: nil)
+        }
+    }
+}
+
+final class EchoHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        context.writeAndFlush(data, promise: nil)
+    }
+}
