@@ -21,7 +21,7 @@ struct GatewayObserver: ProxyObserver {
             "path": .string(record.path),
             "status": .stringConvertible(record.status),
             "route": .string(record.route ?? "-"),
-            "upstream": .string(record.upstream ?? "-"),
+            "upstream": .string(record.upstream?.description ?? "-"),
             "client": .string(record.client),
             "request_id": .string(record.requestID),
             "duration_ms": .string(String(format3(Double(record.durationNanoseconds) / 1e6))),

@@ -6,8 +6,7 @@ import Prometheus
 /// status class, error kind — never a user or a session). Served on the admin listener.
 public final class GatewayMetrics: Sendable {
     public let registry = PrometheusCollectorRegistry()
-    private let requests = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
-    private let latency = NIOLockedValueBox<[String: DurationHistogram]>([:])
+    private let routes = NIOLockedValueBox<[String: RouteMetrics]>([:])
     private let upstreamErrors = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
     let clientConnections: Prometheus.Gauge
     let upstreamConnections: Prometheus.Gauge
@@ -21,43 +20,57 @@ public final class GatewayMetrics: Sendable {
     ]
 
     public init() {
-        clientConnections = registry.makeGauge(name: "sessiongate_client_connections", help: "Open client connections.")
-        upstreamConnections = registry.makeGauge(name: "sessiongate_upstream_connections", help: "Open upstream connections (busy and pooled).")
-        reloadsSucceeded = registry.makeCounter(name: "sessiongate_config_reloads_total", labels: [("result", "ok")], help: "Configuration reloads (SIGHUP).")
-        reloadsFailed = registry.makeCounter(name: "sessiongate_config_reloads_total", labels: [("result", "invalid")], help: "Configuration reloads (SIGHUP).")
+        clientConnections = registry.makeGauge(descriptor: Self.name("client_connections", help: "Open client connections."))
+        upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
+        reloadsSucceeded = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "ok")])
+        reloadsFailed = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "invalid")])
+    }
+
+    /// A route's request counters (one per status class) and latency histogram, made once.
+    struct RouteMetrics: Sendable {
+        let byClass: [Prometheus.Counter]  // 1xx…5xx, then "other"
+        let latency: DurationHistogram
+    }
+
+    private func routeMetrics(_ route: String) -> RouteMetrics {
+        routes.withLockedValue { cache in
+            if let m = cache[route] { return m }
+            let classes = ["1xx", "2xx", "3xx", "4xx", "5xx", "other"]
+            let m = RouteMetrics(
+                byClass: classes.map {
+                    registry.makeCounter(descriptor: Self.name("requests", unit: "total", help: "Requests answered, by route and status class."),
+                                         labels: [("route", route), ("status_class", $0)])
+                },
+                latency: registry.makeDurationHistogram(
+                    descriptor: Self.name("request_duration", unit: "seconds", help: "Time from request head to the end of the response."),
+                    labels: [("route", route)], buckets: Self.latencyBuckets))
+            cache[route] = m
+            return m
+        }
     }
 
     func recordRequest(route: String, status: Int, durationNanoseconds: Int64) {
-        let statusClass = status >= 100 && status < 600 ? "\(status / 100)xx" : "other"
-        let key = route + " " + statusClass
-        let counter = requests.withLockedValue { cache in
-            if let c = cache[key] { return c }
-            let c = registry.makeCounter(name: "sessiongate_requests_total", labels: [("route", route), ("status_class", statusClass)],
-                                         help: "Requests answered, by route and status class.")
-            cache[key] = c
-            return c
-        }
-        counter.increment()
-        let histogram = latency.withLockedValue { cache in
-            if let h = cache[route] { return h }
-            let h = registry.makeDurationHistogram(name: "sessiongate_request_duration_seconds", labels: [("route", route)],
-                                                   buckets: Self.latencyBuckets, help: "Time from request head to the end of the response.")
-            cache[route] = h
-            return h
-        }
-        histogram.recordNanoseconds(durationNanoseconds)
+        let metrics = routeMetrics(route)
+        let index = status >= 100 && status < 600 ? status / 100 - 1 : 5
+        metrics.byClass[index].increment()
+        metrics.latency.recordNanoseconds(durationNanoseconds)
     }
 
     func recordUpstreamError(route: String, kind: UpstreamErrorKind) {
         let key = route + " " + kind.rawValue
         let counter = upstreamErrors.withLockedValue { cache in
             if let c = cache[key] { return c }
-            let c = registry.makeCounter(name: "sessiongate_upstream_errors_total", labels: [("route", route), ("kind", kind.rawValue)],
-                                         help: "Failed upstream exchanges, by route and kind.")
+            let c = registry.makeCounter(descriptor: Self.name("upstream_errors", unit: "total", help: "Failed upstream exchanges, by route and kind."),
+                                         labels: [("route", route), ("kind", kind.rawValue)])
             cache[key] = c
             return c
         }
         counter.increment()
+    }
+
+    /// `sessiongate_<name>_<unit>` (descriptors are not Sendable, so they are made where used).
+    private static func name(_ metric: String, unit: String = "", help: String) -> MetricNameDescriptor {
+        MetricNameDescriptor(namespace: "sessiongate", metricName: metric, unitName: unit, helpText: help)
     }
 
     /// The Prometheus text exposition.

@@ -17,7 +17,7 @@ public struct ExchangeRecord: Sendable {
     public var path: String
     public var status: Int
     public var route: String?
-    public var upstream: String?
+    public var upstream: UpstreamAddress?
     public var client: String
     public var requestID: String
     public var durationNanoseconds: Int64

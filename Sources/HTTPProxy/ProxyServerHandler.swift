@@ -170,7 +170,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         switch phase {
         case .idle: return !quiescing
         case .awaitingVerdict, .connecting, .closed: return false
-        case .forwarding: return !exchange.requestEnded && (upstream?.isWritable ?? false)
+        case .forwarding:
+            // While the response is on its way, keep reading (so the connection's read interest
+            // is not toggled per request) until one pipelined part is queued: buffering stays
+            // bounded by a single read.
+            if exchange.requestEnded { return pipelined.isEmpty }
+            return upstream?.isWritable ?? false
         }
     }
 
@@ -638,7 +643,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         let duration = NIODeadline.now().uptimeNanoseconds - exchange.start.uptimeNanoseconds
         shared.observer.exchangeCompleted(ExchangeRecord(
             method: exchange.method.rawValue, path: exchange.path, status: exchange.status,
-            route: exchange.route?.name, upstream: exchange.route?.upstream.description, client: peerString,
+            route: exchange.route?.name, upstream: exchange.route?.upstream, client: peerString,
             requestID: exchange.requestID, durationNanoseconds: Int64(duration), bytesSent: exchange.bytesSent,
             aborted: aborted, userAgent: exchange.userAgent))
     }
