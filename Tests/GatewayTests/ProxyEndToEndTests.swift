@@ -289,7 +289,7 @@ struct ProxyEndToEndTests {
         let size = 32 * 1024 * 1024
         let (upload, downloaded, chunkedDownloaded) = try await blocking {
             let c = try RawClient(port: port)
-            try c.send("POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+            try c.send("POST /upload?sum HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
             let block = [UInt8](repeating: UInt8(ascii: "y"), count: 1 << 20)
             for _ in 0..<(size >> 20) {
                 try c.send(Array("100000\r\n".utf8) + block + Array("\r\n".utf8))

@@ -3,7 +3,8 @@ import Glibc
 #endif
 
 /// A blocking TCP client with a receive timeout, for byte-exact HTTP/1.1 tests.
-final class RawClient {
+/// Used by one thread at a time; tests hand it between threads explicitly.
+final class RawClient: @unchecked Sendable {
     let fd: Int32
     private var buffer: [UInt8] = []
     private(set) var eof = false

@@ -1,0 +1,132 @@
+import Foundation
+import NIOConcurrencyHelpers
+
+/// The repository root (for the built binary and the shipped configurations).
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+
+/// The `sessiongate` executable `make test` builds before the tests run.
+var sessiongateBinary: String {
+    let path = "\(repositoryRoot)/.build/debug/sessiongate"
+    precondition(FileManager.default.isExecutableFile(atPath: path), "build first: swift build (make test does)")
+    return path
+}
+
+/// `sessiongate` run as a real process, its output collected line by line.
+final class GatewayProcess: @unchecked Sendable {
+    let process = Process()
+    private let lines = NIOLockedValueBox<[String]>([])
+    private let waiters = NIOLockedValueBox<[(String, CheckedContinuation<String?, Never>)]>([])
+    let configPath: String
+
+    struct Ports { let proxy: Int; let admin: Int }
+
+    init(arguments: [String], configPath: String = "") throws {
+        self.configPath = configPath
+        process.executableURL = URL(fileURLWithPath: sessiongateBinary)
+        process.arguments = arguments
+        process.currentDirectoryURL = URL(fileURLWithPath: repositoryRoot)
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        for pipe in [out, err] {
+            let handle = pipe.fileHandleForReading
+            Thread {
+                var pending = Data()
+                while true {
+                    let data = handle.availableData
+                    if data.isEmpty { break }
+                    pending += data
+                    while let nl = pending.firstIndex(of: 0x0a) {
+                        let line = String(decoding: pending[pending.startIndex..<nl], as: UTF8.self)
+                        pending = Data(pending[pending.index(after: nl)...])
+                        self.append(line)
+                    }
+                }
+                self.append(nil)
+            }.start()
+        }
+        try process.run()
+    }
+
+    /// Starts `serve` with a configuration file written from `yaml`.
+    static func serve(yaml: String) throws -> GatewayProcess {
+        let path = NSTemporaryDirectory() + "sessiongate-test-\(UUID().uuidString).yaml"
+        try yaml.write(toFile: path, atomically: true, encoding: .utf8)
+        return try GatewayProcess(arguments: ["serve", "--config", path], configPath: path)
+    }
+
+    private func append(_ line: String?) {
+        var ready: [(CheckedContinuation<String?, Never>, String?)] = []
+        if let line { lines.withLockedValue { $0.append(line) } }
+        waiters.withLockedValue { list in
+            list.removeAll { needle, continuation in
+                if let line, line.contains(needle) { ready.append((continuation, line)); return true }
+                if line == nil { ready.append((continuation, nil)); return true }
+                return false
+            }
+        }
+        for (continuation, value) in ready { continuation.resume(returning: value) }
+    }
+
+    var output: [String] { lines.withLockedValue { $0 } }
+
+    /// Suspends until a line containing `needle` is printed (nil if the process ends first).
+    func waitForLine(containing needle: String) async -> String? {
+        await withCheckedContinuation { continuation in
+            let existing = lines.withLockedValue { $0.first { $0.contains(needle) } }
+            if let existing { return continuation.resume(returning: existing) }
+            let done = !process.isRunning
+            if done { return continuation.resume(returning: nil) }
+            waiters.withLockedValue { $0.append((needle, continuation)) }
+        }
+    }
+
+    /// Waits for the "listening" log line and reads the bound ports from it.
+    func ports() async throws -> Ports {
+        guard let line = await waitForLine(containing: "sessiongate listening") else { throw Failure.exited(output) }
+        func port(after key: String) -> Int? {
+            guard let range = line.range(of: "\(key)=") else { return nil }
+            let field = line[range.upperBound...].prefix { $0 != " " }
+            return field.split(separator: ":").last.flatMap { Int($0) }
+        }
+        guard let proxy = port(after: "listen"), let admin = port(after: "admin") else { throw Failure.exited([line]) }
+        return Ports(proxy: proxy, admin: admin)
+    }
+
+    enum Failure: Error { case exited([String]) }
+
+    func signal(_ signal: Int32) { kill(process.processIdentifier, signal) }
+
+    /// Waits for the process to end; its exit status.
+    func waitForExit() async -> Int32 {
+        await withCheckedContinuation { continuation in
+            Thread {
+                self.process.waitUntilExit()
+                continuation.resume(returning: self.process.terminationStatus)
+            }.start()
+        }
+    }
+
+    /// Peak resident memory (VmHWM) in KiB, from /proc.
+    var peakResidentKiB: Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8) else { return nil }
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }
+        return line.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") }
+    }
+
+    func stop() {
+        if process.isRunning { process.terminate() }
+        if !configPath.isEmpty { try? FileManager.default.removeItem(atPath: configPath) }
+    }
+}
+
+func gatewayYAML(upstreamPort: Int, extraServer: String = "", routes: String? = nil) -> String {
+    """
+    server:
+      listen: "127.0.0.1:0"
+      admin_listen: "127.0.0.1:0"
+    \(extraServer)
+    routes:
+    \(routes ?? "  - name: app\n    upstream: \"http://127.0.0.1:\(upstreamPort)\"\n    auth: public")
+    """
+}

@@ -1,0 +1,165 @@
+import Foundation
+import Testing
+
+/// The real `sessiongate` executable: CLI, admin listener, access log, signals, memory.
+@Suite("sessiongate process", .serialized)
+struct GatewayProcessTests {
+    @Test("check names a misspelled key with its line and exits 1")
+    func checkMisspelled() async throws {
+        let path = NSTemporaryDirectory() + "bad-\(UUID().uuidString).yaml"
+        try "server:\n  listen: \"0.0.0.0:8080\"\n  admin_lisen: \"127.0.0.1:9091\"\nroutes:\n  - name: a\n    upstream: \"http://127.0.0.1:1\"\n".write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let check = try GatewayProcess(arguments: ["check", "--config", path])
+        let status = await check.waitForExit()
+        _ = await check.waitForLine(containing: "\u{0}never")
+        #expect(status == 1)
+        #expect(check.output.contains("\(path):3:3: error: server.admin_lisen: unknown key (did you mean 'admin_listen'?)"), "\(check.output)")
+    }
+
+    @Test("check prints ok for the shipped configuration")
+    func checkValid() async throws {
+        let check = try GatewayProcess(arguments: ["check", "--config", "conf/demo.yaml"])
+        #expect(await check.waitForExit() == 0)
+        _ = await check.waitForLine(containing: "\u{0}never")
+        #expect(check.output.last == "ok")
+    }
+
+    @Test("admin endpoints and a JSON access-log line per request")
+    func adminAndAccessLog() async throws {
+        let upstream = try await TestUpstream.start()
+        defer { Task { await upstream.close() } }
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: upstream.port, extraServer: "  access_log: json"))
+        defer { gateway.stop() }
+        let ports = try await gateway.ports()
+        let (health, ready, proxied, metrics, notFound) = try await blocking {
+            func get(_ port: Int, _ path: String) throws -> RawClient.Response {
+                let c = try RawClient(port: port)
+                try c.send("GET \(path) HTTP/1.1\r\nHost: a\r\nUser-Agent: t/1\r\n\r\n")
+                return try c.readResponse()
+            }
+            let proxied = try get(ports.proxy, "/echo/x?secret=1")
+            return (try get(ports.admin, "/healthz"), try get(ports.admin, "/readyz"), proxied, try get(ports.admin, "/metrics"), try get(ports.proxy + 0, "/a%2Fb"))
+        }
+        #expect(health.status == 200)
+        #expect(ready.status == 200)
+        #expect(proxied.status == 200)
+        #expect(notFound.status == 400)
+        #expect(metrics.text.contains("sessiongate_requests_total{route=\"app\",status_class=\"2xx\"} 1"))
+        #expect(metrics.text.contains("sessiongate_request_duration_seconds_count{route=\"app\"} 1"))
+        #expect(metrics.text.contains("sessiongate_client_connections"))
+        #expect(metrics.text.contains("sessiongate_upstream_connections"))
+        let line = try #require(await gateway.waitForLine(containing: "\"path\":\"/echo/x\""))
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String])
+        #expect(json["status"] == "200")
+        #expect(json["route"] == "app")
+        #expect(json["method"] == "GET")
+        #expect(json["user_agent"] == "t/1")
+        #expect(json["request_id"]?.count == 16)
+        #expect(!line.contains("secret"), "the query string is not logged")
+    }
+
+    @Test("upstream errors are counted by kind")
+    func upstreamErrorMetric() async throws {
+        let dead = try closedPort()
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: dead, extraServer: "  access_log: off"))
+        defer { gateway.stop() }
+        let ports = try await gateway.ports()
+        let (status, metrics) = try await blocking {
+            let c = try RawClient(port: ports.proxy)
+            try c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            let status = try c.readResponse().status
+            let m = try RawClient(port: ports.admin)
+            try m.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+            return (status, try m.readResponse().text)
+        }
+        #expect(status == 502)
+        #expect(metrics.contains("sessiongate_upstream_errors_total{route=\"app\",kind=\"connect_refused\"} 1"))
+    }
+
+    @Test("SIGTERM: stop accepting, close idle connections, finish in-flight requests, exit 0")
+    func sigtermDrain() async throws {
+        let upstream = try await TestUpstream.start()
+        defer { Task { await upstream.close() } }
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: upstream.port))
+        defer { gateway.stop() }
+        let ports = try await gateway.ports()
+        let idle = try RawClient(port: ports.proxy, timeoutSeconds: 5)
+        try idle.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(try idle.readResponse().status == 200)
+
+        let inflight = try RawClient(port: ports.proxy, timeoutSeconds: 10)
+        await upstream.waitForArrival(of: "/slow") {
+            try? inflight.send("GET /slow?ms=1500 HTTP/1.1\r\nHost: a\r\n\r\n")
+        }
+        gateway.signal(SIGTERM)
+        _ = await gateway.waitForLine(containing: "shutting down")
+        let (idleClosed, response, refused) = try await blocking { () -> (Bool, RawClient.Response, Bool) in
+            let idleClosed = idle.waitForClose()
+            let refused = (try? RawClient(port: ports.proxy, timeoutSeconds: 1)) == nil
+            return (idleClosed, try inflight.readResponse(), refused)
+        }
+        #expect(idleClosed, "idle keep-alive connections are closed at once")
+        #expect(refused, "no new connections during the drain")
+        #expect(response.status == 200)
+        #expect(response.text == "slow done")
+        #expect(response.header("connection") == "close")
+        #expect(await gateway.waitForExit() == 0)
+    }
+
+    @Test("SIGHUP: a valid file swaps routes; an invalid one keeps the running routes")
+    func sighupReload() async throws {
+        let upstream = try await TestUpstream.start()
+        defer { Task { await upstream.close() } }
+        let first = "  - name: a\n    path_prefix: /a\n    upstream: \"http://127.0.0.1:\(upstream.port)\"\n    auth: public"
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: upstream.port, routes: first))
+        defer { gateway.stop() }
+        let ports = try await gateway.ports()
+        func status(_ path: String) async throws -> Int {
+            try await blocking {
+                let c = try RawClient(port: ports.proxy)
+                try c.send("GET \(path) HTTP/1.1\r\nHost: a\r\n\r\n")
+                return try c.readResponse().status
+            }
+        }
+        #expect(try await status("/b/x") == 404)
+
+        let second = first + "\n  - name: b\n    path_prefix: /b\n    upstream: \"http://127.0.0.1:\(upstream.port)\"\n    auth: public"
+        try gatewayYAML(upstreamPort: upstream.port, routes: second).write(toFile: gateway.configPath, atomically: true, encoding: .utf8)
+        gateway.signal(SIGHUP)
+        #expect(await gateway.waitForLine(containing: "configuration reloaded") != nil)
+        #expect(try await status("/b/x") == 200)
+
+        try "routes:\n  - name: b\n    upstrem: nowhere\n".write(toFile: gateway.configPath, atomically: true, encoding: .utf8)
+        gateway.signal(SIGHUP)
+        #expect(await gateway.waitForLine(containing: "configuration reload rejected") != nil)
+        #expect(gateway.output.contains { $0.contains("routes[0].upstrem: unknown key") }, "every problem is logged")
+        #expect(try await status("/b/x") == 200)
+        #expect(try await status("/a/x") == 200)
+    }
+
+    @Test("1 GiB up and 1 GiB down stream through with the gateway's memory bounded")
+    func gigabyteStreaming() async throws {
+        let upstream = try await TestUpstream.start()
+        defer { Task { await upstream.close() } }
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: upstream.port, extraServer: "  access_log: off"))
+        defer { gateway.stop() }
+        let ports = try await gateway.ports()
+        let baseline = try #require(gateway.peakResidentKiB)
+        let size = 1 << 30
+        let (uploaded, downloaded) = try await blocking { () -> (String, Int) in
+            let c = try RawClient(port: ports.proxy, timeoutSeconds: 60)
+            try c.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: \(size)\r\n\r\n")
+            let block = [UInt8](repeating: UInt8(ascii: "z"), count: 1 << 20)
+            for _ in 0..<(size >> 20) { try c.send(block) }
+            let up = try c.readResponse().text
+            try c.send("GET /download?n=\(size) HTTP/1.1\r\nHost: a\r\n\r\n")
+            let down = try c.readResponse(discardBody: true)
+            return (up, Int(down.header("content-length") ?? "") ?? -1)
+        }
+        #expect(uploaded.hasPrefix("n=\(size) "))
+        #expect(downloaded == size)
+        let peak = try #require(gateway.peakResidentKiB)
+        print("gateway peak RSS: \(peak / 1024) MiB (before: \(baseline / 1024) MiB) for 1 GiB each way")
+        #expect(peak - baseline < 64 * 1024, "peak RSS grew by \((peak - baseline) / 1024) MiB")
+    }
+}
