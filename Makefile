@@ -1,0 +1,35 @@
+# SessionGate — the two commands: `make demo` runs the product, `make test` runs every test.
+SWIFT ?= swift
+# Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
+# (The tests need none yet: their upstreams and clients are in the test targets.)
+TEST_PACKAGES  :=
+BENCH_PACKAGES := nginx wrk python3
+
+.PHONY: all build test demo bench release clean
+
+all: build
+
+build:
+	$(SWIFT) build
+
+release:
+	$(SWIFT) build -c release
+
+## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket).
+test:
+	scripts/ensure-packages.sh $(TEST_PACKAGES)
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+## make demo: the gateway in front of a demo upstream on 127.0.0.1:8080 (Ctrl-C stops it).
+demo: build
+	.build/debug/sessiongate demo --config conf/demo.yaml
+
+## make bench: release build, nginx baselines and sessiongate measured in one run (bench/RESULTS.md).
+bench:
+	scripts/ensure-packages.sh $(BENCH_PACKAGES)
+	$(SWIFT) build -c release
+	bench/run.sh
+
+clean:
+	rm -rf .build

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Measures, in one run and on loopback: direct → upstream, nginx proxy_pass → upstream, and
+# sessiongate → upstream, with wrk at c=50 and c=200, three interleaved repetitions each,
+# and reports medians and the sessiongate/nginx ratios. Appends the table to bench/RESULTS.md.
+#
+# Environment: DURATION (per wrk run, default 10s), CONNECTIONS (default "50 200"), REPS (3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-"50 200"}
+REPS=${REPS:-3}
+BIN=.build/release/sessiongate
+[ -x "$BIN" ] || { echo "build first: swift build -c release (make bench does)"; exit 1; }
+WORK=$(mktemp -d /tmp/sessiongate-bench.XXXXXX)
+UPSTREAM_PORT=18080; NGINX_PORT=18081; SG_PORT=18082; SG_ADMIN=18083
+
+cleanup() {
+  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  [ -n "${SG_PID:-}" ] && kill "$SG_PID" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# The upstream: nginx returning a 100-byte body. The baseline proxy: nginx, 1 worker, upstream keepalive.
+cat > "$WORK/nginx.conf" <<CONF
+worker_processes 1;
+daemon on;
+pid $WORK/nginx.pid;
+error_log $WORK/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 256; }
+  server { listen 127.0.0.1:$UPSTREAM_PORT; location / { return 200 "$(printf '%0100d' 0)"; } }
+  server { listen 127.0.0.1:$NGINX_PORT; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+CONF
+nginx -c "$WORK/nginx.conf" -p "$WORK"
+
+cat > "$WORK/sessiongate.yaml" <<CONF
+server:
+  listen: "127.0.0.1:$SG_PORT"
+  admin_listen: "127.0.0.1:$SG_ADMIN"
+  access_log: off
+routes:
+  - name: bench
+    upstream: "http://127.0.0.1:$UPSTREAM_PORT"
+    auth: public
+CONF
+"$BIN" serve --config "$WORK/sessiongate.yaml" > "$WORK/sessiongate.log" 2>&1 &
+SG_PID=$!
+for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
+grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
+
+declare -A PORT=([direct]=$UPSTREAM_PORT [nginx]=$NGINX_PORT [sessiongate]=$SG_PORT)
+for c in $CONNECTIONS; do
+  for name in direct nginx sessiongate; do wrk -t2 -c"$c" -d2s "http://127.0.0.1:${PORT[$name]}/" >/dev/null; done  # warm-up
+  for rep in $(seq "$REPS"); do
+    for name in direct nginx sessiongate; do
+      wrk -t2 -c"$c" -d"$DURATION" --latency "http://127.0.0.1:${PORT[$name]}/" > "$WORK/wrk-$name-$c-$rep.txt"
+    done
+  done
+done
+RSS_KB=$(awk '/VmHWM/ {print $2}' "/proc/$SG_PID/status")
+
+python3 bench/summarize.py "$WORK" "$CONNECTIONS" "$REPS" "$RSS_KB" "$DURATION" | tee "$WORK/table.md"
+{
+  echo
+  echo "## $(date -u +%Y-%m-%d) — data path, public route (no auth yet)"
+  echo
+  echo "Command: \`make bench\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx and sessiongate; 100-byte responses."
+  echo
+  cat "$WORK/table.md"
+} >> bench/RESULTS.md
+echo "appended to bench/RESULTS.md"
