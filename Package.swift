@@ -31,10 +31,7 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOExtras", package: "swift-nio-extras"),
                 .product(name: "Logging", package: "swift-log"),
-            ],
-            // The data path's exclusivity checks cost ~4% of CPU per request (bench/RESULTS.md);
-            // debug builds, and so every test, keep them.
-            swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
+            ]
         ),
         .target(
             name: "Gateway",

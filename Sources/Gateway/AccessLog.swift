@@ -13,6 +13,8 @@ struct GatewayObserver: ProxyObserver {
     let metrics: GatewayMetrics
     let accessLog: Logger?
 
+    var wantsRequestDetails: Bool { accessLog != nil }
+
     func exchangeCompleted(_ record: ExchangeRecord) {
         metrics.recordRequest(route: record.route ?? "-", status: record.status, durationNanoseconds: record.durationNanoseconds)
         guard let accessLog else { return }

@@ -1,5 +1,9 @@
 /// Allocation-free header-name comparisons for the one pass over each header block.
 enum HeaderName {
+    private static let keepAlive = ["keep-alive"]
+    private static let close = ["close"]
+    private static let upgrade = ["upgrade"]
+
     /// ASCII case-insensitive equality against a lower-case literal of letters, digits and `-`.
     @inline(__always)
     static func equals(_ name: String, _ lower: String) -> Bool {
@@ -29,9 +33,13 @@ enum HeaderName {
         String(decoding: name.utf8.map { $0 == UInt8(ascii: "_") ? UInt8(ascii: "-") : ($0 >= 0x41 && $0 <= 0x5a ? $0 | 0x20 : $0) }, as: UTF8.self)
     }
 
-    /// Comma-separated tokens of a header value, trimmed and lower-cased.
+    /// Comma-separated tokens of a header value, trimmed and lower-cased. The common single
+    /// values (`keep-alive`, `close`, `upgrade`) are answered without splitting or allocating.
     static func tokens(_ value: String) -> [String] {
-        value.split(separator: ",").compactMap { part in
+        if equals(value, "keep-alive") { return keepAlive }
+        if equals(value, "close") { return close }
+        if equals(value, "upgrade") { return upgrade }
+        return value.split(separator: ",").compactMap { part in
             let t = part.trimmingSpaces
             return t.isEmpty ? nil : t.lowercased()
         }

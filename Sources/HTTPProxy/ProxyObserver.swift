@@ -30,6 +30,8 @@ public struct ExchangeRecord: Sendable {
 /// What the proxy reports; the gateway turns it into metrics and access-log lines.
 /// Called on event loops: implementations must be cheap and thread-safe.
 public protocol ProxyObserver: Sendable {
+    /// Whether records need the fields only an access log uses (`userAgent`); skipped otherwise.
+    var wantsRequestDetails: Bool { get }
     func exchangeCompleted(_ record: ExchangeRecord)
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String)
     func clientConnectionOpened()
@@ -40,6 +42,7 @@ public protocol ProxyObserver: Sendable {
 
 public struct SilentProxyObserver: ProxyObserver {
     public init() {}
+    public var wantsRequestDetails: Bool { false }
     public func exchangeCompleted(_ record: ExchangeRecord) {}
     public func upstreamFailed(_ kind: UpstreamErrorKind, route: String) {}
     public func clientConnectionOpened() {}

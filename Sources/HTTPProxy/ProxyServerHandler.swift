@@ -64,6 +64,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var quiescing = false
     private var upstream: UpstreamConnection? = nil
     private var peerAddress: IPAddress? = nil
+    /// Read once: `Channel.remoteAddress` takes a lock on every access.
+    private var remoteAddress: SocketAddress? = nil
     private var peerString = "-"
     private var idSeed: UInt64 = 0
     private var lastActivity: NIODeadline = .now()
@@ -85,7 +87,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         self.context = context
         var rng = SystemRandomNumberGenerator()
         idSeed = rng.next() | 1
-        if let remote = context.channel.remoteAddress, let ip = remote.ipAddress {
+        remoteAddress = context.channel.remoteAddress
+        if let remote = remoteAddress, let ip = remote.ipAddress {
             peerString = ip
             peerAddress = IPAddress.parse(ip)
         }
@@ -240,7 +243,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         exchange.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
         exchange.isWebSocket = inbound.isWebSocketUpgrade
         if let id = inbound.requestID { exchange.requestID = id }
-        exchange.userAgent = head.headers.first(name: "user-agent")
+        if shared.observer.wantsRequestDetails { exchange.userAgent = head.headers.first(name: "user-agent") }
         if head.headers.contains(name: "upgrade"), !inbound.isWebSocketUpgrade {
             // e.g. h2c: served as plain HTTP/1.1 without the upgrade, then closed (the
             // decoder stops parsing after an upgrade request).
@@ -259,8 +262,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         exchange.inbound = inbound
         exchange.target = target
         phase = .awaitingVerdict
-        let request = GuardRequest(head: head, target: target, routeName: route.name, clientAddress: context.channel.remoteAddress)
-        switch route.requestGuard.admit(request, on: context.eventLoop) {
+        let decision = route.requestGuard.admit(
+            GuardRequest(head: head, target: target, routeName: route.name, clientAddress: remoteAddress), on: context.eventLoop)
+        switch decision {
         case .verdict(let verdict):
             apply(verdict)
         case .pending(let future):
@@ -282,8 +286,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .respond(let response):
             respondLocal(response)
         case .forward(let addHeaders):
-            guard let inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
+            guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
+            // Hold the header list in one place only, so adding to it does not copy it.
+            exchange.inbound = nil
             var headers = inbound.upstreamHeaders
+            inbound.upstreamHeaders = [:]
             headers.add(name: "X-Forwarded-For", value: inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString)
             headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? "http")
             if let host = inbound.forwardedHost ?? inbound.host { headers.add(name: "X-Forwarded-Host", value: host) }
@@ -293,7 +300,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 headers.add(name: name, value: value)
             }
             exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: target.forwarded, headers: headers)
-            exchange.inbound = nil
             acquireUpstream()
         }
     }
@@ -443,7 +449,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if quiescing { exchange.keepAlive = false }
         var buffer = context.channel.allocator.buffer(capacity: 512)
         HTTPWire.writeStatusLine(head.status, into: &buffer)
-        let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" }
+        let named = connectionTokens.isEmpty || connectionTokens == ["keep-alive"] || connectionTokens == ["close"]
+            ? [] : connectionTokens.filter { $0 != "close" && $0 != "keep-alive" }
         for (name, value) in head.headers {
             switch RequestHeaderRules.classify(name) {
             case .connection, .upgrade, .hopByHop, .transferEncoding: continue

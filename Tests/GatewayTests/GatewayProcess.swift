@@ -15,6 +15,8 @@ var sessiongateBinary: String {
 final class GatewayProcess: @unchecked Sendable {
     let process = Process()
     private let lines = NIOLockedValueBox<[String]>([])
+    /// Output pipes read to their end (2 = all output collected).
+    private let closedPipes = NIOLockedValueBox(0)
     private let waiters = NIOLockedValueBox<[(String, CheckedContinuation<String?, Never>)]>([])
     let configPath: String
 
@@ -55,13 +57,20 @@ final class GatewayProcess: @unchecked Sendable {
         return try GatewayProcess(arguments: ["serve", "--config", path], configPath: path)
     }
 
+    /// A line of output, or `nil` when one pipe reaches its end.
     private func append(_ line: String?) {
         var ready: [(CheckedContinuation<String?, Never>, String?)] = []
-        if let line { lines.withLockedValue { $0.append(line) } }
+        let allClosed: Bool
+        if let line {
+            lines.withLockedValue { $0.append(line) }
+            allClosed = false
+        } else {
+            allClosed = closedPipes.withLockedValue { $0 += 1; return $0 == 2 }
+        }
         waiters.withLockedValue { list in
             list.removeAll { needle, continuation in
                 if let line, line.contains(needle) { ready.append((continuation, line)); return true }
-                if line == nil { ready.append((continuation, nil)); return true }
+                if allClosed { ready.append((continuation, nil)); return true }
                 return false
             }
         }
@@ -70,15 +79,24 @@ final class GatewayProcess: @unchecked Sendable {
 
     var output: [String] { lines.withLockedValue { $0 } }
 
-    /// Suspends until a line containing `needle` is printed (nil if the process ends first).
+    /// Suspends until a line containing `needle` is printed; nil once all output has been read
+    /// without it.
     func waitForLine(containing needle: String) async -> String? {
         await withCheckedContinuation { continuation in
-            let existing = lines.withLockedValue { $0.first { $0.contains(needle) } }
-            if let existing { return continuation.resume(returning: existing) }
-            let done = !process.isRunning
-            if done { return continuation.resume(returning: nil) }
-            waiters.withLockedValue { $0.append((needle, continuation)) }
+            // Registration and the check are under one lock, so no line can slip between them.
+            let immediate: String?? = waiters.withLockedValue { list in
+                if let existing = lines.withLockedValue({ $0.first { $0.contains(needle) } }) { return .some(existing) }
+                if closedPipes.withLockedValue({ $0 == 2 }) { return .some(nil) }
+                list.append((needle, continuation))
+                return .none
+            }
+            if case .some(let value) = immediate { continuation.resume(returning: value) }
         }
+    }
+
+    /// Suspends until the process has exited and all its output has been read.
+    func waitForOutputEnd() async {
+        _ = await waitForLine(containing: "\u{0}")
     }
 
     /// Waits for the "listening" log line and reads the bound ports from it.

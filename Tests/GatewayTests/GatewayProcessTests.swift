@@ -11,7 +11,7 @@ struct GatewayProcessTests {
         defer { try? FileManager.default.removeItem(atPath: path) }
         let check = try GatewayProcess(arguments: ["check", "--config", path])
         let status = await check.waitForExit()
-        _ = await check.waitForLine(containing: "\u{0}never")
+        await check.waitForOutputEnd()
         #expect(status == 1)
         #expect(check.output.contains("\(path):3:3: error: server.admin_lisen: unknown key (did you mean 'admin_listen'?)"), "\(check.output)")
     }
@@ -20,7 +20,7 @@ struct GatewayProcessTests {
     func checkValid() async throws {
         let check = try GatewayProcess(arguments: ["check", "--config", "conf/demo.yaml"])
         #expect(await check.waitForExit() == 0)
-        _ = await check.waitForLine(containing: "\u{0}never")
+        await check.waitForOutputEnd()
         #expect(check.output.last == "ok")
     }
 
