@@ -106,7 +106,7 @@ public final class ProxyServer: Sendable {
                 }
             }
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelOption(.allowRemoteHalfClosure, value: false)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     guard let pool = pools[ObjectIdentifier(channel.eventLoop)]?.value else {

@@ -73,6 +73,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var timer: Scheduled<Void>? = nil
     private var timerDeadline: NIODeadline = .distantFuture
     private var inReadBurst = false
+    private var inputClosed = false
     private var pendingUpgrade: HTTPResponseHead? = nil
     private var closing = false
 
@@ -159,6 +160,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is ChannelShouldQuiesceEvent {
             quiescing = true
+            if phase == .idle, pipelined.isEmpty { close() }
+            return
+        }
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            // The client half-closed after sending: answer what it asked, then close.
+            inputClosed = true
+            exchange.keepAlive = false
             if phase == .idle, pipelined.isEmpty { close() }
             return
         }
@@ -446,7 +454,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             exchange.framing = .untilClose
             exchange.keepAlive = false
         }
-        if quiescing { exchange.keepAlive = false }
+        if quiescing || inputClosed { exchange.keepAlive = false }
         var buffer = context.channel.allocator.buffer(capacity: 512)
         HTTPWire.writeStatusLine(head.status, into: &buffer)
         let named = connectionTokens.isEmpty || connectionTokens == ["keep-alive"] || connectionTokens == ["close"]
@@ -538,7 +546,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private func continueOrClose() {
         responseDeadline = nil
         buffered.removeAll()
-        if exchange.keepAlive, exchange.requestEnded, !quiescing {
+        if exchange.keepAlive, exchange.requestEnded, !quiescing, !inputClosed {
             phase = .idle
             drainPipelined()
             if phase == .idle { resumeReading() }
@@ -568,8 +576,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func respondLocal(_ response: LocalResponse) {
         let requestDrained = exchange.requestEnded || !exchange.requestHasBody
-        if response.close || !requestDrained { exchange.keepAlive = false }
-        if quiescing { exchange.keepAlive = false }
+        if response.close || !requestDrained || quiescing || inputClosed { exchange.keepAlive = false }
         exchange.status = Int(response.status.code)
         exchange.responseStarted = true
         let bytes = HTTPWire.localResponse(response, requestID: exchange.requestID, keepAlive: exchange.keepAlive,

@@ -103,6 +103,22 @@ struct ProxyEndToEndTests {
         #expect(keptOpen)
     }
 
+    @Test("a client that half-closes after its request still gets the whole response")
+    func halfClose() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (response, closed) = try await blocking {
+            let c = try RawClient(port: port)
+            try c.send("GET /slow?ms=100 HTTP/1.1\r\nHost: a\r\n\r\n")
+            shutdown(c.fd, Int32(SHUT_WR))
+            return (try c.readResponse(), c.waitForClose())
+        }
+        #expect(response.text == "slow done")
+        #expect(response.header("connection") == "close")
+        #expect(closed)
+    }
+
     @Test("HEAD responses carry no body and do not desynchronize the connection")
     func headRequests() async throws {
         let h = try await ProxyHarness.start()
