@@ -55,11 +55,16 @@ for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" 
 grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
 
 declare -A PORT=([direct]=$UPSTREAM_PORT [nginx]=$NGINX_PORT [sessiongate]=$SG_PORT)
+NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
+# CPU seconds (user+system) a process has used so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 for c in $CONNECTIONS; do
   for name in direct nginx sessiongate; do wrk -t2 -c"$c" -d2s "http://127.0.0.1:${PORT[$name]}/" >/dev/null; done  # warm-up
   for rep in $(seq "$REPS"); do
     for name in direct nginx sessiongate; do
+      before_sg=$(cpu "$SG_PID"); before_ng=$(cpu "$NGINX_WORKER")
       wrk -t2 -c"$c" -d"$DURATION" --latency "http://127.0.0.1:${PORT[$name]}/" > "$WORK/wrk-$name-$c-$rep.txt"
+      echo "$(cpu "$SG_PID") $before_sg $(cpu "$NGINX_WORKER") $before_ng" > "$WORK/cpu-$name-$c-$rep.txt"
     done
   done
 done
