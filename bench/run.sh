@@ -3,7 +3,8 @@
 # sessiongate → upstream, with wrk at c=50 and c=200, three interleaved repetitions each,
 # and reports medians and the sessiongate/nginx ratios. Appends the table to bench/RESULTS.md.
 #
-# Environment: DURATION (per wrk run, default 10s), CONNECTIONS (default "50 200"), REPS (3).
+# Environment: DURATION (per wrk run, default 10s), CONNECTIONS (default "50 200"), REPS (3),
+# BENCH_NOTE (a few words on what changed, put in the RESULTS.md heading).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -73,7 +74,7 @@ RSS_KB=$(awk '/VmHWM/ {print $2}' "/proc/$SG_PID/status")
 python3 bench/summarize.py "$WORK" "$CONNECTIONS" "$REPS" "$RSS_KB" "$DURATION" | tee "$WORK/table.md"
 {
   echo
-  echo "## $(date -u +%Y-%m-%d) — data path, public route (no auth yet)"
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — data path, public route${BENCH_NOTE:+; $BENCH_NOTE}"
   echo
   echo "Command: \`make bench\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx and sessiongate; 100-byte responses."
   echo
