@@ -15,17 +15,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private enum Phase {
-        case idle
-        case awaitingVerdict
-        case connecting
-        case forwarding
-        case closed
-    }
-
-    private enum ResponseFraming {
-        case noBody, raw, chunked, untilClose
-    }
+    private typealias Phase = ExchangeRules.Phase
 
     /// The request/response pair in flight.
     private struct Exchange {
@@ -44,7 +34,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var target: RequestTarget? = nil
         var upstreamHead: HTTPRequestHead? = nil
         var responseStarted = false
-        var framing: ResponseFraming = .raw
+        var framing: ExchangeRules.ResponseFraming = .raw
         var upstreamKeepAlive = true
         var status = 0
         var bytesSent = 0
@@ -178,16 +168,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private var wantsRead: Bool {
-        switch phase {
-        case .idle: return !quiescing
-        case .awaitingVerdict, .connecting, .closed: return false
-        case .forwarding:
-            // While the response is on its way, keep reading (so the connection's read interest
-            // is not toggled per request) until one pipelined part is queued: buffering stays
-            // bounded by a single read.
-            if exchange.requestEnded { return pipelined.isEmpty }
-            return upstream?.isWritable ?? false
-        }
+        ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: exchange.requestEnded,
+                                       pipelinedEmpty: pipelined.isEmpty, upstreamWritable: upstream?.isWritable ?? false)
     }
 
     private func resumeReading() {
@@ -431,7 +413,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         responseDeadline = nil
         exchange.responseStarted = true
         exchange.status = Int(head.status.code)
-        let noBody = exchange.method == .HEAD || head.status.code == 204 || head.status.code == 304
         var hasContentLength = false
         var connectionTokens: [String] = []
         var hasRequestID = false
@@ -443,17 +424,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             default: break
             }
         }
-        exchange.upstreamKeepAlive = head.version.minor >= 1 ? !connectionTokens.contains("close") : connectionTokens.contains("keep-alive")
-        if noBody {
-            exchange.framing = .noBody
-        } else if hasContentLength {
-            exchange.framing = .raw
-        } else if exchange.clientVersion.minor >= 1 {
-            exchange.framing = .chunked
-        } else {
-            exchange.framing = .untilClose
-            exchange.keepAlive = false
-        }
+        exchange.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: head.version, connectionTokens: connectionTokens)
+        exchange.framing = ExchangeRules.responseFraming(requestMethod: exchange.method, status: exchange.status,
+                                                         hasContentLength: hasContentLength, clientVersion: exchange.clientVersion)
+        if exchange.framing == .untilClose { exchange.keepAlive = false }
         if quiescing || inputClosed { exchange.keepAlive = false }
         var buffer = context.channel.allocator.buffer(capacity: 512)
         HTTPWire.writeStatusLine(head.status, into: &buffer)
@@ -483,12 +457,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard phase == .forwarding, let connection = upstream else { return }
         upstream = nil
         if !exchange.responseStarted {
-            let idempotent: Bool
-            switch exchange.method {
-            case .GET, .HEAD, .OPTIONS, .PUT, .DELETE, .TRACE: idempotent = true
-            default: idempotent = false
-            }
-            if connection.reused, idempotent, !exchange.requestHasBody, exchange.requestEnded, !exchange.retried {
+            if ExchangeRules.mayRetry(method: exchange.method, connectionWasReused: connection.reused, requestHasBody: exchange.requestHasBody,
+                                      requestEnded: exchange.requestEnded, alreadyRetried: exchange.retried) {
                 // The pooled connection was closed by the upstream before answering: the request
                 // never reached it. Retry once on a fresh connection (RFC 9110 §9.2.2).
                 exchange.retried = true
@@ -546,7 +516,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private func continueOrClose() {
         responseDeadline = nil
         buffered.removeAll()
-        if exchange.keepAlive, exchange.requestEnded, !quiescing, !inputClosed {
+        if ExchangeRules.clientKeepsAlive(requested: exchange.keepAlive, requestComplete: exchange.requestEnded, quiescing: quiescing, inputClosed: inputClosed) {
             phase = .idle
             drainPipelined()
             if phase == .idle { resumeReading() }

@@ -222,6 +222,35 @@ struct ProxyEndToEndTests {
         #expect(closed)
     }
 
+    @Test("a transfer that stalls past the idle timeout is aborted (upstream silent mid-body)")
+    func stalledDownload() async throws {
+        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .milliseconds(300)))
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let start = ContinuousClock.now
+        let outcome = try await blocking { () -> String in
+            let c = try RawClient(port: port, timeoutSeconds: 5)
+            try c.send("GET /stall HTTP/1.1\r\nHost: a\r\n\r\n")
+            do { _ = try c.readResponse(); return "complete" } catch RawClient.Failure.closed { return "aborted" }
+        }
+        #expect(outcome == "aborted")
+        #expect(ContinuousClock.now - start < .seconds(3))
+    }
+
+    @Test("a request body that stalls past the idle timeout gets 504 and the connection closes")
+    func stalledUpload() async throws {
+        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .milliseconds(300)))
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (status, closed) = try await blocking {
+            let c = try RawClient(port: port, timeoutSeconds: 5)
+            try c.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789")
+            return (try c.readResponse().status, c.waitForClose())
+        }
+        #expect(status == 504)
+        #expect(closed)
+    }
+
     @Test("an upstream reset mid-response aborts the client connection")
     func resetMidResponse() async throws {
         let h = try await ProxyHarness.start()

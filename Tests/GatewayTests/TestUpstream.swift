@@ -9,7 +9,7 @@ import NIOPosix
 /// - `/download?n=BYTES[&chunked]`: streams `n` bytes with back-pressure.
 /// - `/upload[?sum]`: reads the body, answers its length (and with `sum`, a checksum).
 /// - `/slow?ms=N`: answers after N ms. `/hang`: never answers.
-/// - `/reset`: promises 1000 bytes, sends 10, closes.
+/// - `/reset`: promises 1000 bytes, sends 10, closes. `/stall`: the same, but stays silent.
 /// - `/flaky`: answers the first request of a connection; closes on any later one unanswered.
 /// - `/ws`: WebSocket handshake (101), then echoes bytes.
 final class TestUpstream: Sendable {
@@ -150,6 +150,11 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
             context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "0123456789")))), promise: nil)
             context.close(promise: nil)
+        case "/stall":
+            var headers = HTTPHeaders()
+            headers.add(name: "content-length", value: "1000")
+            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
+            context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "0123456789")))), promise: nil)
         case "/flaky":
             if requestsOnConnection > 1 { context.close(promise: nil) } else { send(context: context, "flaky ok") }
         case "/close":

@@ -1,0 +1,64 @@
+import NIOHTTP1
+
+/// The decisions the proxy handler takes for each exchange, as pure functions (tested without
+/// I/O in `ExchangeRulesTests`; the handler only applies them).
+enum ExchangeRules {
+    /// How the response body is framed towards the client.
+    enum ResponseFraming: Equatable {
+        /// HEAD, 204, 304: no body whatever the headers say.
+        case noBody
+        /// The upstream's `Content-Length` is forwarded and the bytes pass as they are.
+        case raw
+        /// Re-chunked for an HTTP/1.1 client.
+        case chunked
+        /// An HTTP/1.0 client without a length: the body ends when the connection closes.
+        case untilClose
+    }
+
+    /// RFC 9112 §6.3.
+    static func responseFraming(requestMethod: HTTPMethod, status: Int, hasContentLength: Bool, clientVersion: HTTPVersion) -> ResponseFraming {
+        if requestMethod == .HEAD || status == 204 || status == 304 { return .noBody }
+        if hasContentLength { return .raw }
+        return clientVersion.minor >= 1 ? .chunked : .untilClose
+    }
+
+    /// Whether the upstream connection may serve another request after this response.
+    static func upstreamKeepsAlive(version: HTTPVersion, connectionTokens: [String]) -> Bool {
+        version.minor >= 1 ? !connectionTokens.contains("close") : connectionTokens.contains("keep-alive")
+    }
+
+    /// Whether a request whose upstream connection closed before any response byte may be sent
+    /// again on a fresh connection (RFC 9110 §9.2.2): idempotent, no body (nothing to replay),
+    /// completely sent, on a connection reused from the pool (a fresh one failing is the
+    /// upstream's answer), and not retried already.
+    static func mayRetry(method: HTTPMethod, connectionWasReused: Bool, requestHasBody: Bool, requestEnded: Bool, alreadyRetried: Bool) -> Bool {
+        let idempotent: Bool
+        switch method {
+        case .GET, .HEAD, .OPTIONS, .PUT, .DELETE, .TRACE: idempotent = true
+        default: idempotent = false
+        }
+        return idempotent && connectionWasReused && !requestHasBody && requestEnded && !alreadyRetried
+    }
+
+    /// Where a connection stands, as far as reading from the client is concerned.
+    enum Phase: Equatable {
+        case idle, awaitingVerdict, connecting, forwarding, closed
+    }
+
+    /// Whether the client may be read now. Never while a verdict or a connection is pending;
+    /// a request body only as fast as the upstream takes it; once the request is complete, only
+    /// until one pipelined part is queued (so buffering stays bounded by a single read, and the
+    /// connection's read interest is not toggled per request).
+    static func shouldReadClient(phase: Phase, quiescing: Bool, requestEnded: Bool, pipelinedEmpty: Bool, upstreamWritable: Bool) -> Bool {
+        switch phase {
+        case .idle: return !quiescing
+        case .awaitingVerdict, .connecting, .closed: return false
+        case .forwarding: return requestEnded ? pipelinedEmpty : upstreamWritable
+        }
+    }
+
+    /// Whether the client connection stays open for another request after this exchange.
+    static func clientKeepsAlive(requested: Bool, requestComplete: Bool, quiescing: Bool, inputClosed: Bool) -> Bool {
+        requested && requestComplete && !quiescing && !inputClosed
+    }
+}

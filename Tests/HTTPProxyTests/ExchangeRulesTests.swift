@@ -1,0 +1,66 @@
+import NIOHTTP1
+import Testing
+
+@testable import HTTPProxy
+
+@Suite("Exchange rules (no I/O)")
+struct ExchangeRulesTests {
+    @Test("response framing towards the client", arguments: [
+        ("HEAD with a length", HTTPMethod.HEAD, 200, true, HTTPVersion.http1_1, ExchangeRules.ResponseFraming.noBody),
+        ("HEAD without a length", .HEAD, 200, false, .http1_1, .noBody),
+        ("204", .GET, 204, false, .http1_1, .noBody),
+        ("304 with a length", .GET, 304, true, .http1_1, .noBody),
+        ("length given", .GET, 200, true, .http1_1, .raw),
+        ("length given to HTTP/1.0", .GET, 200, true, .http1_0, .raw),
+        ("no length, HTTP/1.1 client", .POST, 200, false, .http1_1, .chunked),
+        ("no length, HTTP/1.0 client", .GET, 500, false, .http1_0, .untilClose),
+    ] as [(String, HTTPMethod, Int, Bool, HTTPVersion, ExchangeRules.ResponseFraming)])
+    func framing(name: String, method: HTTPMethod, status: Int, hasLength: Bool, version: HTTPVersion, expected: ExchangeRules.ResponseFraming) {
+        #expect(ExchangeRules.responseFraming(requestMethod: method, status: status, hasContentLength: hasLength, clientVersion: version) == expected, "\(name)")
+    }
+
+    @Test("upstream keep-alive", arguments: [
+        (HTTPVersion.http1_1, [String](), true), (.http1_1, ["close"], false), (.http1_1, ["keep-alive"], true),
+        (.http1_0, [], false), (.http1_0, ["keep-alive"], true),
+    ])
+    func upstreamKeepAlive(version: HTTPVersion, tokens: [String], expected: Bool) {
+        #expect(ExchangeRules.upstreamKeepsAlive(version: version, connectionTokens: tokens) == expected)
+    }
+
+    @Test("retry only idempotent, body-less, complete requests on a reused connection, once", arguments: [
+        ("GET on a reused connection", HTTPMethod.GET, true, false, true, false, true),
+        ("PUT without a body", .PUT, true, false, true, false, true),
+        ("POST", .POST, true, false, true, false, false),
+        ("PATCH", .PATCH, true, false, true, false, false),
+        ("GET on a fresh connection", .GET, false, false, true, false, false),
+        ("GET with a body", .GET, true, true, true, false, false),
+        ("GET not yet complete", .GET, true, false, false, false, false),
+        ("GET retried already", .GET, true, false, true, true, false),
+    ] as [(String, HTTPMethod, Bool, Bool, Bool, Bool, Bool)])
+    func retry(name: String, method: HTTPMethod, reused: Bool, body: Bool, ended: Bool, retried: Bool, expected: Bool) {
+        #expect(ExchangeRules.mayRetry(method: method, connectionWasReused: reused, requestHasBody: body, requestEnded: ended, alreadyRetried: retried) == expected, "\(name)")
+    }
+
+    @Test("reading the client", arguments: [
+        ("idle", ExchangeRules.Phase.idle, false, false, true, false, true),
+        ("idle while draining", .idle, true, false, true, false, false),
+        ("awaiting a verdict", .awaitingVerdict, false, false, true, true, false),
+        ("connecting upstream", .connecting, false, false, true, true, false),
+        ("body, upstream writable", .forwarding, false, false, true, true, true),
+        ("body, upstream full", .forwarding, false, false, true, false, false),
+        ("request done, nothing queued", .forwarding, false, true, true, false, true),
+        ("request done, a pipelined part queued", .forwarding, false, true, false, true, false),
+        ("closed", .closed, false, false, true, true, false),
+    ] as [(String, ExchangeRules.Phase, Bool, Bool, Bool, Bool, Bool)])
+    func reading(name: String, phase: ExchangeRules.Phase, quiescing: Bool, ended: Bool, pipelinedEmpty: Bool, writable: Bool, expected: Bool) {
+        #expect(ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: ended, pipelinedEmpty: pipelinedEmpty, upstreamWritable: writable) == expected, "\(name)")
+    }
+
+    @Test("client keep-alive after an exchange", arguments: [
+        (true, true, false, false, true), (false, true, false, false, false), (true, false, false, false, false),
+        (true, true, true, false, false), (true, true, false, true, false),
+    ])
+    func clientKeepAlive(requested: Bool, complete: Bool, quiescing: Bool, inputClosed: Bool, expected: Bool) {
+        #expect(ExchangeRules.clientKeepsAlive(requested: requested, requestComplete: complete, quiescing: quiescing, inputClosed: inputClosed) == expected)
+    }
+}
