@@ -11,12 +11,7 @@ struct ProxyEndToEndTests {
     func roundTrip() async throws {
         let h = try await ProxyHarness.start()
         defer { Task { await h.stop() } }
-        let port = h.port
-        let response = try await blocking {
-            let c = try RawClient(port: port)
-            try c.send("GET /echo/a/../b?q=1 HTTP/1.1\r\nHost: app.test\r\nX-Forwarded-For: 6.6.6.6\r\nX-Auth-User: mallory\r\nx_auth_email: m@evil\r\n\r\n")
-            return try c.readResponse()
-        }
+        let response = try await h.request("GET /echo/a/../b?q=1 HTTP/1.1\r\nHost: app.test\r\nX-Forwarded-For: 6.6.6.6\r\nX-Auth-User: mallory\r\nx_auth_email: m@evil\r\n\r\n")
         #expect(response.status == 200)
         #expect(response.text.hasPrefix("GET /echo/b?q=1 HTTP/1.1\n"))
         #expect(response.text.contains("X-Forwarded-For: 127.0.0.1\n"))
@@ -33,12 +28,7 @@ struct ProxyEndToEndTests {
     func trustedProxy() async throws {
         let h = try await ProxyHarness.start(trustedProxies: [CIDR.parse("127.0.0.1/32")!])
         defer { Task { await h.stop() } }
-        let port = h.port
-        let response = try await blocking {
-            let c = try RawClient(port: port)
-            try c.send("GET /echo HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nX-Request-Id: trace-1\r\n\r\n")
-            return try c.readResponse()
-        }
+        let response = try await h.request("GET /echo HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nX-Request-Id: trace-1\r\n\r\n")
         #expect(response.text.contains("X-Forwarded-For: 6.6.6.6, 127.0.0.1\n"))
         #expect(response.text.contains("X-Forwarded-Proto: https\n"))
         #expect(response.text.contains("X-Request-Id: trace-1\n"))
@@ -137,12 +127,7 @@ struct ProxyEndToEndTests {
     func localErrors() async throws {
         let h = try await ProxyHarness.start()
         defer { Task { await h.stop() } }
-        let port = h.port
-        let response = try await blocking {
-            let c = try RawClient(port: port)
-            try c.send("GET /public/%2e%2e%2fadmin HTTP/1.1\r\nHost: a\r\n\r\n")
-            return try c.readResponse()
-        }
+        let response = try await h.request("GET /public/%2e%2e%2fadmin HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(response.status == 400)
         #expect(h.upstream.stats.withLockedValue { $0.requests } == 0)
     }
@@ -169,13 +154,8 @@ struct ProxyEndToEndTests {
     func responseTimeout() async throws {
         let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .milliseconds(300), idle: .seconds(10)))
         defer { Task { await h.stop() } }
-        let port = h.port
         let start = ContinuousClock.now
-        let response = try await blocking {
-            let c = try RawClient(port: port)
-            try c.send("GET /hang HTTP/1.1\r\nHost: a\r\n\r\n")
-            return try c.readResponse()
-        }
+        let response = try await h.request("GET /hang HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(response.status == 504)
         #expect(ContinuousClock.now - start < .seconds(3))
     }
@@ -197,12 +177,7 @@ struct ProxyEndToEndTests {
         for _ in 0..<3 { if let f = try? RawClient(port: blackhole, timeoutSeconds: 1) { fillers.append(f) } }
         let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .milliseconds(300), upstreamResponse: .seconds(5), idle: .seconds(10)), upstreamPort: blackhole)
         defer { Task { await h.stop() } }
-        let port = h.port
-        let response = try await blocking {
-            let c = try RawClient(port: port)
-            try c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-            return try c.readResponse()
-        }
+        let response = try await h.request("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(response.status == 504)
         withExtendedLifetime(fillers) {}
     }
@@ -315,12 +290,7 @@ struct ProxyEndToEndTests {
     func h2cIsNotUpgraded() async throws {
         let h = try await ProxyHarness.start()
         defer { Task { await h.stop() } }
-        let port = h.port
-        let response = try await blocking {
-            let c = try RawClient(port: port)
-            try c.send("GET /echo HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
-            return try c.readResponse()
-        }
+        let response = try await h.request("GET /echo HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n")
         #expect(response.status == 200)
         #expect(!response.text.lowercased().contains("upgrade"))
         #expect(!response.text.lowercased().contains("http2-settings"))

@@ -29,6 +29,16 @@ struct ProxyHarness {
         return ProxyHarness(proxy: proxy, upstream: upstream)
     }
 
+    /// Sends `raw` on a new connection and reads one response.
+    func request(_ raw: String, timeoutSeconds: Int = 10) async throws -> RawClient.Response {
+        let port = self.port
+        return try await blocking {
+            let client = try RawClient(port: port, timeoutSeconds: timeoutSeconds)
+            try client.send(raw)
+            return try client.readResponse()
+        }
+    }
+
     func stop() async {
         await proxy.shutdown(deadline: .seconds(1))
         await upstream.close()
