@@ -117,7 +117,11 @@ public final class ProxyServer: Sendable {
                     decoderLimits.maxHeaderListSize = limits.maxHeaderBytes
                     decoderLimits.maxHeaderFieldCount = limits.maxHeaderCount
                     let sync = channel.pipeline.syncOperations
-                    try sync.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .drop, limitConfiguration: decoderLimits)))
+                    // After an upgrade request the decoder stops parsing and only buffers: bound
+                    // what it may hold unparsed (otherwise at most one partial head).
+                    try sync.addHandler(ByteToMessageHandler(
+                        HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .drop, limitConfiguration: decoderLimits),
+                        maximumBufferSize: limits.maxHeaderBytes + 8192))
                     try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool))
                 }
             }

@@ -139,6 +139,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if let parserError = error as? HTTPParserError, parserError == .headerOverflow {
             status = .requestHeaderFieldsTooLarge
             reason = "request header block too large or too many fields"
+        } else if error is ByteToMessageDecoderError.PayloadTooLargeError {
+            status = .requestHeaderFieldsTooLarge
+            reason = "request header block too large or too many fields"
         } else {
             status = .badRequest
             reason = "malformed HTTP request"

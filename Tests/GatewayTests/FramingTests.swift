@@ -58,6 +58,8 @@ struct FramingTests {
         Case(name: "HTTP/2 preface", raw: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", status: 400),
         Case(name: "garbage request line", raw: "HELLO\r\n\r\n", status: 400),
         // sizes
+        Case(name: "endless request line", raw: "GET /\(String(repeating: "a", count: 100_000))", status: 431),
+        Case(name: "huge request target", raw: "GET /\(String(repeating: "a", count: 40_000)) HTTP/1.1\r\nHost: a\r\n\r\n", status: 431),
         Case(name: "one huge header", raw: "GET / HTTP/1.1\r\nHost: a\r\nX-A: \(long)\r\n\r\n", status: 431),
         Case(name: "too many headers", raw: "GET / HTTP/1.1\r\nHost: a\r\n" + (0..<120).map { "X-\($0): v\r\n" }.joined() + "\r\n", status: 431),
         Case(name: "large header block", raw: "GET / HTTP/1.1\r\nHost: a\r\n" + (0..<20).map { "X-\($0): \(String(repeating: "b", count: 1000))\r\n" }.joined() + "\r\n", status: 431),
@@ -77,6 +79,15 @@ struct FramingTests {
         #expect(status == c.status)
         #expect(closed, "the connection must be closed after a framing error")
         #expect(h.upstream.stats.withLockedValue { $0.requests } == 0, "nothing may reach the upstream")
+    }
+
+    @Test("bytes sent after an upgrade request, before any answer, are bounded")
+    func floodAfterUpgradeRequest() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let flood = String(repeating: "x", count: 64 * 1024)
+        let response = try await h.request("GET /hang HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" + flood)
+        #expect(response.status == 431)
     }
 
     @Test("a well-formed request on the same socket after a smuggling attempt is never served")
