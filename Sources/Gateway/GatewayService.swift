@@ -24,7 +24,9 @@ public final class GatewayService: Service, Sendable {
 
     /// - Parameters:
     ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
-    public init(configuration: GatewayConfiguration, configPath: String?, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) {
+    /// Resolves upstream host names (blocking; not on an event loop): a name that does not
+    /// resolve is an error, as in nginx.
+    public init(configuration: GatewayConfiguration, configPath: String?, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) throws {
         self.configPath = configPath
         self.initial = configuration
         self.group = group
@@ -39,7 +41,7 @@ public final class GatewayService: Service, Sendable {
         let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
         self.proxy = ProxyServer(
             configuration: Self.proxyConfiguration(configuration),
-            routing: Self.routing(configuration),
+            routing: try Self.routing(configuration),
             group: group, observer: observer, logger: logger)
     }
 
@@ -52,12 +54,24 @@ public final class GatewayService: Service, Sendable {
             limits: c.server.limits)
     }
 
-    /// Routes as the proxy sees them. Until sign-in exists every route is admitted as public.
-    static func routing(_ c: GatewayConfiguration) -> RoutingSnapshot {
-        let routes = c.routes.map { route in
-            ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix,
-                       upstream: UpstreamAddress(host: route.upstream.host, port: route.upstream.port),
-                       requestGuard: PublicGuard())
+    /// A route's upstream host name did not resolve.
+    public struct UnresolvableUpstream: Error, CustomStringConvertible {
+        public var route: String
+        public var host: String
+        public var description: String { "route '\(route)': upstream host '\(host)' does not resolve" }
+    }
+
+    /// Routes as the proxy sees them, upstream names resolved. Until sign-in exists every route
+    /// is admitted as public.
+    static func routing(_ c: GatewayConfiguration) throws -> RoutingSnapshot {
+        let routes = try c.routes.map { route in
+            let address: UpstreamAddress
+            do {
+                address = try UpstreamAddress(host: route.upstream.host, port: route.upstream.port).resolved()
+            } catch {
+                throw UnresolvableUpstream(route: route.name, host: route.upstream.host)
+            }
+            return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address, requestGuard: PublicGuard())
         }
         return RoutingSnapshot(routes: routes, identityHeaders: c.identity.headers.all, trustedProxies: c.server.trustedProxies)
     }
@@ -127,18 +141,24 @@ public final class GatewayService: Service, Sendable {
         for problem in result.problems {
             logger.log(level: problem.severity == .error ? .error : .warning, "\(configPath):\(problem)")
         }
-        guard let next = result.configuration else {
+        let routing: RoutingSnapshot
+        do {
+            guard let next = result.configuration else { throw ConfigError(file: configPath, problems: result.errors) }
+            routing = try Self.routing(next)
+        } catch {
+            if let unresolvable = error as? UnresolvableUpstream { logger.error("\(configPath): \(unresolvable)") }
             metrics.reloadsFailed.increment()
-            logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)", "errors": "\(result.errors.count)"])
+            logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)", "errors": "\(max(result.errors.count, 1))"])
             return false
         }
+        guard let next = result.configuration else { return false }
         let previous = current.withLockedValue { old in defer { old = next }; return old }
         if previous.server.listen != next.server.listen || previous.server.adminListen != next.server.adminListen
             || previous.server.timeouts != next.server.timeouts || previous.server.limits != next.server.limits
             || previous.server.accessLog != next.server.accessLog {
             logger.warning("listen addresses, timeouts, limits and access_log apply at the next restart")
         }
-        proxy.replaceRouting(Self.routing(next))
+        proxy.replaceRouting(routing)
         metrics.reloadsSucceeded.increment()
         logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": "\(next.routes.count)"])
         return true

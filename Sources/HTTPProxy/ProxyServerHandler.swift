@@ -309,7 +309,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         pool.connect(route.upstream).whenComplete { result in
             let handler = this.value
             switch result {
-            case .success(let connection):
+            case .success(let bound):
+                let connection = bound.value
                 guard handler.generation == gen, handler.phase == .connecting else {
                     connection.close()
                     return
@@ -489,11 +490,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         pool.connect(route.upstream).whenComplete { result in
             let handler = this.value
             guard handler.generation == gen, handler.phase == .connecting else {
-                if case .success(let connection) = result { connection.close() }
+                if case .success(let connection) = result { connection.value.close() }
                 return
             }
             switch result {
-            case .success(let connection): handler.attach(connection)
+            case .success(let connection): handler.attach(connection.value)
             case .failure: handler.upstreamFailure(.connectRefused, .badGateway, "upstream refused the connection")
             }
         }

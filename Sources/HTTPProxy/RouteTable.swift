@@ -1,11 +1,69 @@
+import NIOCore
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// Where a route sends its requests.
 public struct UpstreamAddress: Sendable, Hashable, CustomStringConvertible {
     public var host: String
     public var port: Int
+    /// The addresses tried, in order, for each new connection. Known at once for an IP literal;
+    /// a host name is resolved by `resolved()` when the configuration is loaded — never on an
+    /// event loop, where `getaddrinfo` would block every connection of that loop.
+    public private(set) var socketAddresses: [SocketAddress]
 
     public init(host: String, port: Int) {
         self.host = host
         self.port = port
+        self.socketAddresses = (try? SocketAddress(ipAddress: host, port: port)).map { [$0] } ?? []
+    }
+
+    /// An upstream with its addresses already known (tried in this order).
+    public init(host: String, port: Int, addresses: [SocketAddress]) {
+        self.host = host
+        self.port = port
+        self.socketAddresses = addresses
+    }
+
+    /// This address with its host name resolved to every IPv4 and IPv6 address it has
+    /// (blocking: call it off the event loops).
+    public func resolved() throws -> UpstreamAddress {
+        guard socketAddresses.isEmpty else { return self }
+        var copy = self
+        copy.socketAddresses = try Self.resolve(host, port: port)
+        return copy
+    }
+
+    struct ResolutionFailed: Error {}
+
+    private static func resolve(_ host: String, port: Int) throws -> [SocketAddress] {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_family = AF_UNSPEC
+        var list: UnsafeMutablePointer<addrinfo>? = nil
+        guard getaddrinfo(host, String(port), &hints, &list) == 0, let first = list else { throw ResolutionFailed() }
+        defer { freeaddrinfo(first) }
+        var addresses: [SocketAddress] = []
+        var entry: UnsafeMutablePointer<addrinfo>? = first
+        while let info = entry {
+            if let raw = info.pointee.ai_addr {
+                switch info.pointee.ai_family {
+                case AF_INET:
+                    addresses.append(SocketAddress(raw.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee }, host: host))
+                case AF_INET6:
+                    addresses.append(SocketAddress(raw.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee }, host: host))
+                default: break
+                }
+            }
+            entry = info.pointee.ai_next
+        }
+        guard !addresses.isEmpty else { throw ResolutionFailed() }
+        var unique: [SocketAddress] = []
+        for address in addresses where !unique.contains(address) { unique.append(address) }
+        return unique
     }
 
     public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }

@@ -2,6 +2,11 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
+/// A route's upstream host name was never resolved (routes must come from `resolved()`).
+struct UnresolvedUpstream: Error {
+    let host: String
+}
+
 /// Keep-alive connections to upstreams, one pool per event loop, used only on that loop: a
 /// client's request goes upstream on the client's own event loop, without a thread hop.
 final class UpstreamPool {
@@ -32,8 +37,33 @@ final class UpstreamPool {
         return nil
     }
 
-    /// Opens a new connection on this event loop.
-    func connect(_ address: UpstreamAddress) -> EventLoopFuture<UpstreamConnection> {
+    /// Opens a new connection on this event loop (the future carries it loop-bound), trying each of the upstream's addresses in
+    /// turn (a host name may have IPv6 and IPv4 addresses; the service may listen on one).
+    func connect(_ address: UpstreamAddress) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
+        guard !address.socketAddresses.isEmpty else {
+            // Host names are resolved when routes are built; resolving here would block the loop.
+            return eventLoop.makeFailedFuture(UnresolvedUpstream(host: address.host))
+        }
+        return connect(address, candidates: address.socketAddresses[...])
+    }
+
+    private func connect(_ address: UpstreamAddress, candidates: ArraySlice<SocketAddress>) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
+        let target = candidates.first!
+        let rest = candidates.dropFirst()
+        let attempt = connect(address, to: target)
+        guard !rest.isEmpty else { return attempt }
+        let this = NIOLoopBound(self, eventLoop: eventLoop)
+        let promise = eventLoop.makePromise(of: NIOLoopBound<UpstreamConnection>.self)
+        attempt.whenComplete { result in
+            switch result {
+            case .success: promise.completeWith(attempt)
+            case .failure: promise.completeWith(this.value.connect(address, candidates: rest))
+            }
+        }
+        return promise.futureResult
+    }
+
+    private func connect(_ address: UpstreamAddress, to target: SocketAddress) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
         let handler = UpstreamConnection(address: address)
         handler.pool = self
         let bound = NIOLoopBound(handler, eventLoop: eventLoop)
@@ -52,11 +82,11 @@ final class UpstreamPool {
                     try sync.addHandler(bound.value)
                 }
             }
-            .connect(host: address.host, port: address.port)
+            .connect(to: target)
             .map { channel in
                 observer.upstreamConnectionOpened()
                 channel.closeFuture.whenComplete { _ in observer.upstreamConnectionClosed() }
-                return bound.value
+                return bound
             }
     }
 

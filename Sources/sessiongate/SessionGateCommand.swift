@@ -56,7 +56,13 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         guard let configuration = loadConfiguration(options.config) else { throw ExitCode(1) }
         let logger = makeLogger()
-        let service = GatewayService(configuration: configuration, configPath: options.config, logger: logger)
+        let service: GatewayService
+        do {
+            service = try GatewayService(configuration: configuration, configPath: options.config, logger: logger)
+        } catch {
+            printError("\(options.config): \(error)")
+            throw ExitCode(1)
+        }
         let group = ServiceGroup(configuration: .init(
             services: [.init(service: service)],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -92,7 +98,7 @@ struct Demo: AsyncParsableCommand {
         guard let configuration = loadConfiguration(config), let route = configuration.routes.first else { throw ExitCode(1) }
         let logger = makeLogger()
         let upstream = try await DemoUpstream.start(host: route.upstream.host, port: route.upstream.port, group: MultiThreadedEventLoopGroup.singleton)
-        let service = GatewayService(configuration: configuration, configPath: config, logger: logger)
+        let service = try GatewayService(configuration: configuration, configPath: config, logger: logger)
         let group = ServiceGroup(configuration: .init(
             services: [.init(service: service)],
             gracefulShutdownSignals: [.sigterm, .sigint],

@@ -34,6 +34,23 @@ struct ProxyEndToEndTests {
         #expect(response.text.contains("X-Request-Id: trace-1\n"))
     }
 
+    @Test("an upstream named by host name is resolved at load")
+    func upstreamByName() async throws {
+        let h = try await ProxyHarness.start(upstreamHost: "localhost")
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(response.status == 200)
+    }
+
+    @Test("an upstream with several addresses: a refused one is skipped for the next")
+    func upstreamAddressFallback() async throws {
+        let refusing = try SocketAddress(ipAddress: "127.0.0.1", port: try closedPort())
+        let h = try await ProxyHarness.start(extraAddressesFirst: [refusing])
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(response.status == 200)
+    }
+
     @Test("keep-alive: consecutive requests reuse one upstream connection")
     func keepAliveReuse() async throws {
         let h = try await ProxyHarness.start()

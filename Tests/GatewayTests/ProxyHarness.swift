@@ -15,11 +15,13 @@ struct ProxyHarness {
         limits: GatewayConfiguration.Limits = .init(),
         trustedProxies: [CIDR] = [],
         upstreamPort: Int? = nil,
+        upstreamHost: String = "127.0.0.1",
+        extraAddressesFirst: [SocketAddress] = [],
         guard requestGuard: any RequestGuard = PublicGuard()
     ) async throws -> ProxyHarness {
         let upstream = try await TestUpstream.start()
         let routes = [
-            ProxyRoute(name: "test", pathPrefix: "/", upstream: UpstreamAddress(host: "127.0.0.1", port: upstreamPort ?? upstream.port), requestGuard: requestGuard),
+            ProxyRoute(name: "test", pathPrefix: "/", upstream: try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst), requestGuard: requestGuard),
         ]
         let snapshot = RoutingSnapshot(routes: routes, identityHeaders: IdentityHeaderNames().all, trustedProxies: trustedProxies)
         let proxy = ProxyServer(
@@ -27,6 +29,11 @@ struct ProxyHarness {
             routing: snapshot, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
         try await proxy.start()
         return ProxyHarness(proxy: proxy, upstream: upstream)
+    }
+
+    private static func address(_ host: String, _ port: Int, _ before: [SocketAddress]) throws -> UpstreamAddress {
+        let resolved = try UpstreamAddress(host: host, port: port).resolved()
+        return before.isEmpty ? resolved : UpstreamAddress(host: host, port: port, addresses: before + resolved.socketAddresses)
     }
 
     /// Sends `raw` on a new connection and reads one response.

@@ -118,6 +118,16 @@ struct RequestHeaderRulesTests {
 
 @Suite("Routing")
 struct RouteTableTests {
+    @Test("upstream addresses: IP literals need no resolution; names resolve to every address")
+    func upstreamAddresses() throws {
+        #expect(UpstreamAddress(host: "127.0.0.1", port: 80).socketAddresses.count == 1)
+        #expect(UpstreamAddress(host: "::1", port: 80).socketAddresses.count == 1)
+        let named = UpstreamAddress(host: "localhost", port: 8080)
+        #expect(named.socketAddresses.isEmpty, "a name is not resolved until resolved() is called")
+        let resolved = try named.resolved()
+        #expect(resolved.socketAddresses.contains { $0.ipAddress == "127.0.0.1" && $0.port == 8080 })
+    }
+
     static let upstream = UpstreamAddress(host: "127.0.0.1", port: 1)
     let table = RouteTable([
         ProxyRoute(name: "root", pathPrefix: "/", upstream: upstream),
