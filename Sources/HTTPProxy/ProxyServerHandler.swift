@@ -7,9 +7,10 @@ import NIOHTTP1
 /// bodies both ways with back-pressure, handles pipelining itself, and writes responses with
 /// its own serializer (one write per head, flushes coalesced per read burst).
 ///
-/// Read gating: the handler swallows `read()` unless it wants input — never while a verdict or
-/// an upstream connection is pending, and while forwarding a body only if the upstream is
-/// writable. Everything runs on the client's event loop, as does the upstream connection.
+/// Read gating: the handler swallows `read()` unless `ExchangeRules.shouldReadClient` allows
+/// it — never while a verdict or an upstream connection is pending, a body only as fast as the
+/// upstream takes it. Everything runs on the client's event loop, as does the upstream
+/// connection. The decisions themselves live in `ExchangeRules`; this class applies them.
 final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, UpstreamConnectionOwner {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundIn = ByteBuffer
@@ -126,6 +127,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         // Decoder errors: framing is in doubt, so answer (if nothing was answered yet) and close.
         guard phase != .closed else { return }
         if phase == .forwarding, exchange.responseStarted {
+            record(aborted: true)
+            phase = .closed
+            upstream?.close()
+            upstream = nil
             context.close(promise: nil)
             return
         }
@@ -136,10 +141,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if let upstream { upstream.close(); self.upstream = nil }
         let status: HTTPResponseStatus
         let reason: String
-        if let parserError = error as? HTTPParserError, parserError == .headerOverflow {
-            status = .requestHeaderFieldsTooLarge
-            reason = "request header block too large or too many fields"
-        } else if error is ByteToMessageDecoderError.PayloadTooLargeError {
+        if (error as? HTTPParserError) == .headerOverflow || error is ByteToMessageDecoderError.PayloadTooLargeError {
             status = .requestHeaderFieldsTooLarge
             reason = "request header block too large or too many fields"
         } else {
