@@ -1,3 +1,4 @@
+import HTTPProxy
 import NIOCore
 
 /// The admin listener (`server.admin_listen`, loopback by default): `/healthz`, `/readyz`,

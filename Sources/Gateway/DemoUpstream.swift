@@ -1,3 +1,4 @@
+import HTTPProxy
 import NIOCore
 import NIOHTTP1
 

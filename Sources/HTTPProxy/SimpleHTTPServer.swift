@@ -2,7 +2,8 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
-/// A request as the gateway's small built-in servers (admin listener, demo upstream) see it.
+/// A request as the small built-in servers (admin listener, demo upstream, Apple ID simulator)
+/// see it.
 public struct SimpleRequest: Sendable {
     public var head: HTTPRequestHead
     public var body: ByteBuffer
@@ -13,15 +14,18 @@ public struct SimpleResponse: Sendable {
     public var status: HTTPResponseStatus
     public var contentType: String
     public var body: ByteBuffer
+    /// Further headers (e.g. `Location`); framing and `cache-control: no-store` are added.
+    public var headers: [(String, String)]
 
-    public init(status: HTTPResponseStatus = .ok, contentType: String = "text/plain; charset=utf-8", body: ByteBuffer) {
+    public init(status: HTTPResponseStatus = .ok, contentType: String = "text/plain; charset=utf-8", body: ByteBuffer, headers: [(String, String)] = []) {
         self.status = status
         self.contentType = contentType
         self.body = body
+        self.headers = headers
     }
 
-    public init(status: HTTPResponseStatus = .ok, contentType: String = "text/plain; charset=utf-8", _ text: String) {
-        self.init(status: status, contentType: contentType, body: ByteBuffer(string: text))
+    public init(status: HTTPResponseStatus = .ok, contentType: String = "text/plain; charset=utf-8", _ text: String, headers: [(String, String)] = []) {
+        self.init(status: status, contentType: contentType, body: ByteBuffer(string: text), headers: headers)
     }
 }
 
@@ -82,6 +86,7 @@ final class SimpleHTTPHandler: ChannelInboundHandler {
             headers.add(name: "content-type", value: response.contentType)
             headers.add(name: "content-length", value: String(response.body.readableBytes))
             headers.add(name: "cache-control", value: "no-store")
+            for (name, value) in response.headers { headers.add(name: name, value: value) }
             let keepAlive = head.isKeepAlive && !tooLarge
             if !keepAlive { headers.add(name: "connection", value: "close") }
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)

@@ -1,0 +1,124 @@
+import Crypto
+import Foundation
+import NIOConcurrencyHelpers
+
+/// Why a client secret cannot be made.
+public struct ClientSecretError: Error, Equatable, CustomStringConvertible {
+    public enum Code: String, Sendable { case invalidPrivateKey = "invalid_private_key", invalidLifetime = "invalid_lifetime" }
+    public var code: Code
+    public var description: String {
+        switch code {
+        case .invalidPrivateKey: return "the Sign in with Apple key is not a PEM PKCS#8 P-256 private key (AuthKey_<key id>.p8)"
+        case .invalidLifetime: return "a client secret lifetime must be between 1 minute and 15,777,000 s (Apple's cap, about 6 months)"
+        }
+    }
+}
+
+/// Mints the `client_secret` Apple's token and revoke endpoints require: an ES256 JWT signed
+/// with the team's Sign in with Apple key (apple-sign-in.md §2).
+///
+/// Header `alg: ES256`, `kid`; claims `iss` (team), `iat`, `exp`, `aud`
+/// (`https://appleid.apple.com`), `sub` (the client id the request names); signature raw R‖S
+/// (never DER). Secrets are cached per client id and minted again once half their lifetime has
+/// passed, so a request never carries one close to expiry.
+public final class ClientSecretMinter: Sendable {
+    /// Apple rejects an `exp` more than this many seconds after its own clock.
+    public static let maximumLifetimeSeconds: Int64 = 15_777_000
+    static let audience = "https://appleid.apple.com"
+
+    private let teamID: String
+    private let keyID: String
+    private let key: P256.Signing.PrivateKey
+    private let lifetime: Int64
+    private let now: @Sendable () -> Int64
+    private let cache = NIOLockedValueBox<[String: Minted]>([:])
+
+    struct Minted {
+        var secret: String
+        var issuedAt: Int64
+    }
+
+    /// - Parameters:
+    ///   - privateKeyPEM: the `.p8` file's content.
+    ///   - lifetime: seconds from `iat` to `exp`; default one day. At most 15,777,000 s less a
+    ///     minute of margin for clock skew.
+    ///   - now: the clock, in whole seconds since 1970 (injectable for tests).
+    public init(
+        teamID: String, keyID: String, privateKeyPEM: String, lifetime: Int64 = 86_400,
+        now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }
+    ) throws {
+        guard lifetime >= 60, lifetime <= Self.maximumLifetimeSeconds - 60 else { throw ClientSecretError(code: .invalidLifetime) }
+        do {
+            self.key = try P256.Signing.PrivateKey(pemRepresentation: privateKeyPEM)
+        } catch {
+            throw ClientSecretError(code: .invalidPrivateKey)
+        }
+        self.teamID = teamID
+        self.keyID = keyID
+        self.lifetime = lifetime
+        self.now = now
+    }
+
+    /// The secret to send with `client_id` = `clientID`.
+    public func secret(for clientID: String) -> String {
+        let now = self.now()
+        return cache.withLockedValue { cache in
+            if let minted = cache[clientID], now - minted.issuedAt < lifetime / 2, now >= minted.issuedAt {
+                return minted.secret
+            }
+            let minted = Minted(secret: mint(clientID: clientID, issuedAt: now), issuedAt: now)
+            cache[clientID] = minted
+            return minted.secret
+        }
+    }
+
+    /// Seconds since the cached secret for `clientID` was minted (nil: none yet). For a metric.
+    public func age(for clientID: String) -> Int64? {
+        let now = self.now()
+        return cache.withLockedValue { $0[clientID].map { now - $0.issuedAt } }
+    }
+
+    func mint(clientID: String, issuedAt: Int64) -> String {
+        let header = Self.json([("alg", .string("ES256")), ("kid", .string(keyID))])
+        let claims = Self.json([
+            ("iss", .string(teamID)), ("iat", .integer(issuedAt)), ("exp", .integer(issuedAt + lifetime)),
+            ("aud", .string(Self.audience)), ("sub", .string(clientID)),
+        ])
+        let signingInput = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(Array(claims.utf8))
+        // Raw R‖S (64 bytes): Apple rejects DER-encoded ECDSA signatures (TN3107).
+        let signature = (try? key.signature(for: Data(signingInput.utf8)).rawRepresentation) ?? Data()
+        return signingInput + "." + Base64URL.encode(signature)
+    }
+
+    enum JSONValue { case string(String), integer(Int64) }
+
+    /// A compact JSON object with whole-second numbers (Apple's clock compares integers).
+    static func json(_ members: [(String, JSONValue)]) -> String {
+        "{" + members.map { key, value in
+            let rendered: String
+            switch value {
+            case .string(let s): rendered = jsonString(s)
+            case .integer(let n): rendered = String(n)
+            }
+            return jsonString(key) + ":" + rendered
+        }.joined(separator: ",") + "}"
+    }
+
+    static func jsonString(_ s: String) -> String {
+        var out = "\""
+        for scalar in s.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            default:
+                if scalar.value < 0x20 {
+                    let hex = String(scalar.value, radix: 16)
+                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                } else {
+                    out.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        return out + "\""
+    }
+}

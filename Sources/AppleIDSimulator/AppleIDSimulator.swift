@@ -1,0 +1,118 @@
+import Crypto
+import Foundation
+import HTTPProxy
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// A stand-in for `appleid.apple.com` on loopback, for tests, the demo and the bench
+/// (apple-sign-in.md §14). This first slice serves the discovery document and the key set
+/// with live rotation; the authorize, token, revoke and notification surfaces follow.
+public final class AppleIDSimulator: Sendable {
+    /// What the simulated Apple knows about the relying party's team.
+    public struct Team: Sendable {
+        public var teamID: String
+        /// The team's Sign in with Apple keys (the public halves of the `.p8` files), by key id.
+        public var keys: [String: P256.Signing.PublicKey]
+
+        public init(teamID: String, keys: [String: P256.Signing.PublicKey]) {
+            self.teamID = teamID
+            self.keys = keys
+        }
+    }
+
+    let team: Team
+    let signingKeys: SigningKeys
+    private let counters = NIOLockedValueBox<[String: Int]>([:])
+    private let server: SimpleHTTPServer
+
+    /// The origin to use as `apple.base_url`, e.g. `http://127.0.0.1:41234`.
+    public let baseURL: String
+
+    private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String) {
+        self.team = team
+        self.signingKeys = signingKeys
+        self.server = server
+        self.baseURL = baseURL
+    }
+
+    /// Starts the simulator on `host:port` (port 0 picks a free one).
+    public static func start(team: Team, host: String = "127.0.0.1", port: Int = 0, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> AppleIDSimulator {
+        let keys = try SigningKeys()
+        let box = ResponderBox()
+        let server = try await SimpleHTTPServer.start(host: host, port: port, group: group) { request in
+            box.simulator?.respond(request) ?? SimpleResponse(status: .serviceUnavailable, "starting\n")
+        }
+        let bound = server.localAddress?.port ?? port
+        let simulator = AppleIDSimulator(team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)")
+        box.simulator = simulator
+        return simulator
+    }
+
+    public func stop() async { await server.close() }
+
+    /// Adds a signing key and signs with it from now on (Apple rotates without notice);
+    /// returns its key id.
+    @discardableResult
+    public func rotateKeys() throws -> String { try signingKeys.rotate() }
+
+    /// The key ids currently published at `/auth/keys`.
+    public var publishedKeyIDs: [String] { signingKeys.kids }
+
+    /// How many requests reached `path` (e.g. `/auth/keys`); tests and the bench read these.
+    public func requestCount(_ path: String) -> Int { counters.withLockedValue { $0[path] ?? 0 } }
+
+    func respond(_ request: SimpleRequest) -> SimpleResponse {
+        let path = request.head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.head.uri
+        counters.withLockedValue { $0[path, default: 0] += 1 }
+        switch (request.head.method, path) {
+        case (.GET, "/auth/keys"):
+            return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
+        case (.GET, "/.well-known/openid-configuration"):
+            return Self.json(discoveryDocument())
+        default:
+            return Self.error(.notFound, "not_found")
+        }
+    }
+
+    /// Apple's discovery document, with the host rewritten (apple-sign-in.md §0).
+    func discoveryDocument() -> [String: Any] {
+        [
+            "issuer": "https://appleid.apple.com",
+            "authorization_endpoint": "\(baseURL)/auth/authorize",
+            "token_endpoint": "\(baseURL)/auth/token",
+            "revocation_endpoint": "\(baseURL)/auth/revoke",
+            "jwks_uri": "\(baseURL)/auth/keys",
+            "response_types_supported": ["code"],
+            "response_modes_supported": ["query", "fragment", "form_post"],
+            "subject_types_supported": ["pairwise"],
+            "id_token_signing_alg_values_supported": ["RS256"],
+            "scopes_supported": ["openid", "email", "name"],
+            "token_endpoint_auth_methods_supported": ["client_secret_post"],
+            "claims_supported": ["aud", "email", "email_verified", "exp", "iat", "is_private_email", "iss", "nonce", "nonce_supported", "real_user_status", "sub", "transfer_sub"],
+        ]
+    }
+
+    static func json(_ object: [String: Any]) -> SimpleResponse {
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+        return SimpleResponse(contentType: "application/json;charset=UTF-8", body: ByteBuffer(bytes: data), headers: [("pragma", "no-cache")])
+    }
+
+    static func error(_ status: HTTPResponseStatus, _ code: String, _ description: String? = nil) -> SimpleResponse {
+        var object: [String: Any] = ["error": code]
+        if let description { object["error_description"] = description }
+        var response = json(object)
+        response.status = status
+        return response
+    }
+}
+
+/// Lets the server's responder reach the simulator, which is built after the server is bound.
+private final class ResponderBox: Sendable {
+    private let value = NIOLockedValueBox<AppleIDSimulator?>(nil)
+    var simulator: AppleIDSimulator? {
+        get { value.withLockedValue { $0 } }
+        set { value.withLockedValue { $0 = newValue } }
+    }
+}
