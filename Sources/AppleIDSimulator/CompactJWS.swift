@@ -46,7 +46,8 @@ struct CompactJWS {
 
     /// A claim that must be a whole number of seconds (JSON numbers arrive as NSNumber).
     func integerClaim(_ name: String) -> Int64? {
-        guard !(claims[name] is String), !(claims[name] is Bool), let number = claims[name] as? NSNumber else { return nil }
+        // A JSON boolean also casts to NSNumber; its objCType ("c") tells it apart.
+        guard !(claims[name] is String), let number = claims[name] as? NSNumber, String(cString: number.objCType) != "c" else { return nil }
         let value = number.doubleValue
         guard value == value.rounded(), abs(value) < 1e15 else { return nil }
         return Int64(value)

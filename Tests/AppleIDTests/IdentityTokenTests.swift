@@ -1,0 +1,245 @@
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import Logging
+import NIOPosix
+import Testing
+import _CryptoExtras
+
+@testable import AppleID
+@testable import AppleIDSimulator
+
+/// A simulator, a key set reading it over HTTP, and a fixed clock.
+struct VerifierFixture {
+    static let now: Int64 = 1_795_000_000
+    static let clientIDs = ["com.example.web", "com.example.app"]
+    let simulator: AppleIDSimulator
+    let client: HTTPClient
+    let keySet: AppleKeySet
+
+    static func with(_ body: (VerifierFixture) async throws -> Void) async throws {
+        let team = AppleIDSimulator.Team(teamID: "DEF123GHIJ", keys: [:])
+        let simulator = try await AppleIDSimulator.start(team: team)
+        let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
+        let fixture = VerifierFixture(simulator: simulator, client: client,
+                                      keySet: AppleKeySet(baseURL: simulator.baseURL, httpClient: client, logger: Logger(label: "test")))
+        var failure: (any Error)? = nil
+        do { try await body(fixture) } catch { failure = error }
+        try? await client.shutdown()
+        await simulator.stop()
+        if let failure { throw failure }
+    }
+
+    var identityVerifier: IdentityTokenVerifier { IdentityTokenVerifier(keySet: keySet, clientIDs: Self.clientIDs, now: { Self.now }) }
+    var notificationVerifier: NotificationVerifier { NotificationVerifier(keySet: keySet, clientIDs: Self.clientIDs, now: { Self.now }) }
+
+    /// Valid identity-token claims, with overrides (`nil` removes a claim).
+    static func claims(_ overrides: [String: Any?] = [:]) -> [String: Any] {
+        var claims: [String: Any] = [
+            "iss": "https://appleid.apple.com", "aud": "com.example.web", "iat": now - 10, "exp": now + 600,
+            "sub": "001437.def535ddd9e24c4fa4367dca50fdfedb.1951", "email": "x7c9q2m4tz@privaterelay.appleid.com",
+            "email_verified": "true", "is_private_email": "true", "nonce": "n-123", "nonce_supported": true, "auth_time": now - 20,
+        ]
+        for (key, value) in overrides { claims[key] = value }
+        return claims
+    }
+
+    func sign(_ claims: [String: Any]) throws -> String { try simulator.signingKeys.sign(claims) }
+}
+
+@Suite("Identity-token verifier", .serialized)
+struct IdentityTokenTests {
+    @Test("a valid web token, string booleans")
+    func validWeb() async throws {
+        try await VerifierFixture.with { f in
+            let identity = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims()), expectedNonce: "n-123")
+            #expect(identity.subject == "001437.def535ddd9e24c4fa4367dca50fdfedb.1951")
+            #expect(identity.audience == "com.example.web")
+            #expect(identity.email == "x7c9q2m4tz@privaterelay.appleid.com")
+            #expect(identity.emailVerified == true)
+            #expect(identity.isPrivateEmail == true)
+            #expect(identity.realUserStatus == nil)
+        }
+    }
+
+    @Test("a valid native token: JSON booleans, real_user_status, transfer_sub, aud as a list, no nonce sent")
+    func validNative() async throws {
+        try await VerifierFixture.with { f in
+            let token = try f.sign(VerifierFixture.claims([
+                "aud": ["other.app", "com.example.app"], "email_verified": true, "is_private_email": false,
+                "real_user_status": 2, "transfer_sub": "760417.ebbf12acbc78e1be1668ba852d492d8a.1827", "nonce": nil,
+            ]))
+            let identity = try await f.identityVerifier.verify(token, expectedNonce: nil)
+            #expect(identity.audience == "com.example.app")
+            #expect(identity.emailVerified == true)
+            #expect(identity.isPrivateEmail == false)
+            #expect(identity.realUserStatus == 2)
+            #expect(identity.transferSubject == "760417.ebbf12acbc78e1be1668ba852d492d8a.1827")
+        }
+    }
+
+    @Test("a missing nonce is accepted only when the platform says nonce_supported: false")
+    func nonceSupportedFalse() async throws {
+        try await VerifierFixture.with { f in
+            let token = try f.sign(VerifierFixture.claims(["nonce": nil, "nonce_supported": "false"]))
+            _ = try await f.identityVerifier.verify(token, expectedNonce: "n-123")
+        }
+    }
+
+    @Test("within the leeway: just expired or issued a little ahead")
+    func leeway() async throws {
+        try await VerifierFixture.with { f in
+            _ = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims(["exp": VerifierFixture.now - 2])), expectedNonce: "n-123")
+            _ = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims(["iat": VerifierFixture.now + 3])), expectedNonce: "n-123")
+        }
+    }
+
+    struct Forgery: CustomTestStringConvertible, Sendable {
+        let name: String
+        let expected: AppleTokenRejection
+        let nonce: String?
+        let make: @Sendable (VerifierFixture) throws -> String
+        var testDescription: String { name }
+        init(_ name: String, _ expected: AppleTokenRejection, nonce: String? = "n-123", _ make: @escaping @Sendable (VerifierFixture) throws -> String) {
+            self.name = name
+            self.expected = expected
+            self.nonce = nonce
+            self.make = make
+        }
+    }
+
+    static let forgeries: [Forgery] = [
+        Forgery("not a JWS", .malformed) { _ in "not.a.jws" },
+        Forgery("alg none, no signature", .algorithm) { f in
+            CompactJWS.make(header: ["alg": "none", "kid": f.simulator.publishedKeyIDs[0]], claims: VerifierFixture.claims()) { _ in Data() }
+        },
+        Forgery("HS256 signed with Apple's public key as the secret", .algorithm) { f in
+            let kid = f.simulator.publishedKeyIDs[0]
+            let publicKey = try f.simulator.signingKeys.jwks()
+            let secret = SymmetricKey(data: try JSONSerialization.data(withJSONObject: publicKey))
+            return CompactJWS.make(header: ["alg": "HS256", "kid": kid], claims: VerifierFixture.claims()) { input in
+                Data(HMAC<SHA256>.authenticationCode(for: input, using: secret))
+            }
+        },
+        Forgery("unknown kid, signed by the attacker's key", .unknownKey) { _ in
+            let attacker = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+            return try CompactJWS.make(header: ["alg": "RS256", "kid": "attacker01"], claims: VerifierFixture.claims()) { input in
+                try attacker.signature(for: input, padding: .insecurePKCS1v1_5).rawRepresentation
+            }
+        },
+        Forgery("embedded jwk in the header", .embeddedKey) { f in
+            CompactJWS.make(header: ["alg": "RS256", "kid": f.simulator.publishedKeyIDs[0], "jwk": ["kty": "RSA", "n": "AQAB", "e": "AQAB"]], claims: VerifierFixture.claims()) { _ in Data([1, 2, 3]) }
+        },
+        Forgery("wrong iss", .issuer) { f in try f.sign(VerifierFixture.claims(["iss": "https://appleid.apple.com.evil"])) },
+        Forgery("wrong aud", .audience) { f in try f.sign(VerifierFixture.claims(["aud": "com.other.app"])) },
+        Forgery("no aud", .audience) { f in try f.sign(VerifierFixture.claims(["aud": nil])) },
+        Forgery("expired", .expired) { f in try f.sign(VerifierFixture.claims(["exp": VerifierFixture.now - 6])) },
+        Forgery("iat in the future", .issuedInFuture) { f in try f.sign(VerifierFixture.claims(["iat": VerifierFixture.now + 60])) },
+        Forgery("no exp", .missingClaim) { f in try f.sign(VerifierFixture.claims(["exp": nil])) },
+        Forgery("exp as a string", .missingClaim) { f in try f.sign(VerifierFixture.claims(["exp": "\(VerifierFixture.now + 600)"])) },
+        Forgery("no sub", .missingClaim) { f in try f.sign(VerifierFixture.claims(["sub": nil])) },
+        Forgery("nonce missing, nonce_supported true", .nonceMissing) { f in try f.sign(VerifierFixture.claims(["nonce": nil])) },
+        Forgery("nonce missing, nonce_supported absent", .nonceMissing) { f in try f.sign(VerifierFixture.claims(["nonce": nil, "nonce_supported": nil])) },
+        Forgery("nonce wrong", .nonceMismatch) { f in try f.sign(VerifierFixture.claims(["nonce": "n-124"])) },
+        Forgery("tampered payload", .signature) { f in
+            let good = try f.sign(VerifierFixture.claims()).split(separator: ".")
+            let evil = CompactJWS.encodeBase64URL(try JSONSerialization.data(withJSONObject: VerifierFixture.claims(["sub": "victim"])))
+            return "\(good[0]).\(evil).\(good[2])"
+        },
+        Forgery("boolean claim \"yes\"", .claimType) { f in try f.sign(VerifierFixture.claims(["email_verified": "yes"])) },
+        Forgery("boolean claim as the number 1", .claimType) { f in try f.sign(VerifierFixture.claims(["email_verified": 1])) },
+        Forgery("real_user_status out of range", .claimType) { f in try f.sign(VerifierFixture.claims(["real_user_status": 7])) },
+    ]
+
+    @Test("forged or invalid tokens are rejected with their reason", arguments: forgeries)
+    func forged(_ forgery: Forgery) async throws {
+        try await VerifierFixture.with { f in
+            let token = try forgery.make(f)
+            await #expect(throws: forgery.expected) { try await f.identityVerifier.verify(token, expectedNonce: forgery.nonce) }
+        }
+    }
+
+    @Test("Apple's keys unreachable and never fetched: a transient rejection, not 'invalid'")
+    func keysUnavailable() async throws {
+        let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
+        let keySet = AppleKeySet(baseURL: "http://127.0.0.1:1", httpClient: client, timeout: .milliseconds(300), logger: Logger(label: "test"))
+        let verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: VerifierFixture.clientIDs, now: { VerifierFixture.now })
+        let token = CompactJWS.make(header: ["alg": "RS256", "kid": "k"], claims: VerifierFixture.claims()) { _ in Data([1]) }
+        do {
+            _ = try await verifier.verify(token, expectedNonce: nil)
+            Issue.record("accepted")
+        } catch {
+            #expect(error == .keysUnavailable)
+            #expect(error.isTransient)
+        }
+        try await client.shutdown()
+    }
+}
+
+@Suite("Notification verifier", .serialized)
+struct NotificationVerifierTests {
+    static func body(_ payload: String) -> [UInt8] { Array(#"{"payload":"\#(payload)"}"#.utf8) }
+
+    static func claims(events: Any, overrides: [String: Any?] = [:]) -> [String: Any] {
+        var claims: [String: Any] = [
+            "iss": "https://appleid.apple.com", "aud": "com.example.app", "iat": VerifierFixture.now - 5,
+            "exp": VerifierFixture.now + 86_400, "jti": "yctpp1ZHaGCzaNB9PWB4DA", "events": events,
+        ]
+        for (key, value) in overrides { claims[key] = value }
+        return claims
+    }
+
+    @Test("events as a JSON string (as Apple sends it), milliseconds normalized to seconds")
+    func eventsAsString() async throws {
+        try await VerifierFixture.with { f in
+            let events = #"{"type":"consent-revoked","sub":"001437.abc.1951","event_time":1735689599123}"#
+            let n = try await f.notificationVerifier.verify(body: Self.body(try f.sign(Self.claims(events: events))))
+            #expect(n == AppleNotification(jti: "yctpp1ZHaGCzaNB9PWB4DA", audience: "com.example.app", kind: .consentRevoked,
+                                           subject: "001437.abc.1951", email: nil, isPrivateEmail: nil, eventTime: 1_735_689_599))
+        }
+    }
+
+    @Test("events as an object (as Apple documents it), seconds kept, email fields, no exp")
+    func eventsAsObject() async throws {
+        try await VerifierFixture.with { f in
+            let events: [String: Any] = ["type": "email-disabled", "sub": "s1", "email": "r@privaterelay.appleid.com", "is_private_email": "true", "event_time": 1_508_184_845]
+            let n = try await f.notificationVerifier.verify(body: Self.body(try f.sign(Self.claims(events: events, overrides: ["exp": nil]))))
+            #expect(n.kind == .emailDisabled)
+            #expect(n.email == "r@privaterelay.appleid.com")
+            #expect(n.isPrivateEmail == true)
+            #expect(n.eventTime == 1_508_184_845)
+        }
+    }
+
+    @Test("both spellings of account deletion, and unknown types", arguments: [
+        ("account-delete", AppleNotification.Kind.accountDeleted), ("account-deleted", .accountDeleted),
+        ("email-enabled", .emailEnabled), ("something-new", .unknown("something-new")),
+    ])
+    func kinds(type: String, expected: AppleNotification.Kind) async throws {
+        try await VerifierFixture.with { f in
+            let events = #"{"type":"\#(type)","sub":"s1","is_private_email":true,"event_time":1735689599}"#
+            let n = try await f.notificationVerifier.verify(body: Self.body(try f.sign(Self.claims(events: events))))
+            #expect(n.kind == expected)
+        }
+    }
+
+    @Test("unverifiable notifications are rejected", arguments: [
+        ("not JSON", AppleTokenRejection.malformed), ("wrong aud", .audience), ("events garbage", .events), ("expired", .expired), ("forged signature", .signature),
+    ])
+    func rejected(name: String, expected: AppleTokenRejection) async throws {
+        try await VerifierFixture.with { f in
+            let events = #"{"type":"consent-revoked","sub":"s1"}"#
+            let body: [UInt8]
+            switch name {
+            case "not JSON": body = Array("payload=x".utf8)
+            case "wrong aud": body = Self.body(try f.sign(Self.claims(events: events, overrides: ["aud": "com.other"])))
+            case "events garbage": body = Self.body(try f.sign(Self.claims(events: "{not json")))
+            case "expired": body = Self.body(try f.sign(Self.claims(events: events, overrides: ["exp": VerifierFixture.now - 60])))
+            default:
+                let good = try f.sign(Self.claims(events: events)).split(separator: ".")
+                body = Self.body("\(good[0]).\(good[1]).\(CompactJWS.encodeBase64URL(Data(repeating: 7, count: 256)))")
+            }
+            await #expect(throws: expected) { try await f.notificationVerifier.verify(body: body) }
+        }
+    }
+}
