@@ -15,37 +15,62 @@ public final class AppleIDSimulator: Sendable {
         public var teamID: String
         /// The team's Sign in with Apple keys (the public halves of the `.p8` files), by key id.
         public var keys: [String: P256.Signing.PublicKey]
+        /// Registered client ids: a Services ID with its return URLs, or an App ID with none.
+        public var clients: [String: [String]]
 
-        public init(teamID: String, keys: [String: P256.Signing.PublicKey]) {
+        public init(teamID: String, keys: [String: P256.Signing.PublicKey], clients: [String: [String]] = [:]) {
             self.teamID = teamID
             self.keys = keys
+            self.clients = clients
         }
+    }
+
+    /// Behaviours tests and the bench switch on (apple-sign-in.md §12, §14).
+    public struct Faults: Sendable {
+        /// Refuse a refresh of the same token within this many seconds (0: never).
+        public var throttleInterval: Int64 = 0
+        public var throttleStatus = 429
+        /// Refresh responses carry an `id_token` (Apple has answered both ways).
+        public var refreshReturnsIDToken = true
+        /// Boolean claims as `"true"`/`"false"` strings instead of JSON booleans.
+        public var stringBooleans = true
+        /// Identity-token lifetime in seconds.
+        public var idTokenTTL: Int64 = 600
+        public init() {}
     }
 
     let team: Team
     let signingKeys: SigningKeys
+    let clock: @Sendable () -> Int64
+    let grants = NIOLockedValueBox(Grants())
+    let faults = NIOLockedValueBox(Faults())
     private let counters = NIOLockedValueBox<[String: Int]>([:])
     private let server: SimpleHTTPServer
 
     /// The origin to use as `apple.base_url`, e.g. `http://127.0.0.1:41234`.
     public let baseURL: String
 
-    private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String) {
+    private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String, clock: @escaping @Sendable () -> Int64) {
         self.team = team
+        self.clock = clock
         self.signingKeys = signingKeys
         self.server = server
         self.baseURL = baseURL
     }
 
     /// Starts the simulator on `host:port` (port 0 picks a free one).
-    public static func start(team: Team, host: String = "127.0.0.1", port: Int = 0, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> AppleIDSimulator {
+    /// - Parameter clock: whole seconds since 1970 (injectable for tests).
+    public static func start(
+        team: Team, host: String = "127.0.0.1", port: Int = 0, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+        clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }
+    ) async throws -> AppleIDSimulator {
         let keys = try SigningKeys()
         let box = ResponderBox()
         let server = try await SimpleHTTPServer.start(host: host, port: port, group: group) { request in
             box.simulator?.respond(request) ?? SimpleResponse(status: .serviceUnavailable, "starting\n")
         }
         let bound = server.localAddress?.port ?? port
-        let simulator = AppleIDSimulator(team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)")
+        let simulator = AppleIDSimulator(team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)", clock: clock)
         box.simulator = simulator
         return simulator
     }
@@ -56,6 +81,9 @@ public final class AppleIDSimulator: Sendable {
     /// returns its key id.
     @discardableResult
     public func rotateKeys() throws -> String { try signingKeys.rotate() }
+
+    /// Changes the simulator's behaviours (see `Faults`).
+    public func setFaults(_ change: (inout Faults) -> Void) { faults.withLockedValue { change(&$0) } }
 
     /// The key ids currently published at `/auth/keys`.
     public var publishedKeyIDs: [String] { signingKeys.kids }
@@ -71,6 +99,10 @@ public final class AppleIDSimulator: Sendable {
             return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
         case (.GET, "/.well-known/openid-configuration"):
             return Self.json(discoveryDocument())
+        case (.POST, "/auth/token"):
+            return tokenEndpoint(request)
+        case (.POST, "/auth/revoke"):
+            return revokeEndpoint(request)
         default:
             return Self.error(.notFound, "not_found")
         }

@@ -1,0 +1,139 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// Apple's answer to a token request, classified once (STYLE: typed errors, classified where
+/// the failure is understood; never branch on error text).
+public enum AppleTokenOutcome: Sendable, Equatable {
+    case success(AppleTokens)
+    /// The grant is dead: `invalid_grant`, or `invalid_request` on an otherwise well-formed
+    /// refresh (the user revoked the app). End the session.
+    case grantRevoked(error: String)
+    /// Our configuration is wrong: `invalid_client`, `unauthorized_client`,
+    /// `unsupported_grant_type`, `invalid_scope`, or `invalid_request` on a code exchange.
+    /// Alert; never log a user out for it.
+    case clientMisconfigured(error: String)
+    /// Apple is unavailable or answered nonsense: 429, 5xx, timeout, connection error, a body
+    /// that is not the documented JSON. Keep sessions; retry later.
+    case transient(reason: String)
+}
+
+public struct AppleTokens: Sendable, Equatable {
+    public var accessToken: String
+    /// Present on a code exchange; a refresh answers without one (the old one stays valid).
+    public var refreshToken: String?
+    /// Optional on refresh: Apple has answered both ways (apple-sign-in.md §3.3).
+    public var idToken: String?
+    public var expiresIn: Int?
+}
+
+/// Apple's revoke answer.
+public enum AppleRevokeOutcome: Sendable, Equatable {
+    case revoked
+    case clientMisconfigured(error: String)
+    case transient(reason: String)
+}
+
+/// The relying party's client of `/auth/token` and `/auth/revoke`: form-encoded,
+/// `client_secret_post`, a User-Agent and a timeout, on the gateway's event loops.
+public struct AppleTokenClient: Sendable {
+    private let baseURL: String
+    private let httpClient: HTTPClient
+    private let secrets: ClientSecretMinter
+    private let timeout: TimeAmount
+    private let logger: Logger
+
+    public init(baseURL: String, httpClient: HTTPClient, secrets: ClientSecretMinter, timeout: TimeAmount = .seconds(5), logger: Logger) {
+        self.baseURL = baseURL
+        self.httpClient = httpClient
+        self.secrets = secrets
+        self.timeout = timeout
+        self.logger = logger
+    }
+
+    /// Exchanges an authorization code. `redirectURI`: the web flow's return URL; nil for a
+    /// native app's code (it had none).
+    public func exchange(code: String, clientID: String, redirectURI: String?) async -> AppleTokenOutcome {
+        var fields = [("client_id", clientID), ("client_secret", secrets.secret(for: clientID)), ("grant_type", "authorization_code"), ("code", code)]
+        if let redirectURI { fields.append(("redirect_uri", redirectURI)) }
+        return await token(fields, isRefresh: false)
+    }
+
+    /// Validates a refresh token (at most once a day per token: the caller's policy).
+    public func refresh(token refreshToken: String, clientID: String) async -> AppleTokenOutcome {
+        await token([("client_id", clientID), ("client_secret", secrets.secret(for: clientID)),
+                     ("grant_type", "refresh_token"), ("refresh_token", refreshToken)], isRefresh: true)
+    }
+
+    /// Revokes a refresh or access token (Apple answers 200 even for unknown tokens).
+    public func revoke(token: String, isRefreshToken: Bool, clientID: String) async -> AppleRevokeOutcome {
+        let fields = [("client_id", clientID), ("client_secret", secrets.secret(for: clientID)), ("token", token),
+                      ("token_type_hint", isRefreshToken ? "refresh_token" : "access_token")]
+        switch await post("/auth/revoke", fields) {
+        case .failure(let failure): return .transient(reason: failure.reason)
+        case .success(let (status, body)):
+            if status == 200 { return .revoked }
+            if status == 400, let error = Self.errorCode(body) {
+                return error == "invalid_client" || error == "unauthorized_client" || error == "invalid_request"
+                    ? .clientMisconfigured(error: error) : .transient(reason: "revoke: \(error)")
+            }
+            return .transient(reason: "revoke: status \(status)")
+        }
+    }
+
+    private func token(_ fields: [(String, String)], isRefresh: Bool) async -> AppleTokenOutcome {
+        switch await post("/auth/token", fields) {
+        case .failure(let failure):
+            return .transient(reason: failure.reason)
+        case .success(let (status, body)):
+            return Self.classify(status: status, body: body, isRefresh: isRefresh)
+        }
+    }
+
+    static func classify(status: Int, body: [UInt8], isRefresh: Bool) -> AppleTokenOutcome {
+        if status == 200 {
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any],
+                  let access = object["access_token"] as? String else { return .transient(reason: "token: 200 without the documented JSON") }
+            return .success(AppleTokens(accessToken: access, refreshToken: object["refresh_token"] as? String,
+                                        idToken: object["id_token"] as? String, expiresIn: (object["expires_in"] as? NSNumber)?.intValue))
+        }
+        if status == 429 || status >= 500 { return .transient(reason: "token: status \(status)") }
+        guard status == 400, let error = errorCode(body) else { return .transient(reason: "token: status \(status) without a documented error") }
+        switch error {
+        case "invalid_grant": return .grantRevoked(error: error)
+        case "invalid_request": return isRefresh ? .grantRevoked(error: error) : .clientMisconfigured(error: error)
+        case "invalid_client", "unauthorized_client", "unsupported_grant_type", "invalid_scope": return .clientMisconfigured(error: error)
+        default: return .transient(reason: "token: unknown error")
+        }
+    }
+
+    /// The `error` member of Apple's JSON error body (bounded set: used as a label).
+    static func errorCode(_ body: [UInt8]) -> String? {
+        guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any], let error = object["error"] as? String,
+              ["invalid_request", "invalid_client", "invalid_grant", "unauthorized_client", "unsupported_grant_type", "invalid_scope"].contains(error)
+        else { return nil }
+        return error
+    }
+
+    private func post(_ path: String, _ fields: [(String, String)]) async -> Result<(Int, [UInt8]), TransportFailure> {
+        var request = HTTPClientRequest(url: baseURL + path)
+        request.method = .POST
+        request.headers.add(name: "content-type", value: "application/x-www-form-urlencoded")
+        request.headers.add(name: "accept", value: "application/json")
+        request.headers.add(name: "user-agent", value: AppleTokenEndpoint.userAgent)
+        request.body = .bytes(ByteBuffer(string: FormEncoding.encode(fields)))
+        do {
+            let response = try await httpClient.execute(request, timeout: timeout)
+            let body = try await response.body.collect(upTo: 1 << 20)
+            return .success((Int(response.status.code), Array(body.readableBytesView)))
+        } catch let error as HTTPClientError where error == .deadlineExceeded || error == .readTimeout || error == .connectTimeout {
+            return .failure(TransportFailure(reason: "\(path): timeout"))
+        } catch {
+            return .failure(TransportFailure(reason: "\(path): connection failed"))
+        }
+    }
+
+    struct TransportFailure: Error { let reason: String }
+}

@@ -1,0 +1,156 @@
+import Foundation
+import HTTPProxy
+import NIOCore
+import NIOHTTP1
+
+/// `/auth/token` and `/auth/revoke` (apple-sign-in.md §3, §7), checked in the order of §3.7.
+extension AppleIDSimulator {
+    /// Codes live 5 minutes and are single use (§3.6).
+    static let codeLifetime: Int64 = 300
+
+    // MARK: test and control surface
+
+    /// Creates a user; returns its `sub`.
+    @discardableResult
+    public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2) -> String {
+        let sub = Grants.subject()
+        let address = email ?? (privateEmail ? "\(sub.prefix(10).replacingOccurrences(of: ".", with: ""))@privaterelay.appleid.com" : "user@example.org")
+        grants.withLockedValue { $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, realUserStatus: realUserStatus) }
+        return sub
+    }
+
+    /// Issues an authorization code as a completed `/auth/authorize` would.
+    public func issueCode(sub: String, clientID: String, redirectURI: String?, nonce: String?) -> String {
+        let code = Grants.opaqueToken(prefix: "c")
+        let now = clock()
+        grants.withLockedValue { $0.codes[code] = Grants.Code(sub: sub, clientID: clientID, redirectURI: redirectURI, nonce: nonce, issuedAt: now) }
+        return code
+    }
+
+    /// The user stops using Sign in with Apple with this team: every refresh token dies.
+    public func revokeConsent(sub: String) {
+        grants.withLockedValue { g in
+            for (token, grant) in g.refreshTokens where grant.sub == sub { g.refreshTokens[token]?.revoked = true }
+        }
+    }
+
+    /// Whether a refresh token is still valid at the simulated Apple.
+    public func isRefreshTokenValid(_ token: String) -> Bool {
+        grants.withLockedValue { $0.refreshTokens[token].map { !$0.revoked } ?? false }
+    }
+
+    // MARK: endpoints
+
+    func tokenEndpoint(_ request: SimpleRequest) -> SimpleResponse {
+        let faults = self.faults.withLockedValue { $0 }
+        guard let contentType = request.head.headers.first(name: "content-type"), contentType.lowercased().hasPrefix("application/x-www-form-urlencoded"),
+              let form = FormBody.parse(Array(request.body.readableBytesView)) else {
+            return Self.error(.badRequest, "invalid_request", "invalid content type or malformed form")
+        }
+        guard let clientID = form["client_id"], let secret = form["client_secret"] else {
+            return Self.error(.badRequest, "invalid_request", "client_id and client_secret are required")
+        }
+        guard let grantType = form["grant_type"], ["authorization_code", "refresh_token", "client_credentials"].contains(grantType) else {
+            return Self.error(.badRequest, "unsupported_grant_type")
+        }
+        guard team.clients[clientID] != nil else { return Self.error(.badRequest, "invalid_client", "unknown client_id") }
+        let now = clock()
+        if let failure = ClientSecretValidator(teamID: team.teamID, keys: team.keys).validate(secret, clientID: clientID, now: now) {
+            return Self.error(.badRequest, "invalid_client", failure.rawValue)
+        }
+        switch grantType {
+        case "authorization_code":
+            guard let code = form["code"] else { return Self.error(.badRequest, "invalid_request", "code is required") }
+            let result: GrantCheck<Grants.Code> = grants.withLockedValue { g in
+                guard var grant = g.codes[code] else { return .refused(Self.error(.badRequest, "invalid_grant", "The code has expired or has been revoked.")) }
+                guard !grant.used else { return .refused(Self.error(.badRequest, "invalid_grant", "The code has already been used.")) }
+                guard now - grant.issuedAt < Self.codeLifetime else { return .refused(Self.error(.badRequest, "invalid_grant", "The code has expired or has been revoked.")) }
+                guard grant.clientID == clientID else { return .refused(Self.error(.badRequest, "invalid_grant", "code was issued to another client")) }
+                guard grant.redirectURI == form["redirect_uri"] else { return .refused(Self.error(.badRequest, "invalid_grant", "redirect_uri does not match")) }
+                grant.used = true
+                g.codes[code] = grant
+                return .ok(grant)
+            }
+            switch result {
+            case .refused(let response): return response
+            case .ok(let grant):
+                let refresh = Grants.opaqueToken(prefix: "r"), access = Grants.opaqueToken(prefix: "a")
+                grants.withLockedValue { g in
+                    g.refreshTokens[refresh] = Grants.RefreshToken(sub: grant.sub, clientID: clientID, lastValidated: now)
+                    g.accessTokens[access] = grant.sub
+                }
+                var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": 3600, "refresh_token": refresh]
+                body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: grant.nonce, now: now, faults: faults)
+                return Self.json(body)
+            }
+        case "refresh_token":
+            guard let token = form["refresh_token"] else { return Self.error(.badRequest, "invalid_request", "refresh_token is required") }
+            let outcome: GrantCheck<Grants.RefreshToken> = grants.withLockedValue { g in
+                guard var grant = g.refreshTokens[token], !grant.revoked, grant.clientID == clientID else {
+                    return .refused(Self.error(.badRequest, "invalid_grant", "The refresh token is invalid or has been revoked."))
+                }
+                if faults.throttleInterval > 0, let last = grant.lastValidated, now - last < faults.throttleInterval {
+                    return .refused(Self.error(HTTPResponseStatus(statusCode: faults.throttleStatus), "too_many_requests"))
+                }
+                grant.lastValidated = now
+                g.refreshTokens[token] = grant
+                return .ok(grant)
+            }
+            switch outcome {
+            case .refused(let response): return response
+            case .ok(let grant):
+                let access = Grants.opaqueToken(prefix: "a")
+                grants.withLockedValue { $0.accessTokens[access] = grant.sub }
+                var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": 3600]
+                if faults.refreshReturnsIDToken {
+                    body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: nil, now: now, faults: faults)
+                }
+                return Self.json(body)
+            }
+        default:
+            guard form["scope"] == "user.migration" else { return Self.error(.badRequest, "invalid_scope") }
+            return Self.json(["access_token": Grants.opaqueToken(prefix: "a"), "token_type": "Bearer", "expires_in": 3600])
+        }
+    }
+
+    func revokeEndpoint(_ request: SimpleRequest) -> SimpleResponse {
+        guard let contentType = request.head.headers.first(name: "content-type"), contentType.lowercased().hasPrefix("application/x-www-form-urlencoded"),
+              let form = FormBody.parse(Array(request.body.readableBytesView)),
+              let clientID = form["client_id"], let secret = form["client_secret"], let token = form["token"] else {
+            return Self.error(.badRequest, "invalid_request")
+        }
+        guard team.clients[clientID] != nil,
+              ClientSecretValidator(teamID: team.teamID, keys: team.keys).validate(secret, clientID: clientID, now: clock()) == nil else {
+            return Self.error(.badRequest, "invalid_client")
+        }
+        grants.withLockedValue { g in
+            if g.refreshTokens[token]?.clientID == clientID { g.refreshTokens[token]?.revoked = true }
+            g.accessTokens[token] = nil
+        }
+        // 200 with an empty body, also for unknown tokens (§7).
+        return SimpleResponse(contentType: "text/plain", body: ByteBuffer())
+    }
+
+    /// An identity token as `/auth/token` issues it (§6.5): string or JSON booleans by fault.
+    func identityToken(sub: String, clientID: String, nonce: String?, now: Int64, faults: Faults) throws -> String {
+        guard let user = grants.withLockedValue({ $0.users[sub] }) else { throw SimulatorError.unknownUser }
+        let isNative = team.clients[clientID]?.isEmpty ?? false
+        func boolean(_ value: Bool) -> Any { faults.stringBooleans ? (value ? "true" : "false") : value }
+        var claims: [String: Any] = [
+            "iss": "https://appleid.apple.com", "aud": clientID, "iat": now, "exp": now + faults.idTokenTTL, "sub": sub,
+            "at_hash": String(Grants.opaqueToken(prefix: "h").suffix(22)), "email": user.email,
+            "email_verified": boolean(true), "is_private_email": boolean(user.isPrivateEmail), "auth_time": now, "nonce_supported": true,
+        ]
+        if let nonce { claims["nonce"] = nonce }
+        if isNative { claims["real_user_status"] = user.realUserStatus }
+        return try signingKeys.sign(claims)
+    }
+}
+
+enum SimulatorError: Error { case unknownUser }
+
+/// A grant check: the grant, or the error response that refuses it.
+enum GrantCheck<Grant> {
+    case ok(Grant)
+    case refused(SimpleResponse)
+}

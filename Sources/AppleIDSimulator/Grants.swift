@@ -1,0 +1,48 @@
+import Foundation
+
+/// What the simulated Apple remembers: users, codes, tokens (in one locked value).
+struct Grants {
+    struct User {
+        var sub: String
+        var email: String
+        var isPrivateEmail: Bool
+        var realUserStatus: Int
+    }
+
+    struct Code {
+        var sub: String
+        var clientID: String
+        var redirectURI: String?
+        var nonce: String?
+        var issuedAt: Int64
+        var used = false
+    }
+
+    struct RefreshToken {
+        var sub: String
+        var clientID: String
+        var revoked = false
+        var lastValidated: Int64? = nil
+    }
+
+    var users: [String: User] = [:]
+    var codes: [String: Code] = [:]
+    var refreshTokens: [String: RefreshToken] = [:]
+    var accessTokens: [String: String] = [:]  // token → sub
+
+    /// Apple's observed token shape: a prefix letter, 32 hex digits, `.0.`, 4 lower-case
+    /// letters, `.`, 22 base64url characters (apple-sign-in.md §0). Opaque to the gateway.
+    static func opaqueToken(prefix: Character) -> String {
+        let hex = Array("0123456789abcdef"), lower = Array("abcdefghijklmnopqrstuvwxyz")
+        let b64 = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+        return String(prefix) + String((0..<32).map { _ in hex.randomElement()! }) + ".0."
+            + String((0..<4).map { _ in lower.randomElement()! }) + "." + String((0..<22).map { _ in b64.randomElement()! })
+    }
+
+    /// `001437.<32 hex>.1951`-shaped user ids.
+    static func subject() -> String {
+        let hex = Array("0123456789abcdef")
+        return String(format: "%06d", Int.random(in: 0..<1_000_000)) + "." + String((0..<32).map { _ in hex.randomElement()! })
+            + "." + String(format: "%04d", Int.random(in: 0..<10_000))
+    }
+}
