@@ -12,10 +12,12 @@ extension AppleIDSimulator {
 
     /// Creates a user; returns its `sub`.
     @discardableResult
-    public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2) -> String {
+    public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2, firstName: String = "Jane", lastName: String = "Appleseed") -> String {
         let sub = Grants.subject()
         let address = email ?? (privateEmail ? "\(sub.prefix(10).replacingOccurrences(of: ".", with: ""))@privaterelay.appleid.com" : "user@example.org")
-        grants.withLockedValue { $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, realUserStatus: realUserStatus) }
+        grants.withLockedValue {
+            $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, realUserStatus: realUserStatus, firstName: firstName, lastName: lastName)
+        }
         return sub
     }
 
@@ -31,6 +33,8 @@ extension AppleIDSimulator {
     public func revokeConsent(sub: String) {
         grants.withLockedValue { g in
             for (token, grant) in g.refreshTokens where grant.sub == sub { g.refreshTokens[token]?.revoked = true }
+            // The next authorization is a first one again: the `user` JSON comes back (§1.3).
+            g.users[sub]?.authorizedClients = []
         }
     }
 

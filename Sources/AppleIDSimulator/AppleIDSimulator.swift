@@ -36,6 +36,8 @@ public final class AppleIDSimulator: Sendable {
         public var stringBooleans = true
         /// Identity-token lifetime in seconds.
         public var idTokenTTL: Int64 = 600
+        /// Consent without a page: `""` picks the first user (created if none), or a `sub`.
+        public var autoConsent: String? = nil
         public init() {}
     }
 
@@ -99,6 +101,10 @@ public final class AppleIDSimulator: Sendable {
             return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
         case (.GET, "/.well-known/openid-configuration"):
             return Self.json(discoveryDocument())
+        case (.GET, "/auth/authorize"):
+            return authorizeEndpoint(request)
+        case (.POST, "/auth/authorize/consent"):
+            return consentEndpoint(request)
         case (.POST, "/auth/token"):
             return tokenEndpoint(request)
         case (.POST, "/auth/revoke"):

@@ -7,6 +7,10 @@ struct Grants {
         var email: String
         var isPrivateEmail: Bool
         var realUserStatus: Int
+        var firstName: String
+        var lastName: String
+        /// Clients this user has authorized: the `user` JSON is sent only on the first.
+        var authorizedClients: Set<String> = []
     }
 
     struct Code {
