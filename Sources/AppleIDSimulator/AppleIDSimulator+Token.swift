@@ -57,6 +57,8 @@ extension AppleIDSimulator {
         guard let grantType = form["grant_type"], ["authorization_code", "refresh_token", "client_credentials"].contains(grantType) else {
             return Self.error(.badRequest, "unsupported_grant_type")
         }
+        countGrant(grantType)
+        if let status = faults.tokenFailureStatus { return Self.error(HTTPResponseStatus(statusCode: status), "server_error") }
         guard team.clients[clientID] != nil else { return Self.error(.badRequest, "invalid_client", "unknown client_id") }
         let now = clock()
         if let failure = ClientSecretValidator(teamID: team.teamID, keys: team.keys).validate(secret, clientID: clientID, now: now) {

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import HTTPProxy
+import AsyncHTTPClient
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
@@ -38,6 +39,14 @@ public final class AppleIDSimulator: Sendable {
         public var idTokenTTL: Int64 = 600
         /// Consent without a page: `""` picks the first user (created if none), or a `sub`.
         public var autoConsent: String? = nil
+        /// Added to every answer of `/auth/token`, `/auth/revoke` and `/auth/keys`, in ms.
+        public var latencyMilliseconds: Int64 = 0
+        /// Answer `/auth/token` with this status (e.g. 503) instead of working.
+        public var tokenFailureStatus: Int? = nil
+        /// `event_time` of notifications in milliseconds (as observed) instead of seconds.
+        public var eventTimeInMilliseconds = true
+        /// `account-delete` (observed) or `account-deleted` (current docs).
+        public var accountDeleteType = "account-delete"
         public init() {}
     }
 
@@ -46,13 +55,19 @@ public final class AppleIDSimulator: Sendable {
     let clock: @Sendable () -> Int64
     let grants = NIOLockedValueBox(Grants())
     let faults = NIOLockedValueBox(Faults())
-    private let counters = NIOLockedValueBox<[String: Int]>([:])
+    let notifier: HTTPClient
+    /// Where `/sim/notify` sends notifications when the request names no URL.
+    public let notificationURL: String?
+    let counters = NIOLockedValueBox<[String: Int]>([:])
     private let server: SimpleHTTPServer
 
     /// The origin to use as `apple.base_url`, e.g. `http://127.0.0.1:41234`.
     public let baseURL: String
 
-    private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String, clock: @escaping @Sendable () -> Int64) {
+    private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String, clock: @escaping @Sendable () -> Int64,
+                 notifier: HTTPClient, notificationURL: String?) {
+        self.notifier = notifier
+        self.notificationURL = notificationURL
         self.team = team
         self.clock = clock
         self.signingKeys = signingKeys
@@ -64,7 +79,8 @@ public final class AppleIDSimulator: Sendable {
     /// - Parameter clock: whole seconds since 1970 (injectable for tests).
     public static func start(
         team: Team, host: String = "127.0.0.1", port: Int = 0, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
-        clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }
+        clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) },
+        notificationURL: String? = nil
     ) async throws -> AppleIDSimulator {
         let keys = try SigningKeys()
         let box = ResponderBox()
@@ -72,12 +88,17 @@ public final class AppleIDSimulator: Sendable {
             box.simulator?.respond(request) ?? SimpleResponse(status: .serviceUnavailable, "starting\n")
         }
         let bound = server.localAddress?.port ?? port
-        let simulator = AppleIDSimulator(team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)", clock: clock)
+        let simulator = AppleIDSimulator(
+            team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)", clock: clock,
+            notifier: HTTPClient(eventLoopGroupProvider: .shared(group)), notificationURL: notificationURL)
         box.simulator = simulator
         return simulator
     }
 
-    public func stop() async { await server.close() }
+    public func stop() async {
+        await server.close()
+        try? await notifier.shutdown()
+    }
 
     /// Adds a signing key and signs with it from now on (Apple rotates without notice);
     /// returns its key id.
@@ -96,6 +117,15 @@ public final class AppleIDSimulator: Sendable {
     func respond(_ request: SimpleRequest) -> SimpleResponse {
         let path = request.head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.head.uri
         counters.withLockedValue { $0[path, default: 0] += 1 }
+        var response = route(request, path: path)
+        if ["/auth/token", "/auth/revoke", "/auth/keys"].contains(path) {
+            let latency = faults.withLockedValue { $0.latencyMilliseconds }
+            if latency > 0 { response.delay = .milliseconds(latency) }
+        }
+        return response
+    }
+
+    func route(_ request: SimpleRequest, path: String) -> SimpleResponse {
         switch (request.head.method, path) {
         case (.GET, "/auth/keys"):
             return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
@@ -109,6 +139,8 @@ public final class AppleIDSimulator: Sendable {
             return tokenEndpoint(request)
         case (.POST, "/auth/revoke"):
             return revokeEndpoint(request)
+        case (_, _) where path.hasPrefix("/sim/"):
+            return controlEndpoint(request, path: path)
         default:
             return Self.error(.notFound, "not_found")
         }

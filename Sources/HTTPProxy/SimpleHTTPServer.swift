@@ -16,6 +16,8 @@ public struct SimpleResponse: Sendable {
     public var body: ByteBuffer
     /// Further headers (e.g. `Location`); framing and `cache-control: no-store` are added.
     public var headers: [(String, String)]
+    /// Hold the response this long before sending it (the simulator's latency fault).
+    public var delay: TimeAmount = .zero
 
     public init(status: HTTPResponseStatus = .ok, contentType: String = "text/plain; charset=utf-8", body: ByteBuffer, headers: [(String, String)] = []) {
         self.status = status
@@ -89,13 +91,21 @@ final class SimpleHTTPHandler: ChannelInboundHandler {
             for (name, value) in response.headers { headers.add(name: name, value: value) }
             let keepAlive = head.isKeepAlive && !tooLarge
             if !keepAlive { headers.add(name: "connection", value: "close") }
-            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
-            if head.method != .HEAD { context.write(wrapOutboundOut(.body(.byteBuffer(response.body))), promise: nil) }
-            let channel = context.channel
-            context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in
-                if !keepAlive { channel.close(promise: nil) }
-            }
             self.head = nil
+            let send = { (context: ChannelHandlerContext) in
+                context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
+                if head.method != .HEAD { context.write(self.wrapOutboundOut(.body(.byteBuffer(response.body))), promise: nil) }
+                let channel = context.channel
+                context.writeAndFlush(self.wrapOutboundOut(.end(nil))).whenComplete { _ in
+                    if !keepAlive { channel.close(promise: nil) }
+                }
+            }
+            if response.delay > .zero {
+                let bound = NIOLoopBound((context, send), eventLoop: context.eventLoop)
+                context.eventLoop.scheduleTask(in: response.delay) { bound.value.1(bound.value.0) }
+            } else {
+                send(context)
+            }
         }
     }
 }

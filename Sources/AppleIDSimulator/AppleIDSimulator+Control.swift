@@ -1,0 +1,129 @@
+import AsyncHTTPClient
+import Foundation
+import HTTPProxy
+import NIOCore
+import NIOHTTP1
+
+/// The simulator's control surface: a Swift API for tests, and the same under `/sim/` over
+/// HTTP (JSON) for the demo, the bench and manual use.
+extension AppleIDSimulator {
+    /// Notification types Apple sends (apple-sign-in.md §8.2).
+    public enum NotificationType: String, Sendable, CaseIterable {
+        case emailDisabled = "email-disabled", emailEnabled = "email-enabled", consentRevoked = "consent-revoked", accountDelete = "account-delete"
+    }
+
+    public struct Delivery: Sendable, Equatable {
+        public var jti: String
+        public var attempts: Int
+        /// The last HTTP status received (nil: no answer).
+        public var status: Int?
+        public var delivered: Bool { status == 200 }
+    }
+
+    func countGrant(_ grantType: String) { counters.withLockedValue { $0["/auth/token#\(grantType)", default: 0] += 1 } }
+
+    /// How many `/auth/token` requests named this grant type.
+    public func grantCount(_ grantType: String) -> Int { requestCount("/auth/token#\(grantType)") }
+
+    /// The user deletes their Apple Account: every token dies, the `sub` is never valid again.
+    public func deleteAccount(sub: String) {
+        revokeConsent(sub: sub)
+        grants.withLockedValue { $0.users[sub] = nil }
+    }
+
+    /// Signs a notification about `sub` and POSTs it to `url` as `{"payload": JWS}`, retrying
+    /// on anything but 200 after each of `retryDelays` (Apple retries; its schedule is unknown).
+    /// `jti`: reuse one to redeliver the same notification (deduplication tests).
+    public func sendNotification(_ type: NotificationType, sub: String, to url: String, jti: String? = nil, retryDelays: [TimeAmount] = [.seconds(1), .seconds(4), .seconds(16)]) async -> Delivery {
+        let faults = self.faults.withLockedValue { $0 }
+        let now = clock()
+        let jti = jti ?? String(Grants.opaqueToken(prefix: "j").suffix(22))
+        let user = grants.withLockedValue { $0.users[sub] }
+        var events: [String: Any] = ["type": type == .accountDelete ? faults.accountDeleteType : type.rawValue, "sub": sub,
+                                     "event_time": faults.eventTimeInMilliseconds ? now * 1000 + 123 : now]
+        if type == .emailDisabled || type == .emailEnabled {
+            events["email"] = user?.email ?? "unknown@privaterelay.appleid.com"
+            events["is_private_email"] = faults.stringBooleans ? "true" : true
+        }
+        let eventsText = String(decoding: (try? JSONSerialization.data(withJSONObject: events, options: [.sortedKeys])) ?? Data(), as: UTF8.self)
+        // Notifications name the primary App ID (observed): the first client without return URLs.
+        let audience = team.clients.filter { $0.value.isEmpty }.keys.sorted().first ?? team.clients.keys.sorted().first ?? ""
+        let claims: [String: Any] = ["iss": "https://appleid.apple.com", "aud": audience, "iat": now, "exp": now + 86_400, "jti": jti, "events": eventsText]
+        guard let payload = try? signingKeys.sign(claims) else { return Delivery(jti: jti, attempts: 0, status: nil) }
+        var attempts = 0
+        var status: Int? = nil
+        for delay in [TimeAmount.zero] + retryDelays {
+            if delay > .zero { try? await Task.sleep(nanoseconds: UInt64(delay.nanoseconds)) }
+            attempts += 1
+            var request = HTTPClientRequest(url: url)
+            request.method = .POST
+            request.headers.add(name: "content-type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: #"{"payload":"\#(payload)"}"#))
+            status = try? await Int(notifier.execute(request, timeout: .seconds(5)).status.code)
+            counters.withLockedValue { $0["notifications#attempts", default: 0] += 1 }
+            if status == 200 { break }
+        }
+        return Delivery(jti: jti, attempts: attempts, status: status)
+    }
+
+    // MARK: HTTP
+
+    func controlEndpoint(_ request: SimpleRequest, path: String) -> SimpleResponse {
+        let body = (try? JSONSerialization.jsonObject(with: Data(request.body.readableBytesView))) as? [String: Any] ?? [:]
+        let parts = path.split(separator: "/").map(String.init)  // ["sim", ...]
+        let route = Array(parts.dropFirst())
+        let method = request.head.method
+        let userAction = route.count == 3 && route[0] == "users" && method == .POST ? (sub: route[1], action: route[2]) : nil
+        if method == .POST, route == ["users"] {
+            let sub = createUser(
+                email: body["email"] as? String, privateEmail: body["private_email"] as? Bool ?? true,
+                realUserStatus: (body["real_user_status"] as? NSNumber)?.intValue ?? 2,
+                firstName: body["first_name"] as? String ?? "Jane", lastName: body["last_name"] as? String ?? "Appleseed")
+            return Self.json(["sub": sub])
+        }
+        if method == .GET, route == ["users"] {
+            let users = grants.withLockedValue { $0.users.values.sorted { $0.sub < $1.sub } }
+            return Self.json(["users": users.map { ["sub": $0.sub, "email": $0.email, "first_name": $0.firstName, "last_name": $0.lastName] }])
+        }
+        if let userAction, userAction.action == "revoke-consent" {
+            revokeConsent(sub: userAction.sub)
+            return Self.json(["ok": true])
+        }
+        if let userAction, userAction.action == "delete-account" {
+            deleteAccount(sub: userAction.sub)
+            return Self.json(["ok": true])
+        }
+        if method == .POST, route == ["keys", "rotate"] {
+            return (try? rotateKeys()).map { Self.json(["kid": $0]) } ?? Self.error(.internalServerError, "server_error")
+        }
+        if method == .GET, route == ["counters"] {
+            return Self.json(counters.withLockedValue { $0 })
+        }
+        if method == .POST, route == ["faults"] {
+            setFaults { f in
+                if let v = body["latency_ms"] as? NSNumber { f.latencyMilliseconds = v.int64Value }
+                if let v = body["token_failure_status"] as? NSNumber { f.tokenFailureStatus = v.intValue == 0 ? nil : v.intValue }
+                if let v = body["throttle_interval"] as? NSNumber { f.throttleInterval = v.int64Value }
+                if let v = body["refresh_returns_id_token"] as? Bool { f.refreshReturnsIDToken = v }
+                if let v = body["string_booleans"] as? Bool { f.stringBooleans = v }
+                if let v = body["event_time_ms"] as? Bool { f.eventTimeInMilliseconds = v }
+                if let v = body["account_delete_type"] as? String { f.accountDeleteType = v }
+                if let v = body["auto_consent"] as? String { f.autoConsent = v }
+                if body["auto_consent"] is NSNull { f.autoConsent = nil }
+            }
+            return Self.json(["ok": true])
+        }
+        if method == .POST, route == ["notify"] {
+            guard let sub = body["sub"] as? String, let type = (body["type"] as? String).flatMap(NotificationType.init(rawValue:)),
+                  let url = (body["url"] as? String) ?? notificationURL else {
+                return Self.error(.badRequest, "invalid_request", "sub, type (email-disabled | email-enabled | consent-revoked | account-delete) and url are required")
+            }
+            let jti = String(Grants.opaqueToken(prefix: "j").suffix(22))
+            Task { _ = await self.sendNotification(type, sub: sub, to: url, jti: jti) }
+            var response = Self.json(["jti": jti, "queued": true])
+            response.status = .accepted
+            return response
+        }
+        return Self.error(.notFound, "not_found")
+    }
+}
