@@ -79,8 +79,10 @@ let package = Package(
         .executableTarget(
             name: "sessiongate",
             dependencies: [
-                "Gateway", "GatewayConfig",
+                "Gateway", "GatewayConfig", "AppleIDSimulator",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]

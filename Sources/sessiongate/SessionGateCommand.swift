@@ -18,7 +18,7 @@ struct SessionGateCommand: AsyncParsableCommand {
             Configuration reference: conf/sessiongate.yaml (every key, annotated, with its default).
             SIGHUP re-reads the configuration; SIGTERM or SIGINT drains in-flight requests and exits.
             """,
-        subcommands: [Serve.self, Check.self, Demo.self],
+        subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self],
         defaultSubcommand: Serve.self
     )
 }

@@ -137,6 +137,30 @@ struct GatewayProcessTests {
         #expect(try await status("/a/x") == 200)
     }
 
+    @Test("apple-simulator prints what a gateway needs, writes the key, serves Apple's endpoints, stops on SIGTERM")
+    func appleSimulator() async throws {
+        let directory = NSTemporaryDirectory() + "sim-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let simulator = try GatewayProcess(arguments: ["apple-simulator", "--listen", "127.0.0.1:0", "--out", directory, "--team-id", "TEAM123456"])
+        defer { simulator.stop() }
+        let line = try #require(await simulator.waitForLine(containing: "base_url:"))
+        let port = try #require(line.split(separator: ":").last.flatMap { Int($0) })
+        _ = await simulator.waitForLine(containing: "Ctrl-C stops it")
+        #expect(simulator.output.contains("  team_id: \"TEAM123456\""))
+        #expect(simulator.output.contains("  client_ids: [\"com.example.web\", \"com.example.app\"]"))
+        let key = try String(contentsOfFile: "\(directory)/AuthKey_SIMKEY0001.p8", encoding: .utf8)
+        #expect(key.hasPrefix("-----BEGIN PRIVATE KEY-----"))
+        let keys = try await blocking {
+            let c = try RawClient(port: port)
+            try c.send("GET /auth/keys HTTP/1.1\r\nHost: a\r\n\r\n")
+            return try c.readResponse()
+        }
+        #expect(keys.status == 200)
+        #expect(keys.text.contains(#""alg":"RS256""#))
+        simulator.signal(SIGTERM)
+        #expect(await simulator.waitForExit() == 0)
+    }
+
     @Test("1 GiB up and 1 GiB down stream through with the gateway's memory bounded")
     func gigabyteStreaming() async throws {
         let upstream = try await TestUpstream.start()
