@@ -54,6 +54,9 @@ extension AppleIDSimulator {
         guard let clientID = form["client_id"], let secret = form["client_secret"] else {
             return Self.error(.badRequest, "invalid_request", "client_id and client_secret are required")
         }
+        if faults.strictClientAuthentication, request.head.headers.first(name: "authorization")?.lowercased().hasPrefix("basic ") == true {
+            return Self.error(.badRequest, "invalid_request", "more than one mechanism for authenticating the client")
+        }
         guard let grantType = form["grant_type"], ["authorization_code", "refresh_token", "client_credentials"].contains(grantType) else {
             return Self.error(.badRequest, "unsupported_grant_type")
         }
@@ -92,9 +95,10 @@ extension AppleIDSimulator {
         case "refresh_token":
             guard let token = form["refresh_token"] else { return Self.error(.badRequest, "invalid_request", "refresh_token is required") }
             let outcome: GrantCheck<Grants.RefreshToken> = grants.withLockedValue { g in
-                guard var grant = g.refreshTokens[token], !grant.revoked, grant.clientID == clientID else {
-                    return .refused(Self.error(.badRequest, "invalid_grant", "The refresh token is invalid or has been revoked."))
+                guard var grant = g.refreshTokens[token], grant.clientID == clientID else {
+                    return .refused(Self.error(.badRequest, "invalid_grant", "The refresh token is invalid."))
                 }
+                guard !grant.revoked else { return .refused(Self.error(.badRequest, faults.revokedRefreshError, "The refresh token has been revoked.")) }
                 if faults.throttleInterval > 0, let last = grant.lastValidated, now - last < faults.throttleInterval {
                     return .refused(Self.error(HTTPResponseStatus(statusCode: faults.throttleStatus), "too_many_requests"))
                 }
@@ -115,7 +119,9 @@ extension AppleIDSimulator {
             }
         default:
             guard form["scope"] == "user.migration" else { return Self.error(.badRequest, "invalid_scope") }
-            return Self.json(["access_token": Grants.opaqueToken(prefix: "a"), "token_type": "Bearer", "expires_in": 3600])
+            let access = Grants.opaqueToken(prefix: "a")
+            grants.withLockedValue { $0.accessTokens[access] = "" }
+            return Self.json(["access_token": access, "token_type": "Bearer", "expires_in": 3600])
         }
     }
 
@@ -129,10 +135,13 @@ extension AppleIDSimulator {
               ClientSecretValidator(teamID: team.teamID, keys: team.keys).validate(secret, clientID: clientID, now: clock()) == nil else {
             return Self.error(.badRequest, "invalid_client")
         }
-        grants.withLockedValue { g in
-            if g.refreshTokens[token]?.clientID == clientID { g.refreshTokens[token]?.revoked = true }
+        let foreign: Bool = grants.withLockedValue { g in
+            if let owner = g.refreshTokens[token]?.clientID, owner != clientID { return true }
+            if g.refreshTokens[token] != nil { g.refreshTokens[token]?.revoked = true }
             g.accessTokens[token] = nil
+            return false
         }
+        if foreign, faults.withLockedValue({ $0.rejectForeignRevoke }) { return Self.error(.badRequest, "invalid_grant") }
         // 200 with an empty body, also for unknown tokens (§7).
         return SimpleResponse(contentType: "text/plain", body: ByteBuffer())
     }
@@ -148,6 +157,7 @@ extension AppleIDSimulator {
             "email_verified": boolean(true), "is_private_email": boolean(user.isPrivateEmail), "auth_time": now, "nonce_supported": true,
         ]
         if let nonce { claims["nonce"] = nonce }
+        if let transferSub = activeTransferID(for: sub, now: now) { claims["transfer_sub"] = transferSub }
         if isNative { claims["real_user_status"] = user.realUserStatus }
         return try signingKeys.sign(claims)
     }

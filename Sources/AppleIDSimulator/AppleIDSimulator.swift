@@ -47,6 +47,13 @@ public final class AppleIDSimulator: Sendable {
         public var eventTimeInMilliseconds = true
         /// `account-delete` (observed) or `account-deleted` (current docs).
         public var accountDeleteType = "account-delete"
+        /// The error a refresh of a revoked token gets: `invalid_grant` or `invalid_request`
+        /// (both observed, apple-sign-in.md §12).
+        public var revokedRefreshError = "invalid_grant"
+        /// Refuse Basic credentials sent alongside form credentials (TN3107); lenient by default.
+        public var strictClientAuthentication = false
+        /// `/auth/revoke` of a token issued to another client: `invalid_grant` (else 200).
+        public var rejectForeignRevoke = true
         public init() {}
     }
 
@@ -139,6 +146,8 @@ public final class AppleIDSimulator: Sendable {
             return tokenEndpoint(request)
         case (.POST, "/auth/revoke"):
             return revokeEndpoint(request)
+        case (.POST, "/auth/usermigrationinfo"):
+            return migrationEndpoint(request)
         case (_, _) where path.hasPrefix("/sim/"):
             return controlEndpoint(request, path: path)
         default:

@@ -32,7 +32,12 @@ struct Grants {
     var users: [String: User] = [:]
     var codes: [String: Code] = [:]
     var refreshTokens: [String: RefreshToken] = [:]
-    var accessTokens: [String: String] = [:]  // token → sub
+    var accessTokens: [String: String] = [:]  // token → sub ("" for client-credentials tokens)
+    /// An app transfer to another team: target team id and the day it completed.
+    var transfer: (team: String, date: Int64)? = nil
+    /// Team-A sub → transfer id, and transfer id → the user's team-B sub, once asked for.
+    var transferIDs: [String: String] = [:]
+    var transferredSubjects: [String: String] = [:]
 
     /// Apple's observed token shape: a prefix letter, 32 hex digits, `.0.`, 4 lower-case
     /// letters, `.`, 22 base64url characters (apple-sign-in.md §0). Opaque to the gateway.
