@@ -48,7 +48,9 @@ extension AppleIDSimulator {
         let eventsText = String(decoding: (try? JSONSerialization.data(withJSONObject: events, options: [.sortedKeys])) ?? Data(), as: UTF8.self)
         // Notifications name the primary App ID (observed): the first client without return URLs.
         let audience = team.clients.filter { $0.value.isEmpty }.keys.sorted().first ?? team.clients.keys.sorted().first ?? ""
-        let claims: [String: Any] = ["iss": "https://appleid.apple.com", "aud": audience, "iat": now, "exp": now + 86_400, "jti": jti, "events": eventsText]
+        var claims: [String: Any] = ["iss": "https://appleid.apple.com", "aud": audience, "iat": now, "jti": jti,
+                                     "events": faults.eventsAsObject ? events : eventsText]
+        if faults.notificationIncludesExp { claims["exp"] = now + 86_400 }
         guard let payload = try? signingKeys.sign(claims) else { return Delivery(jti: jti, attempts: 0, status: nil) }
         var attempts = 0
         var status: Int? = nil

@@ -88,7 +88,7 @@ extension AppleIDSimulator {
                     g.refreshTokens[refresh] = Grants.RefreshToken(sub: grant.sub, clientID: clientID, lastValidated: now)
                     g.accessTokens[access] = grant.sub
                 }
-                var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": 3600, "refresh_token": refresh]
+                var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": faults.accessTokenLifetime, "refresh_token": refresh]
                 body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: grant.nonce, now: now, faults: faults)
                 return Self.json(body)
             }
@@ -111,7 +111,7 @@ extension AppleIDSimulator {
             case .ok(let grant):
                 let access = Grants.opaqueToken(prefix: "a")
                 grants.withLockedValue { $0.accessTokens[access] = grant.sub }
-                var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": 3600]
+                var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": faults.accessTokenLifetime]
                 if faults.refreshReturnsIDToken {
                     body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: nil, now: now, faults: faults)
                 }
@@ -135,13 +135,18 @@ extension AppleIDSimulator {
               ClientSecretValidator(teamID: team.teamID, keys: team.keys).validate(secret, clientID: clientID, now: clock()) == nil else {
             return Self.error(.badRequest, "invalid_client")
         }
-        let foreign: Bool = grants.withLockedValue { g in
-            if let owner = g.refreshTokens[token]?.clientID, owner != clientID { return true }
-            if g.refreshTokens[token] != nil { g.refreshTokens[token]?.revoked = true }
+        let (foreign, revokedSub): (Bool, String?) = grants.withLockedValue { g in
+            if let owner = g.refreshTokens[token]?.clientID, owner != clientID { return (true, nil) }
+            let sub = g.refreshTokens[token]?.sub
+            if sub != nil { g.refreshTokens[token]?.revoked = true }
             g.accessTokens[token] = nil
-            return false
+            return (false, sub)
         }
-        if foreign, faults.withLockedValue({ $0.rejectForeignRevoke }) { return Self.error(.badRequest, "invalid_grant") }
+        let faults = self.faults.withLockedValue { $0 }
+        if foreign, faults.rejectForeignRevoke { return Self.error(.badRequest, "invalid_grant") }
+        if let revokedSub, faults.notifyOnRevoke, let url = notificationURL {
+            Task { _ = await self.sendNotification(.consentRevoked, sub: revokedSub, to: url) }
+        }
         // 200 with an empty body, also for unknown tokens (§7).
         return SimpleResponse(contentType: "text/plain", body: ByteBuffer())
     }

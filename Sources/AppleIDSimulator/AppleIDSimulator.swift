@@ -54,6 +54,14 @@ public final class AppleIDSimulator: Sendable {
         public var strictClientAuthentication = false
         /// `/auth/revoke` of a token issued to another client: `invalid_grant` (else 200).
         public var rejectForeignRevoke = true
+        /// Notifications carry `events` as a JSON object (Apple's docs) instead of a string (live).
+        public var eventsAsObject = false
+        /// Notifications carry `exp` (live) or not (Apple's examples).
+        public var notificationIncludesExp = true
+        /// `expires_in` of access tokens (3600 in Apple's examples, 300 seen elsewhere).
+        public var accessTokenLifetime = 3600
+        /// After `/auth/revoke` of a refresh token, send `consent-revoked` to the notification URL.
+        public var notifyOnRevoke = false
         public init() {}
     }
 

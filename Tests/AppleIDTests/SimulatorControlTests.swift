@@ -17,18 +17,36 @@ final class NotificationReceiver: Sendable {
     let bodies = NIOLockedValueBox<[[UInt8]]>([])
     let statuses: NIOLockedValueBox<[HTTPResponseStatus]>
 
+    let waiters = NIOLockedValueBox<[CheckedContinuation<Void, Never>]>([])
+
     init(statuses: [HTTPResponseStatus]) async throws {
         let bodies = self.bodies
         let script = NIOLockedValueBox(statuses)
+        let waiters = self.waiters
         self.statuses = script
         server = try await SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
             bodies.withLockedValue { $0.append(Array(request.body.readableBytesView)) }
+            waiters.withLockedValue { list in list.forEach { $0.resume() }; list.removeAll() }
             let status = script.withLockedValue { $0.isEmpty ? .ok : $0.removeFirst() }
             return SimpleResponse(status: status, "")
         }
     }
 
     var url: String { "http://127.0.0.1:\(server.localAddress!.port!)/_auth/apple/notifications" }
+
+    /// Suspends until at least `count` bodies have arrived.
+    func waitForBodies(_ count: Int) async {
+        while bodies.withLockedValue({ $0.count }) < count {
+            await withCheckedContinuation { continuation in
+                let ready = waiters.withLockedValue { list -> Bool in
+                    if bodies.withLockedValue({ $0.count }) >= count { return true }
+                    list.append(continuation)
+                    return false
+                }
+                if ready { continuation.resume() }
+            }
+        }
+    }
 }
 
 @Suite("Simulator notifications and control API (real HTTP)", .serialized)
@@ -87,6 +105,40 @@ struct SimulatorControlTests {
             #expect(again.delivered)
             await receiver.server.close()
         }
+    }
+
+    @Test("§12 producers: events as an object, no exp, expires_in 300, consent-revoked after /auth/revoke")
+    func producers() async throws {
+        let receiver = try await NotificationReceiver(statuses: [])
+        let team = TeamFixture()
+        let clock = team.clock
+        let simulator = try await AppleIDSimulator.start(
+            team: .init(teamID: team.teamID, keys: [team.keyID: team.key.publicKey], clients: [TokenFixture.web: [TokenFixture.returnURL], TokenFixture.app: []]),
+            clock: { clock.now }, notificationURL: receiver.url)
+        let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
+        let keySet = AppleKeySet(baseURL: simulator.baseURL, httpClient: client, logger: Logger(label: "t"))
+        let verifier = NotificationVerifier(keySet: keySet, clientIDs: [TokenFixture.app], now: { clock.now })
+        let tokens = AppleTokenClient(baseURL: simulator.baseURL, httpClient: client, secrets: try team.minter(), logger: Logger(label: "t"))
+
+        simulator.setFaults { $0.eventsAsObject = true; $0.notificationIncludesExp = false; $0.accessTokenLifetime = 300; $0.notifyOnRevoke = true }
+        let sub = simulator.createUser()
+        _ = await simulator.sendNotification(.emailEnabled, sub: sub, to: receiver.url, retryDelays: [])
+        let first = try await verifier.verify(body: try #require(receiver.bodies.withLockedValue { $0.first }))
+        #expect(first.kind == .emailEnabled)
+        #expect(!String(decoding: receiver.bodies.withLockedValue { $0[0] }, as: UTF8.self).isEmpty)
+
+        let code = simulator.issueCode(sub: sub, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL, nonce: nil)
+        guard case .success(let issued) = await tokens.exchange(code: code, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL) else { Issue.record("exchange"); return }
+        #expect(issued.expiresIn == 300)
+        #expect(await tokens.revoke(token: try #require(issued.refreshToken), isRefreshToken: true, clientID: TokenFixture.web) == .revoked)
+        await receiver.waitForBodies(2)
+        let second = try await verifier.verify(body: receiver.bodies.withLockedValue { $0[1] })
+        #expect(second.kind == .consentRevoked)
+        #expect(second.subject == sub)
+
+        try await client.shutdown()
+        await simulator.stop()
+        await receiver.server.close()
     }
 
     @Test("control API over HTTP: users, faults, counters, account deletion, key rotation")
