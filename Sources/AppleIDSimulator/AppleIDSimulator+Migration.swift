@@ -22,8 +22,7 @@ extension AppleIDSimulator {
     }
 
     func migrationEndpoint(_ request: SimpleRequest) -> SimpleResponse {
-        guard let contentType = request.head.headers.first(name: "content-type"), contentType.lowercased().hasPrefix("application/x-www-form-urlencoded"),
-              let form = FormBody.parse(Array(request.body.readableBytesView)),
+        guard let form = Self.formFields(request),
               let clientID = form["client_id"], let secret = form["client_secret"],
               let authorization = request.head.headers.first(name: "authorization"), authorization.hasPrefix("Bearer ") else {
             return Self.error(.badRequest, "invalid_request")

@@ -47,8 +47,7 @@ extension AppleIDSimulator {
 
     func tokenEndpoint(_ request: SimpleRequest) -> SimpleResponse {
         let faults = self.faults.withLockedValue { $0 }
-        guard let contentType = request.head.headers.first(name: "content-type"), contentType.lowercased().hasPrefix("application/x-www-form-urlencoded"),
-              let form = FormBody.parse(Array(request.body.readableBytesView)) else {
+        guard let form = Self.formFields(request) else {
             return Self.error(.badRequest, "invalid_request", "invalid content type or malformed form")
         }
         guard let clientID = form["client_id"], let secret = form["client_secret"] else {
@@ -126,8 +125,7 @@ extension AppleIDSimulator {
     }
 
     func revokeEndpoint(_ request: SimpleRequest) -> SimpleResponse {
-        guard let contentType = request.head.headers.first(name: "content-type"), contentType.lowercased().hasPrefix("application/x-www-form-urlencoded"),
-              let form = FormBody.parse(Array(request.body.readableBytesView)),
+        guard let form = Self.formFields(request),
               let clientID = form["client_id"], let secret = form["client_secret"], let token = form["token"] else {
             return Self.error(.badRequest, "invalid_request")
         }
@@ -149,6 +147,13 @@ extension AppleIDSimulator {
         }
         // 200 with an empty body, also for unknown tokens (§7).
         return SimpleResponse(contentType: "text/plain", body: ByteBuffer())
+    }
+
+    /// The fields of a form-encoded POST; nil for another content type, a malformed body or a
+    /// duplicated field (all `invalid_request` at Apple).
+    static func formFields(_ request: SimpleRequest) -> [String: String]? {
+        guard let type = request.head.headers.first(name: "content-type"), type.lowercased().hasPrefix("application/x-www-form-urlencoded") else { return nil }
+        return FormBody.parse(Array(request.body.readableBytesView))
     }
 
     /// An identity token as `/auth/token` issues it (§6.5): string or JSON booleans by fault.
