@@ -172,6 +172,19 @@ struct SimulatorControlTests {
             _ = try await call(.POST, "/sim/users/\(sub)/delete-account")
             #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .grantRevoked(error: "invalid_grant"))
 
+            let receiver = try await NotificationReceiver(statuses: [])
+            let other = f.simulator.createUser()
+            let queued = try await call(.POST, "/sim/notify", #"{"sub":"\#(other)","type":"email-disabled","url":"\#(receiver.url)"}"#)
+            let jti = try #require(queued["jti"] as? String)
+            await receiver.waitForBodies(1)
+            let clock = f.clock
+            let notification = try await NotificationVerifier(keySet: f.keySet, clientIDs: [TokenFixture.app], now: { clock.now })
+                .verify(body: receiver.bodies.withLockedValue { $0[0] })
+            #expect(notification.jti == jti)
+            #expect(notification.kind == .emailDisabled)
+            #expect(try await call(.POST, "/sim/notify", #"{"sub":"x","type":"nonsense","url":"http://127.0.0.1:1"}"#)["error"] as? String == "invalid_request")
+            await receiver.server.close()
+
             let kid = try #require(try await call(.POST, "/sim/keys/rotate")["kid"] as? String)
             #expect(f.simulator.publishedKeyIDs.last == kid)
             #expect(try await call(.GET, "/sim/nothing")["error"] as? String == "not_found")
