@@ -68,7 +68,7 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
             }
         }
 
-        let simulator = try await AppleIDSimulator.start(
+        let simulator = try await SimulatedAppleID.start(
             team: .init(teamID: teamID, keys: [keyID: key.publicKey], clients: clients), host: address.host, port: address.port,
             notificationURL: notifyURL)
         if autoConsent { simulator.setFaults { $0.autoConsent = "" } }

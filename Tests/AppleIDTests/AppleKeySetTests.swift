@@ -10,9 +10,9 @@ import Testing
 
 @Suite("Apple key set against the simulator (real HTTP)", .serialized)
 struct AppleKeySetTests {
-    static func withSimulator(_ body: (AppleIDSimulator, HTTPClient) async throws -> Void) async throws {
-        let team = AppleIDSimulator.Team(teamID: "DEF123GHIJ", keys: ["ABC123DEFG": P256.Signing.PrivateKey().publicKey])
-        let simulator = try await AppleIDSimulator.start(team: team)
+    static func withSimulator(_ body: (SimulatedAppleID, HTTPClient) async throws -> Void) async throws {
+        let team = SimulatedAppleID.Team(teamID: "DEF123GHIJ", keys: ["ABC123DEFG": P256.Signing.PrivateKey().publicKey])
+        let simulator = try await SimulatedAppleID.start(team: team)
         let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
         do {
             try await body(simulator, client)
@@ -25,7 +25,7 @@ struct AppleKeySetTests {
         await simulator.stop()
     }
 
-    static func keySet(_ simulator: AppleIDSimulator, _ client: HTTPClient, cacheTTL: TimeAmount = .minutes(5), refetchInterval: TimeAmount = .seconds(30)) -> AppleKeySet {
+    static func keySet(_ simulator: SimulatedAppleID, _ client: HTTPClient, cacheTTL: TimeAmount = .minutes(5), refetchInterval: TimeAmount = .seconds(30)) -> AppleKeySet {
         AppleKeySet(baseURL: simulator.baseURL, httpClient: client, cacheTTL: cacheTTL, unknownKeyRefetchInterval: refetchInterval, logger: Logger(label: "test"))
     }
 

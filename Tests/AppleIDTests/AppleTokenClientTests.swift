@@ -14,7 +14,7 @@ struct TokenFixture {
     static let app = "com.example.app"
     static let returnURL = "https://app.example.com/_auth/callback"
     let team: TeamFixture
-    let simulator: AppleIDSimulator
+    let simulator: SimulatedAppleID
     let client: HTTPClient
     let tokens: AppleTokenClient
     let keySet: AppleKeySet
@@ -22,7 +22,7 @@ struct TokenFixture {
     static func with(_ body: (TokenFixture) async throws -> Void) async throws {
         let team = TeamFixture()
         let clock = team.clock
-        let simulator = try await AppleIDSimulator.start(
+        let simulator = try await SimulatedAppleID.start(
             team: .init(teamID: team.teamID, keys: [team.keyID: team.key.publicKey], clients: [web: [returnURL], app: []]),
             clock: { clock.now })
         let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))

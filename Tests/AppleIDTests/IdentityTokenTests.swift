@@ -13,13 +13,13 @@ import _CryptoExtras
 struct VerifierFixture {
     static let now: Int64 = 1_795_000_000
     static let clientIDs = ["com.example.web", "com.example.app"]
-    let simulator: AppleIDSimulator
+    let simulator: SimulatedAppleID
     let client: HTTPClient
     let keySet: AppleKeySet
 
     static func with(_ body: (VerifierFixture) async throws -> Void) async throws {
-        let team = AppleIDSimulator.Team(teamID: "DEF123GHIJ", keys: [:])
-        let simulator = try await AppleIDSimulator.start(team: team)
+        let team = SimulatedAppleID.Team(teamID: "DEF123GHIJ", keys: [:])
+        let simulator = try await SimulatedAppleID.start(team: team)
         let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
         let fixture = VerifierFixture(simulator: simulator, client: client,
                                       keySet: AppleKeySet(baseURL: simulator.baseURL, httpClient: client, logger: Logger(label: "test")))

@@ -112,7 +112,7 @@ struct SimulatorControlTests {
         let receiver = try await NotificationReceiver(statuses: [])
         let team = TeamFixture()
         let clock = team.clock
-        let simulator = try await AppleIDSimulator.start(
+        let simulator = try await SimulatedAppleID.start(
             team: .init(teamID: team.teamID, keys: [team.keyID: team.key.publicKey], clients: [TokenFixture.web: [TokenFixture.returnURL], TokenFixture.app: []]),
             clock: { clock.now }, notificationURL: receiver.url)
         let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))

@@ -6,7 +6,7 @@ import NIOHTTP1
 /// `/auth/authorize` (apple-sign-in.md §1): the validation matrix with non-redirected 400s, a
 /// consent page listing test users (or automatic consent), delivery by `query`, `fragment` or
 /// `form_post`, and the `user` JSON only on a user's first authorization of a client.
-extension AppleIDSimulator {
+extension SimulatedAppleID {
     /// A validated authorization request.
     struct Authorization {
         var clientID: String

@@ -4,7 +4,7 @@ import NIOCore
 import NIOHTTP1
 
 /// `/auth/token` and `/auth/revoke` (apple-sign-in.md §3, §7), checked in the order of §3.7.
-extension AppleIDSimulator {
+extension SimulatedAppleID {
     /// Codes live 5 minutes and are single use (§3.6).
     static let codeLifetime: Int64 = 300
 

@@ -6,7 +6,7 @@ import NIOHTTP1
 
 /// The simulator's control surface: a Swift API for tests, and the same under `/sim/` over
 /// HTTP (JSON) for the demo, the bench and manual use.
-extension AppleIDSimulator {
+extension SimulatedAppleID {
     /// Notification types Apple sends (apple-sign-in.md §8.2).
     public enum NotificationType: String, Sendable, CaseIterable {
         case emailDisabled = "email-disabled", emailEnabled = "email-enabled", consentRevoked = "consent-revoked", accountDelete = "account-delete"

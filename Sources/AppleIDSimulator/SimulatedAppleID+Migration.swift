@@ -4,7 +4,7 @@ import NIOCore
 
 /// Team transfers (apple-sign-in.md §9.2): `/auth/usermigrationinfo` in both forms, with the
 /// 60-day window, and `transfer_sub` in identity tokens during it.
-extension AppleIDSimulator {
+extension SimulatedAppleID {
     static let transferWindow: Int64 = 60 * 86_400
 
     /// The app moved to team `team` at `date` (default now): the 60-day window starts.

@@ -10,7 +10,7 @@ import NIOPosix
 /// A stand-in for `appleid.apple.com` on loopback, for tests, the demo and the bench
 /// (apple-sign-in.md §14). This first slice serves the discovery document and the key set
 /// with live rotation; the authorize, token, revoke and notification surfaces follow.
-public final class AppleIDSimulator: Sendable {
+public final class SimulatedAppleID: Sendable {
     /// What the simulated Apple knows about the relying party's team.
     public struct Team: Sendable {
         public var teamID: String
@@ -96,14 +96,14 @@ public final class AppleIDSimulator: Sendable {
         team: Team, host: String = "127.0.0.1", port: Int = 0, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) },
         notificationURL: String? = nil
-    ) async throws -> AppleIDSimulator {
+    ) async throws -> SimulatedAppleID {
         let keys = try SigningKeys()
         let box = ResponderBox()
         let server = try await SimpleHTTPServer.start(host: host, port: port, group: group) { request in
             box.simulator?.respond(request) ?? SimpleResponse(status: .serviceUnavailable, "starting\n")
         }
         let bound = server.localAddress?.port ?? port
-        let simulator = AppleIDSimulator(
+        let simulator = SimulatedAppleID(
             team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)", clock: clock,
             notifier: HTTPClient(eventLoopGroupProvider: .shared(group)), notificationURL: notificationURL)
         box.simulator = simulator
@@ -197,8 +197,8 @@ public final class AppleIDSimulator: Sendable {
 
 /// Lets the server's responder reach the simulator, which is built after the server is bound.
 private final class ResponderBox: Sendable {
-    private let value = NIOLockedValueBox<AppleIDSimulator?>(nil)
-    var simulator: AppleIDSimulator? {
+    private let value = NIOLockedValueBox<SimulatedAppleID?>(nil)
+    var simulator: SimulatedAppleID? {
         get { value.withLockedValue { $0 } }
         set { value.withLockedValue { $0 = newValue } }
     }
