@@ -1,8 +1,7 @@
 # SessionGate — the two commands: `make demo` runs the product, `make test` runs every test.
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
-# (The tests need none yet: their upstreams and clients are in the test targets.)
-TEST_PACKAGES  :=
+TEST_PACKAGES  := libhiredis-dev redis-server pkg-config
 BENCH_PACKAGES := nginx wrk python3
 
 .PHONY: all build test demo bench release clean
@@ -10,6 +9,7 @@ BENCH_PACKAGES := nginx wrk python3
 all: build
 
 build:
+	scripts/ensure-packages.sh libhiredis-dev pkg-config
 	$(SWIFT) build
 
 # Release builds drop Swift's dynamic exclusivity checks (measured: bench/RESULTS.md); debug
@@ -17,6 +17,7 @@ build:
 RELEASE_FLAGS := -c release -Xswiftc -enforce-exclusivity=unchecked
 
 release:
+	scripts/ensure-packages.sh libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
 
 ## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket).
@@ -26,12 +27,14 @@ test:
 	$(SWIFT) test --skip-build
 
 ## make demo: the gateway in front of a demo upstream on 127.0.0.1:8080 (Ctrl-C stops it).
-demo: build
+demo:
+	scripts/ensure-packages.sh libhiredis-dev pkg-config
+	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
 ## make bench: release build, nginx baselines and sessiongate measured in one run (bench/RESULTS.md).
 bench:
-	scripts/ensure-packages.sh $(BENCH_PACKAGES)
+	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
 	bench/run.sh
 

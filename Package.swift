@@ -35,6 +35,18 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        .systemLibrary(name: "CHiredis", pkgConfig: "hiredis", providers: [.apt(["libhiredis-dev"])]),
+        .target(
+            // Redis on SwiftNIO: hiredis does the protocol, NIO the I/O.
+            name: "Redis",
+            dependencies: [
+                "CHiredis",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .target(
             name: "AppleID",
             dependencies: [
@@ -88,6 +100,15 @@ let package = Package(
             ]
         ),
         .testTarget(name: "GatewayConfigTests", dependencies: ["GatewayConfig"]),
+        .testTarget(
+            name: "RedisTests",
+            dependencies: [
+                "Redis",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]
+        ),
         .testTarget(
             name: "AppleIDTests",
             dependencies: [

@@ -1,0 +1,191 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+/// A Redis client on SwiftNIO: one pipelined connection per event loop, used from that loop
+/// (no thread hop for callers already on it), AUTH and SELECT from the URL on every connect, a
+/// timeout per command, and reconnection with exponential backoff — while disconnected, calls
+/// fail at once with `.unavailable` so callers answer 503 without waiting.
+public final class RedisClient: Sendable {
+    public struct Configuration: Sendable {
+        public var host: String
+        public var port: Int
+        public var username: String?
+        public var password: String?
+        public var database: Int
+        /// Per command (`store.timeout`).
+        public var commandTimeout: TimeAmount
+        public var connectTimeout: TimeAmount
+        /// Backoff after a failed connection: doubles from `minimumBackoff` up to `maximumBackoff`.
+        public var minimumBackoff: TimeAmount
+        public var maximumBackoff: TimeAmount
+
+        public init(host: String, port: Int = 6379, username: String? = nil, password: String? = nil, database: Int = 0,
+                    commandTimeout: TimeAmount = .milliseconds(250), connectTimeout: TimeAmount = .seconds(1),
+                    minimumBackoff: TimeAmount = .milliseconds(50), maximumBackoff: TimeAmount = .seconds(5)) {
+            self.host = host
+            self.port = port
+            self.username = username
+            self.password = password
+            self.database = database
+            self.commandTimeout = commandTimeout
+            self.connectTimeout = connectTimeout
+            self.minimumBackoff = minimumBackoff
+            self.maximumBackoff = maximumBackoff
+        }
+    }
+
+    let configuration: Configuration
+    private let group: any EventLoopGroup
+    private let connections: [ObjectIdentifier: NIOLoopBoundBox<LoopConnection>]
+    private let logger: Logger
+
+    /// Resolves the host once, here (blocking: not on an event loop).
+    public init(configuration: Configuration, group: MultiThreadedEventLoopGroup, logger: Logger) throws {
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+        let address = try (try? SocketAddress(ipAddress: configuration.host, port: configuration.port))
+            ?? SocketAddress.makeAddressResolvingHost(configuration.host, port: configuration.port)
+        var connections: [ObjectIdentifier: NIOLoopBoundBox<LoopConnection>] = [:]
+        for loop in group.makeIterator() {
+            connections[ObjectIdentifier(loop)] = NIOLoopBoundBox.makeBoxSendingValue(
+                LoopConnection(loop: loop, address: address, configuration: configuration, logger: logger), eventLoop: loop)
+        }
+        self.connections = connections
+    }
+
+    /// Sends a command on `eventLoop`'s connection (default: the current loop, else any).
+    public func send(_ arguments: [RedisArgument], on eventLoop: (any EventLoop)? = nil) -> EventLoopFuture<RESPValue> {
+        let loop = eventLoop ?? (MultiThreadedEventLoopGroup.currentEventLoop.flatMap { connections[ObjectIdentifier($0)] != nil ? $0 : nil } ?? group.next())
+        guard let box = connections[ObjectIdentifier(loop)] else { return loop.makeFailedFuture(RedisError.unavailable) }
+        if loop.inEventLoop { return box.value.send(arguments) }
+        return loop.flatSubmit { box.value.send(arguments) }
+    }
+
+    public func send(_ arguments: [RedisArgument]) async throws -> RESPValue {
+        try await send(arguments, on: nil).get()
+    }
+
+    /// Closes every connection.
+    public func close() async {
+        for (_, box) in connections {
+            try? await box.eventLoop.flatSubmit { box.value.close() }.get()
+        }
+    }
+}
+
+/// The connection of one event loop, and its connect/backoff state. Used only on that loop.
+final class LoopConnection {
+    private enum State {
+        case idle
+        case connecting(EventLoopFuture<NIOLoopBound<RedisConnectionHandler>>)
+        case connected(any Channel, RedisConnectionHandler)
+        case closed
+    }
+
+    private let loop: any EventLoop
+    private let address: SocketAddress
+    private let configuration: RedisClient.Configuration
+    private let logger: Logger
+    private var state: State = .idle
+    private var backoff: TimeAmount
+    private var retryAt: NIODeadline = .uptimeNanoseconds(0)
+
+    init(loop: any EventLoop, address: SocketAddress, configuration: RedisClient.Configuration, logger: Logger) {
+        self.loop = loop
+        self.address = address
+        self.configuration = configuration
+        self.logger = logger
+        self.backoff = configuration.minimumBackoff
+    }
+
+    func send(_ arguments: [RedisArgument]) -> EventLoopFuture<RESPValue> {
+        switch state {
+        case .connected(_, let handler):
+            return write(arguments, to: handler)
+        case .connecting(let future):
+            let this = NIOLoopBound(self, eventLoop: loop)
+            return future.flatMap { handler in this.value.write(arguments, to: handler.value) }
+        case .idle:
+            guard NIODeadline.now() >= retryAt else { return loop.makeFailedFuture(RedisError.unavailable) }
+            let future = connect()
+            state = .connecting(future)
+            let this = NIOLoopBound(self, eventLoop: loop)
+            return future.flatMap { handler in this.value.write(arguments, to: handler.value) }
+        case .closed:
+            return loop.makeFailedFuture(RedisError.unavailable)
+        }
+    }
+
+    private func write(_ arguments: [RedisArgument], to handler: RedisConnectionHandler) -> EventLoopFuture<RESPValue> {
+        var buffer = ByteBufferAllocator().buffer(capacity: 64)
+        RESPCodec.encode(arguments, into: &buffer)
+        let command = PendingCommand(promise: loop.makePromise())
+        let bound = NIOLoopBound(command, eventLoop: loop)
+        command.timeout = loop.scheduleTask(in: configuration.commandTimeout) { bound.value.complete(.failure(.timeout)) }
+        handler.write(buffer, command)
+        handler.flush()
+        return command.promise.futureResult
+    }
+
+    /// Connects, authenticates and selects the database; the connection is usable when done.
+    private func connect() -> EventLoopFuture<NIOLoopBound<RedisConnectionHandler>> {
+        let handler = RedisConnectionHandler()
+        let boundHandler = NIOLoopBound(handler, eventLoop: loop)
+        let this = NIOLoopBound(self, eventLoop: loop)
+        let configuration = self.configuration
+        let connected = ClientBootstrap(group: loop)
+            .connectTimeout(configuration.connectTimeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(boundHandler.value) }
+            }
+            .connect(to: address)
+        return connected.flatMap { channel -> EventLoopFuture<NIOLoopBound<RedisConnectionHandler>> in
+            let connection = this.value
+            var setup: [EventLoopFuture<RESPValue>] = []
+            if let password = configuration.password {
+                setup.append(connection.write(configuration.username.map { ["AUTH", .string($0), .string(password)] } ?? ["AUTH", .string(password)], to: boundHandler.value))
+            }
+            if configuration.database != 0 {
+                setup.append(connection.write(["SELECT", RedisArgument(Int64(configuration.database))], to: boundHandler.value))
+            }
+            return EventLoopFuture.andAllSucceed(setup, on: channel.eventLoop).map {
+                let connection = this.value
+                connection.state = .connected(channel, boundHandler.value)
+                connection.backoff = configuration.minimumBackoff
+                channel.closeFuture.whenComplete { _ in this.value.connectionClosed() }
+                return boundHandler
+            }.flatMapErrorThrowing { error in
+                channel.close(promise: nil)
+                throw error
+            }
+        }.flatMapErrorThrowing { error in
+            this.value.connectFailed(error)
+            throw (error as? RedisError) ?? RedisError.unavailable
+        }
+    }
+
+    private func connectFailed(_ error: any Error) {
+        if case .closed = state { return }
+        state = .idle
+        retryAt = .now() + backoff
+        logger.warning("redis connection failed", metadata: ["host": "\(configuration.host):\(configuration.port)", "retry_in_ms": "\(backoff.nanoseconds / 1_000_000)"])
+        backoff = min(backoff * 2, configuration.maximumBackoff)
+    }
+
+    private func connectionClosed() {
+        if case .closed = state { return }
+        state = .idle
+        retryAt = .now() + configuration.minimumBackoff
+    }
+
+    func close() -> EventLoopFuture<Void> {
+        let previous = state
+        state = .closed
+        if case .connected(let channel, _) = previous { return channel.close().recover { _ in } }
+        return loop.makeSucceededVoidFuture()
+    }
+}

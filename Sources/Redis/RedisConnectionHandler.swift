@@ -1,0 +1,81 @@
+import NIOCore
+
+/// One outstanding command; completed once, by its reply, its timeout or the connection's end.
+final class PendingCommand {
+    let promise: EventLoopPromise<RESPValue>
+    var timeout: Scheduled<Void>?
+    private(set) var done = false
+
+    init(promise: EventLoopPromise<RESPValue>) { self.promise = promise }
+
+    func complete(_ result: Result<RESPValue, RedisError>) {
+        guard !done else { return }
+        done = true
+        timeout?.cancel()
+        promise.completeWith(result.mapError { $0 as any Error })
+    }
+}
+
+/// Moves RESP between a channel and its commands: commands are written as they come
+/// (pipelining) and replies complete them in order. With `onPush`, the connection is a
+/// subscriber and every reply is a pushed message instead.
+final class RedisConnectionHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let decoder = RESPCodec.Decoder()
+    private var pending = CircularBuffer<PendingCommand>()
+    private var context: ChannelHandlerContext?
+    var onPush: ((RESPValue) -> Void)?
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    /// Writes one command; its reply completes `command`. Flushing is the caller's.
+    func write(_ bytes: ByteBuffer, _ command: PendingCommand?) {
+        guard let context, context.channel.isActive else {
+            command?.complete(.failure(.unavailable))
+            return
+        }
+        if let command { pending.append(command) }
+        context.write(wrapOutboundOut(bytes), promise: nil)
+    }
+
+    func flush() { context?.flush() }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let replies: [RESPValue]
+        do {
+            replies = try decoder.feed(unwrapInboundIn(data))
+        } catch {
+            failAll(.protocolError)
+            context.close(promise: nil)
+            return
+        }
+        for reply in replies {
+            if let onPush {
+                onPush(reply)
+                continue
+            }
+            guard let command = pending.popFirst() else { continue }
+            if case .error(let message) = reply {
+                command.complete(.failure(.server(message)))
+            } else {
+                command.complete(.success(reply))
+            }
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        failAll(.unavailable)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        failAll(.unavailable)
+        context.close(promise: nil)
+    }
+
+    private func failAll(_ error: RedisError) {
+        while let command = pending.popFirst() { command.complete(.failure(error)) }
+    }
+}

@@ -1,0 +1,20 @@
+/// Why a Redis call failed, classified once.
+public enum RedisError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// Redis answered with an error reply (`WRONGTYPE …`, `NOAUTH …`).
+    case server(String)
+    /// No answer within the command timeout (`store.timeout`).
+    case timeout
+    /// Not connected (connecting, backing off after a failure, or the connection dropped).
+    case unavailable
+    /// The byte stream was not RESP; the connection is closed.
+    case protocolError
+
+    public var description: String {
+        switch self {
+        case .server(let message): return "redis error: \(message.prefix(120))"
+        case .timeout: return "redis timeout"
+        case .unavailable: return "redis unavailable"
+        case .protocolError: return "redis protocol error"
+        }
+    }
+}

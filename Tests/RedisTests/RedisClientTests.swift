@@ -1,0 +1,127 @@
+import Logging
+import NIOCore
+import NIOPosix
+import Testing
+
+@testable import Redis
+
+@Suite("RESP codec (hiredis)")
+struct RESPCodecTests {
+    @Test("commands are encoded binary-safe")
+    func encode() {
+        var buffer = ByteBuffer()
+        RESPCodec.encode(["SET", "k", .bytes([0, 13, 10, 255])], into: &buffer)
+        #expect(Array(buffer.readableBytesView) == Array("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\n".utf8) + [0, 13, 10, 255] + Array("\r\n".utf8))
+    }
+
+    @Test("replies decode when fed one byte at a time")
+    func byteByByte() throws {
+        let decoder = RESPCodec.Decoder()
+        var replies: [RESPValue] = []
+        for byte in Array("*4\r\n$3\r\nfoo\r\n:42\r\n$-1\r\n*2\r\n+OK\r\n-ERR bad\r\n".utf8) {
+            replies += try decoder.feed(ByteBuffer(bytes: [byte]))
+        }
+        #expect(replies == [.array([.bulkString(Array("foo".utf8)), .integer(42), .bulkString(nil), .array([.simpleString("OK"), .error("ERR bad")])])])
+    }
+
+    @Test("garbage is a protocol error")
+    func garbage() {
+        #expect(throws: RESPCodec.Decoder.Failure.self) { try RESPCodec.Decoder().feed(ByteBuffer(string: "?what\r\n")) }
+    }
+}
+
+@Suite("Redis client against redis-server", .serialized)
+struct RedisClientTests {
+    static func client(_ port: Int, password: String? = nil, database: Int = 0, timeout: TimeAmount = .milliseconds(500)) throws -> RedisClient {
+        try RedisClient(configuration: .init(host: "127.0.0.1", port: port, password: password, database: database, commandTimeout: timeout,
+                                             minimumBackoff: .milliseconds(20), maximumBackoff: .milliseconds(200)),
+                        group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+    }
+
+    @Test("strings, integers, nil, arrays, binary values and error replies")
+    func commands() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let redis = try Self.client(server.port)
+        #expect(try await redis.send(["SET", "k", .bytes([0, 13, 10, 255])]) == .simpleString("OK"))
+        #expect(try await redis.send(["GET", "k"]) == .bulkString([0, 13, 10, 255]))
+        #expect(try await redis.send(["GET", "missing"]).isNull)
+        #expect(try await redis.send(["SADD", "s", "a", "b"]).int == 2)
+        let members = try await redis.send(["SMEMBERS", "s"])
+        guard case .array(let list?) = members else { Issue.record("not an array"); return }
+        #expect(Set(list.compactMap(\.string)) == ["a", "b"])
+        await #expect(throws: RedisError.self) { try await redis.send(["INCR", "s"]) }
+        do {
+            _ = try await redis.send(["INCR", "s"])
+        } catch let error as RedisError {
+            guard case .server(let message) = error else { Issue.record("\(error)"); return }
+            #expect(message.hasPrefix("WRONGTYPE"))
+        }
+        await redis.close()
+    }
+
+    @Test("500 concurrent commands are pipelined and each gets its own reply")
+    func pipelining() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let redis = try Self.client(server.port)
+        let values = try await withThrowingTaskGroup(of: Int64.self) { group in
+            for _ in 0..<500 { group.addTask { try await redis.send(["INCR", "counter"]).int ?? -1 } }
+            return try await group.reduce(into: [Int64]()) { $0.append($1) }
+        }
+        #expect(Set(values) == Set(1...500))
+        await redis.close()
+    }
+
+    @Test("password and database come from the configuration")
+    func authAndDatabase() async throws {
+        let server = try RedisServerProcess(arguments: ["--requirepass", "s3cret"])
+        defer { server.stop() }
+        let db2 = try Self.client(server.port, password: "s3cret", database: 2)
+        let db0 = try Self.client(server.port, password: "s3cret")
+        _ = try await db2.send(["SET", "where", "two"])
+        #expect(try await db2.send(["GET", "where"]).string == "two")
+        #expect(try await db0.send(["GET", "where"]).isNull)
+        let wrong = try Self.client(server.port, password: "nope")
+        await #expect(throws: RedisError.self) { try await wrong.send(["PING"]) }
+        for client in [db2, db0, wrong] { await client.close() }
+    }
+
+    @Test("a slow command times out within the command timeout; the connection keeps working")
+    func timeout() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let redis = try Self.client(server.port, timeout: .milliseconds(100))
+        _ = try await redis.send(["PING"])
+        let start = ContinuousClock.now
+        await #expect(throws: RedisError.timeout) { try await redis.send(["DEBUG", "SLEEP", "0.4"]) }
+        #expect(ContinuousClock.now - start < .milliseconds(380), "answered by the timeout, not by Redis")
+        // Replies stay matched to their commands after a timed-out one.
+        var answered = false
+        for _ in 0..<20 where !answered {
+            if let pong = try? await redis.send(["ECHO", "after"]), pong.string == "after" { answered = true }
+        }
+        #expect(answered)
+        await redis.close()
+    }
+
+    @Test("Redis down: calls fail fast as unavailable; back up: the client reconnects by itself")
+    func reconnect() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let redis = try Self.client(server.port)
+        _ = try await redis.send(["SET", "a", "1"])
+        server.stop()
+        let start = ContinuousClock.now
+        await #expect(throws: RedisError.self) { try await redis.send(["GET", "a"]) }
+        #expect(ContinuousClock.now - start < .milliseconds(450))
+        try server.start()
+        var recovered = false
+        for _ in 0..<200 where !recovered {
+            if (try? await redis.send(["PING"])) == .simpleString("PONG") { recovered = true }
+            else { try await Task.sleep(for: .milliseconds(10)) }  // pacing against the client's own reconnect backoff
+        }
+        #expect(recovered)
+        await redis.close()
+    }
+}
