@@ -1,0 +1,148 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+/// A Redis pub/sub subscription on its own connection. It reconnects with backoff after any
+/// loss, subscribes again, and calls `onConnected` after every (re)subscription — the moment a
+/// local cache must be flushed, since messages may have been missed while disconnected.
+public final class RedisSubscriber: Sendable {
+    public typealias MessageHandler = @Sendable (_ channel: String, _ payload: [UInt8]) -> Void
+
+    private let state: NIOLoopBoundBox<SubscriberState>
+    private let eventLoop: any EventLoop
+
+    /// - Parameters:
+    ///   - onMessage: called on the subscriber's event loop for every message.
+    ///   - onConnected: called once all channels are subscribed, after every (re)connect.
+    public init(configuration: RedisClient.Configuration, channels: [String], eventLoop: any EventLoop, logger: Logger,
+                onMessage: @escaping MessageHandler, onConnected: @escaping @Sendable () -> Void) throws {
+        let address = try (try? SocketAddress(ipAddress: configuration.host, port: configuration.port))
+            ?? SocketAddress.makeAddressResolvingHost(configuration.host, port: configuration.port)
+        self.eventLoop = eventLoop
+        self.state = NIOLoopBoundBox.makeBoxSendingValue(
+            SubscriberState(loop: eventLoop, address: address, configuration: configuration, channels: channels, logger: logger,
+                            onMessage: onMessage, onConnected: onConnected),
+            eventLoop: eventLoop)
+    }
+
+    public func start() {
+        let state = self.state
+        eventLoop.execute { state.value.connect() }
+    }
+
+    public func stop() async {
+        let state = self.state
+        try? await eventLoop.flatSubmit { state.value.stop() }.get()
+    }
+}
+
+final class SubscriberState {
+    private let loop: any EventLoop
+    private let address: SocketAddress
+    private let configuration: RedisClient.Configuration
+    private let channels: [String]
+    private let logger: Logger
+    private let onMessage: RedisSubscriber.MessageHandler
+    private let onConnected: @Sendable () -> Void
+    private var channel: (any Channel)?
+    private var stopped = false
+    private var backoff: TimeAmount
+    private var confirmed = 0
+
+    init(loop: any EventLoop, address: SocketAddress, configuration: RedisClient.Configuration, channels: [String], logger: Logger,
+         onMessage: @escaping RedisSubscriber.MessageHandler, onConnected: @escaping @Sendable () -> Void) {
+        self.loop = loop
+        self.address = address
+        self.configuration = configuration
+        self.channels = channels
+        self.logger = logger
+        self.onMessage = onMessage
+        self.onConnected = onConnected
+        self.backoff = configuration.minimumBackoff
+    }
+
+    func connect() {
+        guard !stopped else { return }
+        let handler = RedisConnectionHandler()
+        let bound = NIOLoopBound(handler, eventLoop: loop)
+        let this = NIOLoopBound(self, eventLoop: loop)
+        ClientBootstrap(group: loop)
+            .connectTimeout(configuration.connectTimeout)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(bound.value) }
+            }
+            .connect(to: address)
+            .whenComplete { result in
+                let state = this.value
+                switch result {
+                case .failure: state.retry()
+                case .success(let channel):
+                    guard !state.stopped else { channel.close(promise: nil); return }
+                    state.channel = channel
+                    channel.closeFuture.whenComplete { _ in this.value.retry() }
+                    state.subscribe(bound.value)
+                }
+            }
+    }
+
+    private func subscribe(_ handler: RedisConnectionHandler) {
+        guard let password = configuration.password else { return startSubscription(handler) }
+        // AUTH is an ordinary command; the connection becomes a subscriber after it.
+        let command = PendingCommand(promise: loop.makePromise())
+        var buffer = ByteBufferAllocator().buffer(capacity: 64)
+        RESPCodec.encode(configuration.username.map { ["AUTH", .string($0), .string(password)] } ?? ["AUTH", .string(password)], into: &buffer)
+        handler.write(buffer, command)
+        handler.flush()
+        let this = NIOLoopBound(self, eventLoop: loop)
+        let boundHandler = NIOLoopBound(handler, eventLoop: loop)
+        command.promise.futureResult.whenComplete { result in
+            switch result {
+            case .success: this.value.startSubscription(boundHandler.value)
+            case .failure: this.value.channel?.close(promise: nil)
+            }
+        }
+    }
+
+    private func startSubscription(_ handler: RedisConnectionHandler) {
+        let this = NIOLoopBound(self, eventLoop: loop)
+        confirmed = 0
+        handler.onPush = { reply in this.value.push(reply) }
+        var buffer = ByteBufferAllocator().buffer(capacity: 64)
+        RESPCodec.encode(["SUBSCRIBE"] + channels.map { RedisArgument($0) }, into: &buffer)
+        handler.write(buffer, nil)
+        handler.flush()
+    }
+
+    private func push(_ reply: RESPValue) {
+        guard case .array(let parts?) = reply, let kind = parts.first?.string else { return }
+        switch kind {
+        case "subscribe":
+            confirmed += 1
+            if confirmed == channels.count {
+                backoff = configuration.minimumBackoff
+                onConnected()
+            }
+        case "message":
+            guard parts.count == 3, let name = parts[1].string, let payload = parts[2].bytes else { return }
+            onMessage(name, payload)
+        default:
+            break
+        }
+    }
+
+    private func retry() {
+        channel = nil
+        guard !stopped else { return }
+        let delay = backoff
+        backoff = min(backoff * 2, configuration.maximumBackoff)
+        logger.warning("redis subscription lost; reconnecting", metadata: ["retry_in_ms": "\(delay.nanoseconds / 1_000_000)"])
+        let this = NIOLoopBound(self, eventLoop: loop)
+        loop.scheduleTask(in: delay) { this.value.connect() }
+    }
+
+    func stop() -> EventLoopFuture<Void> {
+        stopped = true
+        return channel?.close().recover { _ in } ?? loop.makeSucceededVoidFuture()
+    }
+}

@@ -1,0 +1,48 @@
+import Logging
+import NIOCore
+import NIOPosix
+import Testing
+
+@testable import Redis
+
+@Suite("Redis pub/sub subscriber against redis-server", .serialized)
+struct RedisSubscriberTests {
+    enum Event: Equatable, Sendable {
+        case connected
+        case message(String, String)
+    }
+
+    @Test("messages arrive; after Redis restarts the subscriber reconnects, reports it, and receives again")
+    func subscribeAndReconnect() async throws {
+        let server = try RedisServerProcess(arguments: ["--requirepass", "pw"])
+        defer { server.stop() }
+        let configuration = RedisClient.Configuration(host: "127.0.0.1", port: server.port, password: "pw",
+                                                      minimumBackoff: .milliseconds(20), maximumBackoff: .milliseconds(200))
+        let (events, sink) = AsyncStream.makeStream(of: Event.self)
+        let subscriber = try RedisSubscriber(
+            configuration: configuration, channels: ["sg:invalidate"], eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
+            logger: Logger(label: "test"),
+            onMessage: { channel, payload in sink.yield(.message(channel, String(decoding: payload, as: UTF8.self))) },
+            onConnected: { sink.yield(.connected) })
+        let publisher = try RedisClient(configuration: configuration, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+        subscriber.start()
+        var iterator = events.makeAsyncIterator()
+        #expect(await iterator.next() == .connected)
+        #expect(try await publisher.send(["PUBLISH", "sg:invalidate", "user 001"]).int == 1)
+        #expect(await iterator.next() == .message("sg:invalidate", "user 001"))
+
+        server.stop()
+        try server.start()
+        #expect(await iterator.next() == .connected, "a reconnect is reported (the cache must be flushed)")
+        var delivered = 0
+        for _ in 0..<50 where delivered == 0 {
+            delivered = Int((try? await publisher.send(["PUBLISH", "sg:invalidate", "session abc"]).int) ?? 0)
+            if delivered == 0 { try await Task.sleep(for: .milliseconds(10)) }  // pacing: the publisher reconnects too
+        }
+        #expect(delivered == 1)
+        #expect(await iterator.next() == .message("sg:invalidate", "session abc"))
+        await subscriber.stop()
+        await publisher.close()
+        sink.finish()
+    }
+}
