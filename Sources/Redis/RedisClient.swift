@@ -34,6 +34,12 @@ public final class RedisClient: Sendable {
             self.minimumBackoff = minimumBackoff
             self.maximumBackoff = maximumBackoff
         }
+
+        /// The AUTH command for this configuration (nil without a password).
+        var authCommand: [RedisArgument]? {
+            guard let password else { return nil }
+            return username.map { ["AUTH", .string($0), .string(password)] } ?? ["AUTH", .string(password)]
+        }
     }
 
     let configuration: Configuration
@@ -146,8 +152,8 @@ final class LoopConnection {
         return connected.flatMap { channel -> EventLoopFuture<NIOLoopBound<RedisConnectionHandler>> in
             let connection = this.value
             var setup: [EventLoopFuture<RESPValue>] = []
-            if let password = configuration.password {
-                setup.append(connection.write(configuration.username.map { ["AUTH", .string($0), .string(password)] } ?? ["AUTH", .string(password)], to: boundHandler.value))
+            if let auth = configuration.authCommand {
+                setup.append(connection.write(auth, to: boundHandler.value))
             }
             if configuration.database != 0 {
                 setup.append(connection.write(["SELECT", RedisArgument(Int64(configuration.database))], to: boundHandler.value))

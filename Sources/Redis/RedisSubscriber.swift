@@ -87,11 +87,11 @@ final class SubscriberState {
     }
 
     private func subscribe(_ handler: RedisConnectionHandler) {
-        guard let password = configuration.password else { return startSubscription(handler) }
+        guard let auth = configuration.authCommand else { return startSubscription(handler) }
         // AUTH is an ordinary command; the connection becomes a subscriber after it.
         let command = PendingCommand(promise: loop.makePromise())
         var buffer = ByteBufferAllocator().buffer(capacity: 64)
-        RESPCodec.encode(configuration.username.map { ["AUTH", .string($0), .string(password)] } ?? ["AUTH", .string(password)], into: &buffer)
+        RESPCodec.encode(auth, into: &buffer)
         handler.write(buffer, command)
         handler.flush()
         let this = NIOLoopBound(self, eventLoop: loop)
