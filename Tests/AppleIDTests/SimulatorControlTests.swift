@@ -49,7 +49,7 @@ final class NotificationReceiver: Sendable {
     }
 }
 
-@Suite("Simulator notifications and control API (real HTTP)", .serialized)
+@Suite("Simulator notifications and control API (real HTTP)", .serialized, .timeLimit(.minutes(1)))
 struct SimulatorControlTests {
     static let fast: [TimeAmount] = [.milliseconds(10), .milliseconds(10), .milliseconds(10)]
 

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 /// The real `sessiongate` executable: CLI, admin listener, access log, signals, memory.
-@Suite("sessiongate process", .serialized)
+@Suite("sessiongate process", .serialized, .timeLimit(.minutes(3)))
 struct GatewayProcessTests {
     @Test("check names a misspelled key with its line and exits 1")
     func checkMisspelled() async throws {

@@ -5,7 +5,7 @@ import NIOCore
 import Testing
 
 /// The data path against a real upstream on loopback.
-@Suite("Proxy end to end", .serialized)
+@Suite("Proxy end to end", .serialized, .timeLimit(.minutes(2)))
 struct ProxyEndToEndTests {
     @Test("a request travels to the upstream with forwarding headers and back")
     func roundTrip() async throws {

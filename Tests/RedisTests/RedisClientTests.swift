@@ -30,7 +30,7 @@ struct RESPCodecTests {
     }
 }
 
-@Suite("Redis client against redis-server", .serialized)
+@Suite("Redis client against redis-server", .serialized, .timeLimit(.minutes(1)))
 struct RedisClientTests {
     static func client(_ port: Int, password: String? = nil, database: Int = 0, timeout: TimeAmount = .milliseconds(500)) throws -> RedisClient {
         try RedisClient(configuration: .init(host: "127.0.0.1", port: port, password: password, database: database, commandTimeout: timeout,

@@ -5,7 +5,7 @@ import Testing
 
 @testable import Redis
 
-@Suite("Redis pub/sub subscriber against redis-server", .serialized)
+@Suite("Redis pub/sub subscriber against redis-server", .serialized, .timeLimit(.minutes(1)))
 struct RedisSubscriberTests {
     enum Event: Equatable, Sendable {
         case connected
