@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import Gateway
 import GatewayConfig
 import Logging
@@ -107,7 +108,8 @@ struct Demo: AsyncParsableCommand {
             await service.waitUntilStarted()
             let listen = configuration.server.listen
             let host = listen.host == "0.0.0.0" ? "127.0.0.1" : listen.host
-            print("""
+            // Unbuffered, so the URL shows at once even when the output is piped (make, tee).
+            FileHandle.standardOutput.write(Data("""
 
                 SessionGate demo is running.
                   Open:      http://\(host):\(service.proxyAddress?.port ?? listen.port)/
@@ -115,7 +117,7 @@ struct Demo: AsyncParsableCommand {
                   Metrics:   http://\(configuration.server.adminListen.host):\(configuration.server.adminListen.port)/metrics
                 Ctrl-C stops it.
 
-                """)
+                """.utf8))
         }
         try await group.run()
         banner.cancel()
