@@ -137,7 +137,9 @@ public final class ProxyServer: Sendable {
     public func replaceRouting(_ snapshot: RoutingSnapshot) { shared.replace(snapshot) }
 
     /// Stops accepting, closes idle keep-alive connections, lets in-flight exchanges finish
-    /// (with `connection: close`) until `deadline`, then closes what is left.
+    /// (with `connection: close`), and returns when they are done or after `deadline`,
+    /// whichever is first; connections still open then end with the process. Pooled upstream
+    /// connections are closed.
     public func shutdown(deadline: TimeAmount) async {
         guard let quiesce = state.withLockedValue({ $0.quiesce }) else { return }
         let promise = group.next().makePromise(of: Void.self)
