@@ -62,15 +62,6 @@ public struct IPAddress: Sendable, Hashable {
         return nil
     }
 
-    /// Builds from raw network-order bytes (4 or 16).
-    public init?(raw: [UInt8]) {
-        switch raw.count {
-        case 4: self.init(bytes: Array(repeating: 0, count: 10) + [0xff, 0xff] + raw, isV6: false)
-        case 16: self.init(bytes: raw, isV6: true)
-        default: return nil
-        }
-    }
-
     init(bytes: [UInt8], isV6: Bool) {
         self.bytes = bytes
         self.isV6 = isV6

@@ -27,14 +27,6 @@ enum HTTPWire {
         !value.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 }
     }
 
-    static func writeChunk(_ body: ByteBuffer, into buffer: inout ByteBuffer) {
-        buffer.writeString(String(body.readableBytes, radix: 16))
-        buffer.writeStaticString("\r\n")
-        var body = body
-        buffer.writeBuffer(&body)
-        buffer.writeStaticString("\r\n")
-    }
-
     /// A complete response the gateway answers itself, as bytes.
     static func localResponse(_ response: LocalResponse, requestID: String?, keepAlive: Bool, headRequest: Bool, allocator: ByteBufferAllocator) -> ByteBuffer {
         var buffer = allocator.buffer(capacity: 256 + response.body.readableBytes)

@@ -299,10 +299,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
     }
 
-    private func acquireUpstream() {
+    /// Attaches a pooled connection, or opens one. `pooled: false` for the retry after a pooled
+    /// connection died, and for WebSocket handshakes (never pooled).
+    private func acquireUpstream(pooled: Bool = true) {
         guard let route = exchange.route else { return }
         phase = .connecting
-        if !exchange.isWebSocket, let connection = pool.takeIdle(route.upstream) {
+        if pooled, !exchange.isWebSocket, let connection = pool.takeIdle(route.upstream) {
             attach(connection)
             return
         }
@@ -471,7 +473,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 buffered.removeAll()
                 buffered.append(.end(nil))
                 responseDeadline = nil
-                acquireUpstreamFresh()
+                acquireUpstream(pooled: false)
                 return
             }
             return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream closed the connection before responding")
@@ -482,24 +484,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         phase = .closed
         context.flush()
         context.close(promise: nil)
-    }
-
-    private func acquireUpstreamFresh() {
-        guard let route = exchange.route else { return }
-        phase = .connecting
-        let gen = generation
-        let this = NIOLoopBound(self, eventLoop: context.eventLoop)
-        pool.connect(route.upstream).whenComplete { result in
-            let handler = this.value
-            guard handler.generation == gen, handler.phase == .connecting else {
-                if case .success(let connection) = result { connection.value.close() }
-                return
-            }
-            switch result {
-            case .success(let connection): handler.attach(connection.value)
-            case .failure: handler.upstreamFailure(.connectRefused, .badGateway, "upstream refused the connection")
-            }
-        }
     }
 
     private func finishExchange() {
