@@ -79,46 +79,16 @@ public final class ClientSecretMinter: Sendable {
     }
 
     func mint(clientID: String, issuedAt: Int64) -> String {
-        let header = Self.json([("alg", .string("ES256")), ("kid", .string(keyID))])
-        let claims = Self.json([
-            ("iss", .string(teamID)), ("iat", .integer(issuedAt)), ("exp", .integer(issuedAt + lifetime)),
-            ("aud", .string(Self.audience)), ("sub", .string(clientID)),
-        ])
-        let signingInput = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(Array(claims.utf8))
+        let header: [String: Any] = ["alg": "ES256", "kid": keyID]
+        // Whole seconds: Apple's clock compares integers (jwt-kit's fractional dates fail).
+        let claims: [String: Any] = ["iss": teamID, "iat": issuedAt, "exp": issuedAt + lifetime, "aud": Self.audience, "sub": clientID]
+        let signingInput = Self.encodedJSON(header) + "." + Self.encodedJSON(claims)
         // Raw R‖S (64 bytes): Apple rejects DER-encoded ECDSA signatures (TN3107).
         let signature = (try? key.signature(for: Data(signingInput.utf8)).rawRepresentation) ?? Data()
         return signingInput + "." + Base64URL.encode(signature)
     }
 
-    enum JSONValue { case string(String), integer(Int64) }
-
-    /// A compact JSON object with whole-second numbers (Apple's clock compares integers).
-    static func json(_ members: [(String, JSONValue)]) -> String {
-        "{" + members.map { key, value in
-            let rendered: String
-            switch value {
-            case .string(let s): rendered = jsonString(s)
-            case .integer(let n): rendered = String(n)
-            }
-            return jsonString(key) + ":" + rendered
-        }.joined(separator: ",") + "}"
-    }
-
-    static func jsonString(_ s: String) -> String {
-        var out = "\""
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            default:
-                if scalar.value < 0x20 {
-                    let hex = String(scalar.value, radix: 16)
-                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-                } else {
-                    out.unicodeScalars.append(scalar)
-                }
-            }
-        }
-        return out + "\""
+    private static func encodedJSON(_ object: [String: Any]) -> String {
+        Base64URL.encode((try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data())
     }
 }
