@@ -141,17 +141,18 @@ public final class GatewayService: Service, Sendable {
         for problem in result.problems {
             logger.log(level: problem.severity == .error ? .error : .warning, "\(configPath):\(problem)")
         }
+        let next: GatewayConfiguration
         let routing: RoutingSnapshot
         do {
-            guard let next = result.configuration else { throw ConfigError(file: configPath, problems: result.errors) }
-            routing = try Self.routing(next)
+            guard let loaded = result.configuration else { throw ConfigError(file: configPath, problems: result.errors) }
+            next = loaded
+            routing = try Self.routing(loaded)
         } catch {
             if let unresolvable = error as? UnresolvableUpstream { logger.error("\(configPath): \(unresolvable)") }
             metrics.reloadsFailed.increment()
             logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)", "errors": "\(max(result.errors.count, 1))"])
             return false
         }
-        guard let next = result.configuration else { return false }
         let previous = current.withLockedValue { old in defer { old = next }; return old }
         if previous.server.listen != next.server.listen || previous.server.adminListen != next.server.adminListen
             || previous.server.timeouts != next.server.timeouts || previous.server.limits != next.server.limits

@@ -135,6 +135,13 @@ struct GatewayProcessTests {
         #expect(gateway.output.contains { $0.contains("routes[0].upstrem: unknown key") }, "every problem is logged")
         #expect(try await status("/b/x") == 200)
         #expect(try await status("/a/x") == 200)
+        let metrics = try await blocking {
+            let c = try RawClient(port: ports.admin)
+            try c.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+            return try c.readResponse().text
+        }
+        #expect(metrics.contains(#"sessiongate_config_reloads_total{result="ok"} 1"#))
+        #expect(metrics.contains(#"sessiongate_config_reloads_total{result="invalid"} 1"#))
     }
 
     @Test("apple-simulator prints what a gateway needs, writes the key, serves Apple's endpoints, stops on SIGTERM")
