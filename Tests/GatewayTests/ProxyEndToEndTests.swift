@@ -179,16 +179,9 @@ struct ProxyEndToEndTests {
     @Test("upstream connect timeout: 504")
     func connectTimeout() async throws {
         // A listener with a full accept queue never completes the handshake of another SYN.
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let (listener, blackhole) = boundLoopbackSocket()
         defer { close(listener) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
         listen(listener, 0)
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &len) } }
-        let blackhole = Int(UInt16(bigEndian: addr.sin_port))
         var fillers: [RawClient] = []
         for _ in 0..<3 { if let f = try? RawClient(port: blackhole, timeoutSeconds: 1) { fillers.append(f) } }
         let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .milliseconds(300), upstreamResponse: .seconds(5), idle: .seconds(10)), upstreamPort: blackhole)
@@ -299,6 +292,25 @@ struct ProxyEndToEndTests {
         #expect(status == 101)
         #expect(echoed == "ping-1ping-2")
         #expect(closed)
+    }
+
+    @Test("a 101 to a request that asked for no upgrade is a 502, never a tunnel")
+    func unaskedSwitch() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /switch HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(response.status == 502)
+        #expect(response.text.contains("switched protocols unasked"))
+    }
+
+    @Test("interim 1xx responses are passed on before the final one")
+    func interimResponses() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /continue HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(response.interim == [100])
+        #expect(response.status == 200)
+        #expect(response.text == "after interim")
     }
 
     @Test("h2c upgrade requests are not upgraded")

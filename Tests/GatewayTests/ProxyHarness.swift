@@ -54,8 +54,14 @@ struct ProxyHarness {
 
 /// A port nothing listens on (bound, then closed).
 func closedPort() throws -> Int {
+    let (fd, port) = boundLoopbackSocket()
+    close(fd)
+    return port
+}
+
+/// A TCP socket bound to a free loopback port (not listening yet): its descriptor and port.
+func boundLoopbackSocket() -> (fd: Int32, port: Int) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
     var addr = sockaddr_in()
     addr.sin_family = sa_family_t(AF_INET)
     addr.sin_port = 0
@@ -63,7 +69,7 @@ func closedPort() throws -> Int {
     _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
     var len = socklen_t(MemoryLayout<sockaddr_in>.size)
     _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-    return Int(UInt16(bigEndian: addr.sin_port))
+    return (fd, Int(UInt16(bigEndian: addr.sin_port)))
 }
 
 #if canImport(Glibc)

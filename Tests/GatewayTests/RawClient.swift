@@ -13,6 +13,8 @@ final class RawClient: @unchecked Sendable {
         var status: Int
         var headers: [(String, String)]
         var body: [UInt8]
+        /// Statuses of interim (1xx) responses that came first.
+        var interim: [Int] = []
         var text: String { String(decoding: body, as: UTF8.self) }
         func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
     }
@@ -82,7 +84,9 @@ final class RawClient: @unchecked Sendable {
     func readResponse(head: Bool = false, discardBody: Bool = false) throws -> Response {
         var status = 0
         var headers: [(String, String)] = []
+        var interim: [Int] = []
         repeat {
+            if status != 0 { interim.append(status) }
             let statusLine = try readLine()
             let parts = statusLine.split(separator: " ", maxSplits: 2)
             guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), let code = Int(parts[1]) else { throw Failure.malformed(statusLine) }
@@ -95,7 +99,7 @@ final class RawClient: @unchecked Sendable {
                 headers.append((String(line[..<colon]), String(line[line.index(after: colon)...]).trimmingSpaces()))
             }
         } while status >= 100 && status < 200 && status != 101
-        var response = Response(status: status, headers: headers, body: [])
+        var response = Response(status: status, headers: headers, body: [], interim: interim)
         if head || status == 204 || status == 304 || status == 101 { return response }
         if let te = response.header("transfer-encoding"), te.lowercased() == "chunked" {
             while true {

@@ -10,6 +10,7 @@ import NIOPosix
 /// - `/upload[?sum]`: reads the body, answers its length (and with `sum`, a checksum).
 /// - `/slow?ms=N`: answers after N ms. `/hang`: never answers.
 /// - `/reset`: promises 1000 bytes, sends 10, closes. `/stall`: the same, but stays silent.
+/// - `/switch`: 101 to a request that did not ask to upgrade. `/continue`: 100, then 200.
 /// - `/flaky`: answers the first request of a connection; closes on any later one unanswered.
 /// - `/ws`: WebSocket handshake (101), then echoes bytes.
 final class TestUpstream: Sendable {
@@ -155,6 +156,11 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
             headers.add(name: "content-length", value: "1000")
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
             context.writeAndFlush(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "0123456789")))), promise: nil)
+        case "/switch":
+            context.writeAndFlush(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .switchingProtocols, headers: ["Upgrade": "x", "Connection": "Upgrade"]))), promise: nil)
+        case "/continue":
+            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .continue))), promise: nil)
+            send(context: context, "after interim")
         case "/flaky":
             if requestsOnConnection > 1 { context.close(promise: nil) } else { send(context: context, "flaky ok") }
         case "/close":
