@@ -48,6 +48,17 @@ let package = Package(
             ]
         ),
         .target(
+            // Sessions, their cookies and stores (memory, Redis), the local cache.
+            name: "Sessions",
+            dependencies: [
+                "Redis",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]
+        ),
+        .target(
             name: "AppleID",
             dependencies: [
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -76,7 +87,9 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "GatewayConfig", "HTTPProxy",
+                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID", "Redis",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -99,14 +112,23 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "GatewayConfigTests", dependencies: ["GatewayConfig"]),
         .testTarget(
             name: "RedisTests",
             dependencies: [
-                "Redis",
+                "Redis", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]
+        ),
+        .testTarget(
+            name: "SessionsTests",
+            dependencies: [
+                "Sessions", "Redis", "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
         .testTarget(
@@ -136,7 +158,7 @@ let package = Package(
         .testTarget(
             name: "GatewayTests",
             dependencies: [
-                "Gateway", "GatewayConfig", "HTTPProxy",
+                "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleIDSimulator", "Redis",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -1,3 +1,4 @@
+import TestSupport
 import Testing
 
 /// Request smuggling and parser-differential classes (`docs/security.md`, *HTTP/1.1 framing*):

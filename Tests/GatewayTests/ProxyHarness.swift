@@ -1,3 +1,4 @@
+import TestSupport
 import GatewayConfig
 import HTTPProxy
 import Logging
@@ -50,26 +51,6 @@ struct ProxyHarness {
         await proxy.shutdown(deadline: .seconds(1))
         await upstream.close()
     }
-}
-
-/// A port nothing listens on (bound, then closed).
-func closedPort() throws -> Int {
-    let (fd, port) = boundLoopbackSocket()
-    close(fd)
-    return port
-}
-
-/// A TCP socket bound to a free loopback port (not listening yet): its descriptor and port.
-func boundLoopbackSocket() -> (fd: Int32, port: Int) {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    var addr = sockaddr_in()
-    addr.sin_family = sa_family_t(AF_INET)
-    addr.sin_port = 0
-    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-    _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-    return (fd, Int(UInt16(bigEndian: addr.sin_port)))
 }
 
 #if canImport(Glibc)

@@ -1,3 +1,4 @@
+import TestSupport
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1

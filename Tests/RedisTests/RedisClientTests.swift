@@ -1,3 +1,4 @@
+import TestSupport
 import Logging
 import NIOCore
 import NIOPosix

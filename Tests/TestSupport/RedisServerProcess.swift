@@ -5,19 +5,19 @@ import Glibc
 #endif
 
 /// A real `redis-server` on a free loopback port, for one test; stopped by `stop()`.
-final class RedisServerProcess: @unchecked Sendable {
-    let port: Int
+public final class RedisServerProcess: @unchecked Sendable {
+    public let port: Int
     private var pid: pid_t = 0
     private let extraArguments: [String]
 
-    init(port: Int? = nil, arguments: [String] = []) throws {
-        self.port = try port ?? Self.freePort()
+    public init(port: Int? = nil, arguments: [String] = []) throws {
+        self.port = try port ?? closedPort()
         self.extraArguments = arguments
         try start()
     }
 
     /// Starts (again, on the same port) and waits for "Ready to accept connections".
-    func start() throws {
+    public func start() throws {
         let arguments = ["redis-server", "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                          "--enable-debug-command", "yes", "--loglevel", "notice"] + extraArguments
         var fds: [Int32] = [0, 0]
@@ -61,7 +61,7 @@ final class RedisServerProcess: @unchecked Sendable {
     }
 
     /// Stops the server and waits until it has exited (its port is free again).
-    func stop() {
+    public func stop() {
         guard pid > 0 else { return }
         kill(pid, SIGTERM)
         var status: Int32 = 0
@@ -71,17 +71,56 @@ final class RedisServerProcess: @unchecked Sendable {
 
     deinit { stop() }
 
-    enum Failure: Error { case didNotStart(String) }
+    public enum Failure: Error { case didNotStart(String) }
+}
 
-    static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
-        return Int(UInt16(bigEndian: addr.sin_port))
+/// A Redis for tests that only need one: `REDIS_URL` when set (CI may provide one), else a
+/// `redis-server` of our own. Tests sharing an external Redis use a unique key prefix each.
+public struct TestRedis: Sendable {
+    public let host: String
+    public let port: Int
+    public let database: Int
+    /// Ours to stop; nil for `REDIS_URL`.
+    public let process: RedisServerProcess?
+
+    public static func start() throws -> TestRedis {
+        if let url = ProcessInfo.processInfo.environment["REDIS_URL"], url.hasPrefix("redis://") {
+            var rest = url.dropFirst("redis://".count)
+            if let at = rest.lastIndex(of: "@") { rest = rest[rest.index(after: at)...] }
+            var database = 0
+            if let slash = rest.firstIndex(of: "/") {
+                database = Int(rest[rest.index(after: slash)...]) ?? 0
+                rest = rest[..<slash]
+            }
+            let parts = rest.split(separator: ":")
+            return TestRedis(host: String(parts.first ?? "127.0.0.1"), port: parts.count > 1 ? Int(parts[1]) ?? 6379 : 6379, database: database, process: nil)
+        }
+        let process = try RedisServerProcess()
+        return TestRedis(host: "127.0.0.1", port: process.port, database: 0, process: process)
     }
+
+    public func stop() { process?.stop() }
+
+    /// A key prefix no other test uses.
+    public static func uniquePrefix() -> String { "sgtest:\(UInt64.random(in: 0 ... .max)):" }
+}
+
+/// A port nothing listens on (bound, then closed).
+public func closedPort() throws -> Int {
+    let (fd, port) = boundLoopbackSocket()
+    close(fd)
+    return port
+}
+
+/// A TCP socket bound to a free loopback port (not listening yet): its descriptor and port.
+public func boundLoopbackSocket() -> (fd: Int32, port: Int) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var addr = sockaddr_in()
+    addr.sin_family = sa_family_t(AF_INET)
+    addr.sin_port = 0
+    addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+    _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+    var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
+    return (fd, Int(UInt16(bigEndian: addr.sin_port)))
 }

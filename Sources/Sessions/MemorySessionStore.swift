@@ -1,0 +1,150 @@
+import NIOConcurrencyHelpers
+import NIOCore
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The embedded store: everything in one process, behind one lock. One gateway instance only;
+/// sessions end when it restarts. Expired entries are skipped on read and swept as they pile up.
+public final class MemorySessionStore: SessionStore {
+    private struct State {
+        var sessions: [SessionHandle: (record: SessionRecord, expiresAt: Int64)] = [:]
+        var users: [String: UserProfile] = [:]
+        var userSessions: [String: Set<SessionHandle>] = [:]
+        var revoked: [String: Int64] = [:]
+        var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
+        var writesSinceSweep = 0
+
+        mutating func sweep(now: Int64) {
+            writesSinceSweep = 0
+            for (handle, entry) in sessions where entry.expiresAt <= now {
+                sessions[handle] = nil
+                userSessions[entry.record.sub]?.remove(handle)
+            }
+            logins = logins.filter { $0.value.expiresAt > now }
+        }
+
+        mutating func wrote(now: Int64) {
+            writesSinceSweep += 1
+            if writesSinceSweep >= 1024 { sweep(now: now) }
+        }
+    }
+
+    private let state = NIOLockedValueBox(State())
+    private let now: @Sendable () -> Int64
+
+    /// - Parameter now: the clock in Unix milliseconds (injectable for tests).
+    public init(now: @escaping @Sendable () -> Int64 = SessionClock.now) {
+        self.now = now
+    }
+
+    public func create(_ session: SessionRecord, profile: UserProfile, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            s.sessions[session.handle] = (session, expiresAt)
+            s.userSessions[session.sub, default: []].insert(session.handle)
+            s.users[profile.sub] = (s.users[profile.sub] ?? UserProfile(sub: profile.sub)).merged(with: profile)
+            s.wrote(now: t)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func load(_ handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<StoredSession?> {
+        let t = now()
+        let found: StoredSession? = state.withLockedValue { s in
+            guard let entry = s.sessions[handle], entry.expiresAt > t else { return nil }
+            let sub = entry.record.sub
+            return StoredSession(session: entry.record, user: s.users[sub] ?? UserProfile(sub: sub), revokedAt: s.revoked[sub])
+        }
+        return eventLoop.makeSucceededFuture(found)
+    }
+
+    public func touch(_ handle: SessionHandle, lastSeen: Int64, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            if var entry = s.sessions[handle] {
+                guard entry.expiresAt > t, expiresAt > t else {
+                    s.sessions[handle] = nil
+                    s.userSessions[entry.record.sub]?.remove(handle)
+                    return
+                }
+                entry.record.lastSeen = lastSeen
+                entry.expiresAt = expiresAt
+                s.sessions[handle] = entry
+            }
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func delete(_ handle: SessionHandle, sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { s in
+            s.sessions[handle] = nil
+            s.userSessions[sub]?.remove(handle)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
+        let t = now()
+        let list = state.withLockedValue { s in
+            (s.userSessions[sub] ?? []).compactMap { h in s.sessions[h].flatMap { $0.expiresAt > t ? $0.record : nil } }
+        }
+        return eventLoop.makeSucceededFuture(list.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) })
+    }
+
+    public func revoke(_ sub: String, at revokedAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
+        let t = now()
+        let count = state.withLockedValue { s -> Int in
+            s.revoked[sub] = max(s.revoked[sub] ?? 0, revokedAt)
+            let handles = s.userSessions.removeValue(forKey: sub) ?? []
+            var live = 0
+            for h in handles {
+                if let entry = s.sessions.removeValue(forKey: h), entry.expiresAt > t { live += 1 }
+            }
+            return live
+        }
+        return eventLoop.makeSucceededFuture(count)
+    }
+
+    public func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { s in
+            s.users[profile.sub] = (s.users[profile.sub] ?? UserProfile(sub: profile.sub)).merged(with: profile)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func profile(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<UserProfile?> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { $0.users[sub] })
+    }
+
+    public func putLogin(state key: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            s.logins[key] = (login, t + ttl)
+            s.wrote(now: t)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func takeLogin(state key: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?> {
+        let t = now()
+        let login = state.withLockedValue { s in s.logins.removeValue(forKey: key).flatMap { $0.expiresAt > t ? $0.login : nil } }
+        return eventLoop.makeSucceededFuture(login)
+    }
+
+    public func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        eventLoop.makeSucceededVoidFuture()
+    }
+}
+
+/// Wall-clock time in Unix milliseconds, the unit of every stored time.
+public enum SessionClock {
+    @Sendable public static func now() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+}

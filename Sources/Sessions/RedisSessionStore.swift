@@ -1,0 +1,180 @@
+import NIOCore
+import Redis
+
+/// Sessions in Redis, in the data model of DESIGN §3. Key names (with the default prefix):
+///
+/// - `sg:session:{hash}` hash — the session; expires with it (idle, capped by absolute timeout)
+/// - `sg:user:{sub}` hash — the profile; `sg:user:{sub}:sessions` set — the user's session hashes
+/// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms)
+/// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
+///
+/// The braces are Redis Cluster hash tags: one user's keys share a slot.
+public final class RedisSessionStore: SessionStore {
+    private let redis: RedisClient
+    private let prefix: String
+
+    public init(client: RedisClient, keyPrefix: String = "sg:") {
+        self.redis = client
+        self.prefix = keyPrefix
+    }
+
+    func sessionKey(_ h: SessionHandle) -> String { "\(prefix)session:{\(h.key)}" }
+    func userKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}" }
+    func userSessionsKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}:sessions" }
+    func revokedKey(_ sub: String) -> String { "\(prefix)revoked:{\(sub)}" }
+    func loginKey(_ state: String) -> String { "\(prefix)login:{\(state)}" }
+
+    private func send(_ args: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
+        redis.send(args, on: loop).flatMapErrorThrowing { error in
+            throw SessionStoreError("\(error)")
+        }
+    }
+
+    /// Commands in one MULTI/EXEC, pipelined on the loop's connection; the EXEC reply's array.
+    private func transaction(_ commands: [[RedisArgument]], on loop: any EventLoop) -> EventLoopFuture<[RESPValue]> {
+        let queued = [["MULTI"]] + commands + [["EXEC"]]
+        let futures = queued.map { send($0, on: loop) }
+        return EventLoopFuture.whenAllComplete(futures, on: loop).flatMapThrowing { results in
+            for result in results { if case .failure(let error) = result { throw error } }
+            guard case .success(.array(let replies?)) = results.last else { throw SessionStoreError("transaction aborted") }
+            return replies
+        }
+    }
+
+    public func create(_ session: SessionRecord, profile: UserProfile, expiresAt: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        var fields: [RedisArgument] = [
+            "sub", .string(session.sub), "client_id", .string(session.clientID), "created", RedisArgument(session.created),
+            "last_seen", RedisArgument(session.lastSeen), "validated_at", RedisArgument(session.validatedAt),
+        ]
+        if let token = session.sealedRefreshToken { fields += ["refresh_token", .string(token)] }
+        var commands: [[RedisArgument]] = [
+            ["HSET", .string(sessionKey(session.handle))] + fields,
+            ["PEXPIREAT", .string(sessionKey(session.handle)), RedisArgument(expiresAt)],
+            ["SADD", .string(userSessionsKey(session.sub)), .string(session.handle.key)],
+        ]
+        let profileFields = profile.fields
+        if !profileFields.isEmpty {
+            commands.append(["HSET", .string(userKey(profile.sub))] + profileFields.flatMap { [RedisArgument.string($0.0), .string($0.1)] })
+        }
+        return transaction(commands, on: loop).map { _ in }
+    }
+
+    public func load(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
+        send(["HGETALL", .string(sessionKey(handle))], on: loop).flatMap { reply in
+            guard let fields = Self.hash(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
+            guard let record = Self.session(handle, fields) else { return loop.makeFailedFuture(SessionStoreError("malformed session record")) }
+            let user = self.send(["HGETALL", .string(self.userKey(record.sub))], on: loop)
+            let revoked = self.send(["GET", .string(self.revokedKey(record.sub))], on: loop)
+            return user.and(revoked).map { userReply, revokedReply in
+                StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(userReply) ?? [:]),
+                              revokedAt: revokedReply.string.flatMap { Int64($0) })
+            }
+        }
+    }
+
+    public func touch(_ handle: SessionHandle, lastSeen: Int64, expiresAt: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        // HSET on an expired (deleted) session would resurrect a fieldless hash: only when it exists.
+        let key = sessionKey(handle)
+        return send(["EXISTS", .string(key)], on: loop).flatMap { exists in
+            guard exists.int == 1 else { return loop.makeSucceededVoidFuture() }
+            let set = self.send(["HSET", .string(key), "last_seen", RedisArgument(lastSeen)], on: loop)
+            let expire = self.send(["PEXPIREAT", .string(key), RedisArgument(expiresAt)], on: loop)
+            return set.and(expire).map { _ in }
+        }
+    }
+
+    public func delete(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        transaction([["DEL", .string(sessionKey(handle))], ["SREM", .string(userSessionsKey(sub)), .string(handle.key)]], on: loop).map { _ in }
+    }
+
+    public func sessions(of sub: String, on loop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
+        send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
+            let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
+            let loads = handles.map { h in self.send(["HGETALL", .string(self.sessionKey(h))], on: loop).map { (h, $0) } }
+            return EventLoopFuture.whenAllSucceed(loads, on: loop).flatMap { pairs in
+                var live: [SessionRecord] = []
+                var gone: [RedisArgument] = []
+                for (h, r) in pairs {
+                    if let f = Self.hash(r), !f.isEmpty, let record = Self.session(h, f) { live.append(record) } else { gone.append(.string(h.key)) }
+                }
+                let sorted = live.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) }
+                guard !gone.isEmpty else { return loop.makeSucceededFuture(sorted) }
+                // Expired sessions leave their hash in the set: tidy up while we are here.
+                return self.send(["SREM", .string(self.userSessionsKey(sub))] + gone, on: loop).map { _ in sorted }
+            }
+        }
+    }
+
+    public func revoke(_ sub: String, at revokedAt: Int64, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
+            let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
+            var commands: [[RedisArgument]] = [["SET", .string(self.revokedKey(sub)), RedisArgument(revokedAt)]]
+            if !handles.isEmpty { commands.append(["DEL"] + handles.map { .string(self.sessionKey($0)) }) }
+            commands.append(["DEL", .string(self.userSessionsKey(sub))])
+            return self.transaction(commands, on: loop).map { replies in
+                handles.isEmpty ? 0 : Int(replies[1].int ?? 0)
+            }
+        }
+    }
+
+    public func saveProfile(_ profile: UserProfile, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let fields = profile.fields
+        guard !fields.isEmpty else { return loop.makeSucceededVoidFuture() }
+        return send(["HSET", .string(userKey(profile.sub))] + fields.flatMap { [RedisArgument.string($0.0), .string($0.1)] }, on: loop).map { _ in }
+    }
+
+    public func profile(of sub: String, on loop: any EventLoop) -> EventLoopFuture<UserProfile?> {
+        send(["HGETALL", .string(userKey(sub))], on: loop).map { reply in
+            guard let f = Self.hash(reply), !f.isEmpty else { return nil }
+            return UserProfile(sub: sub, fields: f)
+        }
+    }
+
+    public func putLogin(state: String, _ login: LoginState, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let key = loginKey(state)
+        return transaction([
+            ["HSET", .string(key), "nonce", .string(login.nonce), "rd", .string(login.returnTo), "binding", .string(login.binding)],
+            ["PEXPIRE", .string(key), RedisArgument(ttl)],
+        ], on: loop).map { _ in }
+    }
+
+    public func takeLogin(state: String, on loop: any EventLoop) -> EventLoopFuture<LoginState?> {
+        let key = loginKey(state)
+        return transaction([["HGETALL", .string(key)], ["DEL", .string(key)]], on: loop).map { replies in
+            guard let f = Self.hash(replies[0]), let nonce = f["nonce"], let rd = f["rd"], let binding = f["binding"] else { return nil }
+            return LoginState(nonce: nonce, returnTo: rd, binding: binding)
+        }
+    }
+
+    public func ping(on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["PING"], on: loop).map { _ in }
+    }
+
+    // MARK: decoding
+
+    static func hash(_ reply: RESPValue) -> [String: String]? {
+        guard let items = reply.arrayValue, items.count % 2 == 0 else { return nil }
+        var out: [String: String] = [:]
+        var i = 0
+        while i < items.count {
+            if let k = items[i].string, let v = items[i + 1].string { out[k] = v }
+            i += 2
+        }
+        return out
+    }
+
+    static func session(_ handle: SessionHandle, _ f: [String: String]) -> SessionRecord? {
+        guard let sub = f["sub"], let created = f["created"].flatMap({ Int64($0) }) else { return nil }
+        return SessionRecord(handle: handle, sub: sub, clientID: f["client_id"] ?? "", created: created,
+                             lastSeen: f["last_seen"].flatMap { Int64($0) } ?? created,
+                             validatedAt: f["validated_at"].flatMap { Int64($0) } ?? created,
+                             sealedRefreshToken: f["refresh_token"])
+    }
+}
+
+extension RESPValue {
+    var arrayValue: [RESPValue]? {
+        if case .array(let items?) = self { return items }
+        return nil
+    }
+}

@@ -1,0 +1,129 @@
+import Crypto
+import Foundation
+
+/// The keys derived from `session.secret_file` (HKDF-SHA256, one label per use) and everything
+/// done with them: session ids and their cookies, the store's key for a session, and refresh
+/// tokens sealed at rest (DESIGN §3 "Sessions").
+///
+/// A cookie is `base64url(id ‖ HMAC-SHA256(id))`: 32 random bytes and their 32-byte tag. The tag
+/// is checked in constant time before anything else, so a forged cookie never reaches a store.
+/// The store keys a session by SHA-256 of the id: a dump of the store yields no usable cookie.
+public struct SessionKeys: Sendable {
+    private let cookieKey: SymmetricKey
+    private let sealingKey: SymmetricKey
+
+    /// Bytes of a session id.
+    public static let idLength = 32
+    /// Characters of an encoded cookie value (64 bytes in unpadded base64url).
+    public static let cookieLength = 86
+    /// The shortest secret accepted (bytes).
+    public static let minimumSecretLength = 32
+
+    public struct SecretTooShort: Error, CustomStringConvertible {
+        public var length: Int
+        public var description: String {
+            "the session secret has \(length) bytes; at least \(SessionKeys.minimumSecretLength) are required (e.g. `head -c 64 /dev/urandom > session.key`)"
+        }
+    }
+
+    public init(secret: [UInt8]) throws {
+        guard secret.count >= Self.minimumSecretLength else { throw SecretTooShort(length: secret.count) }
+        let master = SymmetricKey(data: secret)
+        func derive(_ label: String) -> SymmetricKey {
+            HKDF<SHA256>.deriveKey(inputKeyMaterial: master, salt: Array("sessiongate".utf8), info: Array(label.utf8), outputByteCount: 32)
+        }
+        cookieKey = derive("cookie-mac-v1")
+        sealingKey = derive("refresh-token-aes-gcm-v1")
+    }
+
+    /// A fresh random secret (the memory store without `session.secret_file`).
+    public static func randomSecret() -> [UInt8] {
+        var rng = SystemRandomNumberGenerator()
+        return (0..<64).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
+    }
+
+    // MARK: session ids and cookies
+
+    /// A new session: its cookie value (for the client) and its store key (for the store).
+    public func newSession() -> (cookie: String, handle: SessionHandle) {
+        var rng = SystemRandomNumberGenerator()
+        let id = (0..<Self.idLength).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
+        let tag = HMAC<SHA256>.authenticationCode(for: id, using: cookieKey)
+        return (Base64URL.encode(id + Array(tag)), SessionHandle(id: id))
+    }
+
+    /// The session a cookie (or bearer token) names, when its tag is ours; `nil` for anything
+    /// else (wrong length, bad encoding, forged tag). Costs one HMAC; touches no store.
+    public func handle(forCookie value: Substring) -> SessionHandle? {
+        guard value.utf8.count == Self.cookieLength, let bytes = Base64URL.decode(value), bytes.count == 2 * Self.idLength else { return nil }
+        let id = Array(bytes[0..<Self.idLength])
+        guard HMAC<SHA256>.isValidAuthenticationCode(bytes[Self.idLength...], authenticating: id, using: cookieKey) else { return nil }
+        return SessionHandle(id: id)
+    }
+
+    // MARK: refresh tokens at rest
+
+    /// AES-GCM with a random nonce; `nonce ‖ ciphertext ‖ tag`, base64url. The session's store
+    /// key is authenticated with it, so a sealed token cannot be moved to another session.
+    public func seal(_ plaintext: String, for handle: SessionHandle) -> String {
+        // A SymmetricKey of 32 bytes and a random nonce cannot fail to seal.
+        let box = try! AES.GCM.seal(Array(plaintext.utf8), using: sealingKey, authenticating: Array(handle.key.utf8))
+        return Base64URL.encode(Array(box.combined!))
+    }
+
+    /// The plaintext, or nil when the value was not sealed by this key for this session.
+    public func open(_ sealed: String, for handle: SessionHandle) -> String? {
+        guard let bytes = Base64URL.decode(Substring(sealed)), let box = try? AES.GCM.SealedBox(combined: bytes),
+              let plain = try? AES.GCM.open(box, using: sealingKey, authenticating: Array(handle.key.utf8)) else { return nil }
+        return String(decoding: plain, as: UTF8.self)
+    }
+}
+
+/// How a store names one session: the hex SHA-256 of its id. Never the id itself.
+public struct SessionHandle: Hashable, Sendable, CustomStringConvertible {
+    /// 64 lower-case hex digits.
+    public let key: String
+
+    init(id: [UInt8]) {
+        self.key = Self.hex(Array(SHA256.hash(data: id)))
+    }
+
+    /// A handle read back from a store (a session list, an invalidation message).
+    public init?(key: String) {
+        guard key.utf8.count == 64, key.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return nil }
+        self.key = key
+    }
+
+    /// Short enough for logs, useless as a credential.
+    public var description: String { String(key.prefix(12)) }
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(bytes.count * 2)
+        for b in bytes {
+            out.append(digits[Int(b >> 4)])
+            out.append(digits[Int(b & 0xf)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
+
+/// Unpadded base64url (RFC 4648 §5).
+enum Base64URL {
+    static func encode(_ bytes: [UInt8]) -> String {
+        var s = Data(bytes).base64EncodedString()
+        s = s.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+        while s.hasSuffix("=") { s.removeLast() }
+        return s
+    }
+
+    static func decode(_ text: Substring) -> [UInt8]? {
+        guard text.utf8.allSatisfy({ b in
+            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
+        }) else { return nil }
+        var s = String(text).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while s.utf8.count % 4 != 0 { s += "=" }
+        return Data(base64Encoded: s).map { Array($0) }
+    }
+}

@@ -1,0 +1,146 @@
+import NIOCore
+
+/// One signed-in session (DESIGN §3, `sg:session:{hash}`). Times are Unix milliseconds.
+public struct SessionRecord: Sendable, Equatable {
+    public var handle: SessionHandle
+    public var sub: String
+    /// The client id the session was issued for (the Services ID on the web, an App ID natively).
+    public var clientID: String
+    public var created: Int64
+    public var lastSeen: Int64
+    /// The last successful validation with Apple (sign-in counts as one).
+    public var validatedAt: Int64
+    /// Apple's refresh token, sealed with `SessionKeys.seal` (never stored in the clear).
+    public var sealedRefreshToken: String?
+
+    public init(handle: SessionHandle, sub: String, clientID: String, created: Int64, lastSeen: Int64, validatedAt: Int64, sealedRefreshToken: String?) {
+        self.handle = handle
+        self.sub = sub
+        self.clientID = clientID
+        self.created = created
+        self.lastSeen = lastSeen
+        self.validatedAt = validatedAt
+        self.sealedRefreshToken = sealedRefreshToken
+    }
+}
+
+/// What the gateway knows about a user (`sg:user:{sub}`). Every field but `sub` is optional:
+/// Apple sends the name once, the email only with the `email` scope.
+public struct UserProfile: Sendable, Equatable {
+    public var sub: String
+    public var name: String?
+    public var email: String?
+    public var emailVerified: Bool?
+    public var privateEmail: Bool?
+    /// `enabled`/`disabled`, from Apple's email notifications.
+    public var emailForwarding: String?
+    public var realUserStatus: Int?
+
+    public init(sub: String, name: String? = nil, email: String? = nil, emailVerified: Bool? = nil, privateEmail: Bool? = nil,
+                emailForwarding: String? = nil, realUserStatus: Int? = nil) {
+        self.sub = sub
+        self.name = name
+        self.email = email
+        self.emailVerified = emailVerified
+        self.privateEmail = privateEmail
+        self.emailForwarding = emailForwarding
+        self.realUserStatus = realUserStatus
+    }
+
+    /// `self` with every field `update` has replaced; absent fields are kept (a later sign-in
+    /// without the name keeps the stored name).
+    public func merged(with update: UserProfile) -> UserProfile {
+        var p = self
+        if let v = update.name { p.name = v }
+        if let v = update.email { p.email = v }
+        if let v = update.emailVerified { p.emailVerified = v }
+        if let v = update.privateEmail { p.privateEmail = v }
+        if let v = update.emailForwarding { p.emailForwarding = v }
+        if let v = update.realUserStatus { p.realUserStatus = v }
+        return p
+    }
+
+    var fields: [(String, String)] {
+        var f: [(String, String)] = []
+        if let name { f.append(("name", name)) }
+        if let email { f.append(("email", email)) }
+        if let emailVerified { f.append(("email_verified", emailVerified ? "true" : "false")) }
+        if let privateEmail { f.append(("private_email", privateEmail ? "true" : "false")) }
+        if let emailForwarding { f.append(("email_forwarding", emailForwarding)) }
+        if let realUserStatus { f.append(("real_user_status", String(realUserStatus))) }
+        return f
+    }
+
+    init(sub: String, fields: [String: String]) {
+        self.init(sub: sub, name: fields["name"], email: fields["email"], emailVerified: fields["email_verified"].map { $0 == "true" },
+                  privateEmail: fields["private_email"].map { $0 == "true" }, emailForwarding: fields["email_forwarding"],
+                  realUserStatus: fields["real_user_status"].flatMap { Int($0) })
+    }
+}
+
+/// A session as admission needs it: the session, its user, and the user's revocation time.
+public struct StoredSession: Sendable, Equatable {
+    public var session: SessionRecord
+    public var user: UserProfile
+    /// Sessions created before this (Unix ms) are dead.
+    public var revokedAt: Int64?
+
+    public init(session: SessionRecord, user: UserProfile, revokedAt: Int64?) {
+        self.session = session
+        self.user = user
+        self.revokedAt = revokedAt
+    }
+
+    public var isRevoked: Bool { revokedAt.map { session.created <= $0 } ?? false }
+}
+
+/// A web login between `/login` and `/callback` (`sg:login:{state}`): single use, 10 minutes.
+public struct LoginState: Sendable, Equatable {
+    public var nonce: String
+    /// Where to go after sign-in: a validated path or allow-listed URL.
+    public var returnTo: String
+    /// SHA-256 (hex) of the pre-auth cookie's value: binds the login to one browser.
+    public var binding: String
+
+    public init(nonce: String, returnTo: String, binding: String) {
+        self.nonce = nonce
+        self.returnTo = returnTo
+        self.binding = binding
+    }
+}
+
+/// A store failed to answer (down, slow, or nonsense): admission answers 503 and keeps the
+/// cookie; nothing is concluded about the session.
+public struct SessionStoreError: Error, CustomStringConvertible {
+    public var reason: String
+    public init(_ reason: String) { self.reason = reason }
+    public var description: String { "session store unavailable: \(reason)" }
+}
+
+/// Where sessions live: memory (one instance) or Redis (a fleet). Both implementations pass
+/// the same contract suite (`Tests/SessionsTests/SessionStoreContract.swift`). Every call
+/// answers on `eventLoop` and fails only with `SessionStoreError`.
+public protocol SessionStore: Sendable {
+    /// Saves a new session (expiring at `expiresAt`) and merges `profile` into the user's.
+    func create(_ session: SessionRecord, profile: UserProfile, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// The session with its user and revocation marker; nil when unknown or expired.
+    func load(_ handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<StoredSession?>
+    /// Records activity: `last_seen` and the new expiry (idle timeout, capped by the absolute one).
+    func touch(_ handle: SessionHandle, lastSeen: Int64, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Ends one session (logout).
+    func delete(_ handle: SessionHandle, sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// The user's live sessions, oldest first.
+    func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]>
+    /// Records `revokedAt` for the user and deletes all their sessions; answers how many.
+    func revoke(_ sub: String, at revokedAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Int>
+    /// Merges fields into the user's profile (creating it).
+    func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// The user's profile, if any.
+    func profile(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<UserProfile?>
+    /// Saves a login for `ttl` milliseconds.
+    func putLogin(state: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Takes a login out: the second call for the same state answers nil.
+    func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?>
+    /// Succeeds when the store answers (readiness).
+    func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+}

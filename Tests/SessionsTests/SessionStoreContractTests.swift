@@ -1,0 +1,207 @@
+import Logging
+import NIOCore
+import NIOPosix
+import Redis
+import Sessions
+import TestSupport
+import Testing
+
+/// One contract, two stores: every test runs against the memory store and the Redis store
+/// (a real `redis-server`, or `REDIS_URL`).
+enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
+    case memory, redis
+    var testDescription: String { rawValue }
+}
+
+/// A store under test and what it needs torn down.
+struct StoreFixture {
+    let store: any SessionStore
+    let loop: any EventLoop
+    let redis: TestRedis?
+    let client: RedisClient?
+    let prefix: String
+
+    static func make(_ kind: StoreKind) throws -> StoreFixture {
+        let group = MultiThreadedEventLoopGroup.singleton
+        switch kind {
+        case .memory:
+            return StoreFixture(store: MemorySessionStore(), loop: group.next(), redis: nil, client: nil, prefix: "")
+        case .redis:
+            let redis = try TestRedis.start()
+            let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database), group: group, logger: Logger(label: "test"))
+            let prefix = TestRedis.uniquePrefix()
+            return StoreFixture(store: RedisSessionStore(client: client, keyPrefix: prefix), loop: group.next(), redis: redis, client: client, prefix: prefix)
+        }
+    }
+
+    func close() async {
+        await client?.close()
+        redis?.stop()
+    }
+}
+
+let keys = try! SessionKeys(secret: Array(repeating: 7, count: 32))
+
+func record(_ sub: String, created: Int64, token: String? = "rt-secret-value") -> (cookie: String, record: SessionRecord) {
+    let (cookie, handle) = keys.newSession()
+    return (cookie, SessionRecord(handle: handle, sub: sub, clientID: "com.example.web", created: created, lastSeen: created,
+                                  validatedAt: created, sealedRefreshToken: token.map { keys.seal($0, for: handle) }))
+}
+
+@Suite("SessionStore contract", .timeLimit(.minutes(1)))
+struct SessionStoreContractTests {
+    let now = SessionClock.now()
+
+    @Test(arguments: StoreKind.allCases)
+    func createLoadAndMergeProfile(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let (_, s) = record("user.1", created: now)
+        try await f.store.create(s, profile: UserProfile(sub: "user.1", name: "Ada Lovelace", email: "ada@example.com", emailVerified: true, privateEmail: false),
+                                 expiresAt: now + 60_000, on: f.loop).get()
+        let loaded = try #require(try await f.store.load(s.handle, on: f.loop).get())
+        #expect(loaded.session == s)
+        #expect(loaded.user.name == "Ada Lovelace")
+        #expect(loaded.user.emailVerified == true)
+        #expect(loaded.user.privateEmail == false)
+        #expect(loaded.revokedAt == nil)
+        #expect(keys.open(try #require(loaded.session.sealedRefreshToken), for: s.handle) == "rt-secret-value")
+
+        // A later sign-in without the name (Apple sends it once) keeps it.
+        let (_, later) = record("user.1", created: now + 1)
+        try await f.store.create(later, profile: UserProfile(sub: "user.1", email: "ada@example.com", emailVerified: true), expiresAt: now + 60_000, on: f.loop).get()
+        #expect(try await f.store.load(later.handle, on: f.loop).get()?.user.name == "Ada Lovelace")
+        #expect(try await f.store.profile(of: "user.1", on: f.loop).get()?.name == "Ada Lovelace")
+        try await f.store.saveProfile(UserProfile(sub: "user.1", emailForwarding: "disabled"), on: f.loop).get()
+        let profile = try #require(try await f.store.profile(of: "user.1", on: f.loop).get())
+        #expect(profile.emailForwarding == "disabled" && profile.name == "Ada Lovelace")
+        #expect(try await f.store.profile(of: "nobody", on: f.loop).get() == nil)
+
+        let (_, unknown) = record("user.1", created: now)
+        #expect(try await f.store.load(unknown.handle, on: f.loop).get() == nil)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func expiryAndTouch(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let (_, expired) = record("user.2", created: now - 10_000)
+        try await f.store.create(expired, profile: UserProfile(sub: "user.2"), expiresAt: now - 1, on: f.loop).get()
+        #expect(try await f.store.load(expired.handle, on: f.loop).get() == nil)
+
+        let (_, live) = record("user.2", created: now)
+        try await f.store.create(live, profile: UserProfile(sub: "user.2"), expiresAt: now + 60_000, on: f.loop).get()
+        try await f.store.touch(live.handle, lastSeen: now + 500, expiresAt: now + 120_000, on: f.loop).get()
+        #expect(try await f.store.load(live.handle, on: f.loop).get()?.session.lastSeen == now + 500)
+        // Touching to an expiry in the past ends the session (the idle timeout passed).
+        try await f.store.touch(live.handle, lastSeen: now + 600, expiresAt: now - 1, on: f.loop).get()
+        #expect(try await f.store.load(live.handle, on: f.loop).get() == nil)
+        // Touching a session that is gone does not bring it back.
+        try await f.store.touch(live.handle, lastSeen: now + 700, expiresAt: now + 60_000, on: f.loop).get()
+        #expect(try await f.store.load(live.handle, on: f.loop).get() == nil)
+        #expect(try await f.store.sessions(of: "user.2", on: f.loop).get().isEmpty)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func listDeleteAndRevoke(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let sessions = (0..<3).map { record("user.3", created: now + Int64($0)).record }
+        for s in sessions { try await f.store.create(s, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get() }
+        let (_, other) = record("user.4", created: now)
+        try await f.store.create(other, profile: UserProfile(sub: "user.4"), expiresAt: now + 60_000, on: f.loop).get()
+
+        #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().map(\.handle) == sessions.map(\.handle))
+        try await f.store.delete(sessions[0].handle, sub: "user.3", on: f.loop).get()
+        #expect(try await f.store.load(sessions[0].handle, on: f.loop).get() == nil)
+        #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().count == 2)
+
+        #expect(try await f.store.revoke("user.3", at: now + 10, on: f.loop).get() == 2)
+        for s in sessions { #expect(try await f.store.load(s.handle, on: f.loop).get() == nil) }
+        #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().isEmpty)
+        // Another user is untouched.
+        let stillThere = try #require(try await f.store.load(other.handle, on: f.loop).get())
+        #expect(!stillThere.isRevoked)
+
+        // A session created after the revocation lives and carries the marker; one created
+        // before it (a racing sign-in on another instance) is dead on arrival.
+        let (_, after) = record("user.3", created: now + 11)
+        try await f.store.create(after, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
+        let loaded = try #require(try await f.store.load(after.handle, on: f.loop).get())
+        #expect(loaded.revokedAt == now + 10 && !loaded.isRevoked)
+        let (_, racing) = record("user.3", created: now + 9)
+        try await f.store.create(racing, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
+        #expect(try await f.store.load(racing.handle, on: f.loop).get()?.isRevoked == true)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func loginsAreSingleUseAndExpire(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let login = LoginState(nonce: "n-1", returnTo: "/after?x=1", binding: "b-1")
+        try await f.store.putLogin(state: "state-1", login, ttl: 600_000, on: f.loop).get()
+        #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == login)
+        #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == nil)
+        #expect(try await f.store.takeLogin(state: "never-issued", on: f.loop).get() == nil)
+
+        // Two callbacks racing for one state: exactly one wins.
+        try await f.store.putLogin(state: "state-2", login, ttl: 600_000, on: f.loop).get()
+        let a = f.store.takeLogin(state: "state-2", on: f.loop)
+        let b = f.store.takeLogin(state: "state-2", on: f.loop)
+        let results = [try await a.get(), try await b.get()]
+        #expect(results.compactMap { $0 }.count == 1)
+
+        try await f.store.putLogin(state: "state-3", login, ttl: 0, on: f.loop).get()
+        #expect(try await f.store.takeLogin(state: "state-3", on: f.loop).get() == nil)
+        try await f.store.ping(on: f.loop).get()
+    }
+}
+
+@Suite("Redis store", .timeLimit(.minutes(1)))
+struct RedisSessionStoreTests {
+    /// DESIGN §3: sessions under a hash of the id, refresh tokens sealed — a dump of Redis holds
+    /// neither a usable cookie nor a refresh token.
+    @Test func dumpHoldsNoCredential() async throws {
+        let f = try StoreFixture.make(.redis)
+        defer { Task { await f.close() } }
+        let (cookie, s) = record("user.5", created: SessionClock.now(), token: "r.PLAINTEXT-REFRESH-TOKEN")
+        try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "N"), expiresAt: SessionClock.now() + 60_000, on: f.loop).get()
+        let client = try #require(f.client)
+        let keysReply = try await client.send(["KEYS", .string(f.prefix + "*")])
+        guard case .array(let items?) = keysReply else { Issue.record("KEYS: \(keysReply)"); return }
+        let names = items.compactMap(\.string).sorted()
+        #expect(names == [f.prefix + "session:{\(s.handle.key)}", f.prefix + "user:{user.5}", f.prefix + "user:{user.5}:sessions"])
+        var dump = names.joined()
+        for name in names {
+            let type = try await client.send(["TYPE", .string(name)]).string
+            let value = try await client.send(type == "set" ? ["SMEMBERS", .string(name)] : ["HGETALL", .string(name)])
+            if case .array(let parts?) = value { dump += parts.compactMap(\.string).joined(separator: " ") }
+        }
+        #expect(!dump.contains("PLAINTEXT-REFRESH-TOKEN"))
+        #expect(!dump.contains(String(cookie.prefix(43))))
+        let ttl = try await client.send(["PTTL", .string(f.prefix + "session:{\(s.handle.key)}")]).int ?? -1
+        #expect(ttl > 50_000 && ttl <= 60_000)
+    }
+
+    @Test func storeDownFailsFastWithStoreError() async throws {
+        let server = try RedisServerProcess()
+        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, commandTimeout: .milliseconds(250)),
+                                     group: .singleton, logger: Logger(label: "test"))
+        let store = RedisSessionStore(client: client)
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        try await store.ping(on: loop).get()
+        server.stop()
+        let (_, s) = record("user.6", created: 0)
+        await #expect(throws: SessionStoreError.self) { try await store.load(s.handle, on: loop).get() }
+        try server.start()
+        // Recovers by itself once Redis is back (reconnect with backoff).
+        var recovered = false
+        for _ in 0..<100 where !recovered {
+            recovered = (try? await store.ping(on: loop).get()) != nil
+            if !recovered { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(recovered)
+        await client.close()
+        server.stop()
+    }
+}
