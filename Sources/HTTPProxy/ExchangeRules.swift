@@ -42,16 +42,18 @@ enum ExchangeRules {
 
     /// Where a connection stands, as far as reading from the client is concerned.
     enum Phase: Equatable {
-        case idle, awaitingVerdict, connecting, forwarding, closed
+        case idle, awaitingVerdict, collecting, connecting, forwarding, closed
     }
 
     /// Whether the client may be read now. Never while a verdict or a connection is pending;
-    /// a request body only as fast as the upstream takes it; once the request is complete, only
+    /// a request body only as fast as the upstream takes it (or, for the gateway's own
+    /// endpoints, until it is complete); once the request is complete, only
     /// until one pipelined part is queued (so buffering stays bounded by a single read, and the
     /// connection's read interest is not toggled per request).
     static func shouldReadClient(phase: Phase, quiescing: Bool, requestEnded: Bool, pipelinedEmpty: Bool, upstreamWritable: Bool) -> Bool {
         switch phase {
         case .idle: return !quiescing
+        case .collecting: return !requestEnded
         case .awaitingVerdict, .connecting, .closed: return false
         case .forwarding: return requestEnded ? pipelinedEmpty : upstreamWritable
         }

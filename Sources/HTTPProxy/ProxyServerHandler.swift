@@ -67,6 +67,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var inputClosed = false
     private var pendingUpgrade: HTTPResponseHead? = nil
     private var closing = false
+    /// `.collecting`: the body read so far and what answers it.
+    private var collected = ByteBuffer()
+    private var collector: (maxBytes: Int, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)? = nil
 
     init(shared: ProxyShared, pool: UpstreamPool) {
         self.shared = shared
@@ -202,6 +205,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         switch phase {
         case .awaitingVerdict, .connecting:
             buffered.append(part)
+        case .collecting:
+            collect(part)
         case .forwarding:
             guard let upstream else { return }
             switch part {
@@ -280,6 +285,14 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         switch verdict {
         case .respond(let response):
             respondLocal(response)
+        case .collectBody(let maxBytes, let respond):
+            phase = .collecting
+            collector = (maxBytes, respond)
+            collected = context.channel.allocator.buffer(capacity: 0)
+            let parts = buffered
+            buffered.removeAll()
+            for part in parts where phase == .collecting { collect(part) }
+            resumeReading()
         case .forward(let addHeaders):
             guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
             // Hold the header list in one place only, so adding to it does not copy it.
@@ -296,6 +309,40 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             }
             exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: target.forwarded, headers: headers)
             acquireUpstream()
+        }
+    }
+
+    /// A body part for one of the gateway's own endpoints.
+    private func collect(_ part: HTTPServerRequestPart) {
+        guard let collector else { return }
+        switch part {
+        case .head: break
+        case .body(var buffer):
+            guard collected.readableBytes + buffer.readableBytes <= collector.maxBytes else {
+                self.collector = nil
+                return respondLocal(.error(.payloadTooLarge, "request body larger than \(collector.maxBytes) bytes", close: true))
+            }
+            collected.writeBuffer(&buffer)
+        case .end:
+            finishCollecting()
+        }
+    }
+
+    private func finishCollecting() {
+        guard let collector else { return }
+        self.collector = nil
+        phase = .awaitingVerdict
+        let body = collected
+        collected = ByteBuffer()
+        let gen = generation
+        let this = NIOLoopBound(self, eventLoop: context.eventLoop)
+        collector.respond(body).hop(to: context.eventLoop).whenComplete { result in
+            let handler = this.value
+            guard handler.generation == gen, handler.phase == .awaitingVerdict else { return }
+            switch result {
+            case .success(let response): handler.respondLocal(response)
+            case .failure: handler.respondLocal(.error(.serviceUnavailable, "the request could not be answered"))
+            }
         }
     }
 
@@ -666,6 +713,15 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if idleDeadline <= now {
             if phase == .idle {
                 close()
+                return
+            }
+            if phase == .collecting {
+                collector = nil
+                respondLocal(.error(.requestTimeout, "the request body did not arrive within the idle timeout", close: true))
+                return
+            }
+            if phase == .awaitingVerdict {
+                respondLocal(.error(.serviceUnavailable, "admission could not be decided in time", close: true))
                 return
             }
             if phase == .forwarding || phase == .connecting {

@@ -28,6 +28,9 @@ public enum Verdict: Sendable {
     case forward(addHeaders: [(String, String)])
     /// Answer the client directly; the upstream sees nothing.
     case respond(LocalResponse)
+    /// Read the request body (at most `maxBytes`, else 413), then answer with what `respond`
+    /// makes of it: the gateway's own POST endpoints. The upstream sees nothing.
+    case collectBody(maxBytes: Int, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)
 
     public static let forward = Verdict.forward(addHeaders: [])
 }

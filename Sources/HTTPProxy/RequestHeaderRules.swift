@@ -35,9 +35,25 @@ enum RequestRejection: Error, Equatable {
 struct RequestHeaderRules: Sendable {
     /// Identity header names, lower-case with `_` folded to `-`.
     let strippedNames: [String]
+    /// The gateway's own cookie: removed from the `Cookie` header sent upstream.
+    let hiddenCookie: String?
+    private let hiddenCookieMarker: String?
 
-    init(identityHeaders: [String]) {
+    init(identityHeaders: [String], hiddenCookie: String? = nil) {
         self.strippedNames = identityHeaders.map(HeaderName.normalize)
+        self.hiddenCookie = hiddenCookie
+        self.hiddenCookieMarker = hiddenCookie.map { $0 + "=" }
+    }
+
+    /// A `Cookie` value without the hidden cookie; nil when nothing is left.
+    func cookieWithoutHidden(_ value: String) -> String? {
+        guard let hiddenCookie else { return value }
+        let kept = value.split(separator: ";").filter { pair in
+            let name = pair.drop { $0 == " " || $0 == "\t" }.prefix { $0 != "=" }
+            return name != hiddenCookie
+        }
+        let joined = kept.map { $0.drop { $0 == " " || $0 == "\t" } }.joined(separator: "; ")
+        return joined.isEmpty ? nil : joined
     }
 
     /// One pass over the request head: validates framing and builds the upstream header list.
@@ -93,6 +109,8 @@ struct RequestHeaderRules: Sendable {
             case .requestID:
                 if peerTrusted, Self.isValidRequestID(value) { requestID = value }
                 drop = true
+            case .cookie:
+                if let marker = hiddenCookieMarker, value.contains(marker) { drop = true }
             case .other:
                 if name.utf8.count <= maxIdentityNameLength, strippedNames.contains(where: { HeaderName.equalsNormalized(name, $0) }) {
                     drop = true
@@ -127,6 +145,9 @@ struct RequestHeaderRules: Sendable {
                 case .other:
                     if name.utf8.count <= maxIdentityNameLength, strippedNames.contains(where: { HeaderName.equalsNormalized(name, $0) }) { continue }
                     if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
+                case .cookie:
+                    if let kept = cookieWithoutHidden(value) { headers.add(name: name, value: kept) }
+                    continue
                 case .host, .contentLength, .transferEncoding: break
                 }
                 headers.add(name: name, value: value)
@@ -149,7 +170,7 @@ struct RequestHeaderRules: Sendable {
     enum Forwarding { case forwardedFor, forwardedProto, forwardedHost, other }
 
     enum Kind {
-        case host, contentLength, transferEncoding, connection, upgrade, hopByHop, requestID, other
+        case host, contentLength, transferEncoding, connection, upgrade, hopByHop, requestID, cookie, other
         case forwarding(Forwarding)
     }
 
@@ -158,6 +179,7 @@ struct RequestHeaderRules: Sendable {
         switch name.utf8.count {
         case 2: if HeaderName.equals(name, "te") { return .hopByHop }
         case 4: if HeaderName.equals(name, "host") { return .host }
+        case 6: if HeaderName.equals(name, "cookie") { return .cookie }
         case 7:
             if HeaderName.equals(name, "upgrade") { return .upgrade }
             if HeaderName.equals(name, "trailer") { return .hopByHop }

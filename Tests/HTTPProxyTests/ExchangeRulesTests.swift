@@ -46,6 +46,8 @@ struct ExchangeRulesTests {
         ("idle while draining", .idle, true, false, true, false, false),
         ("awaiting a verdict", .awaitingVerdict, false, false, true, true, false),
         ("connecting upstream", .connecting, false, false, true, true, false),
+        ("collecting a body for a local endpoint", .collecting, false, false, true, false, true),
+        ("local endpoint body complete", .collecting, false, true, true, false, false),
         ("body, upstream writable", .forwarding, false, false, true, true, true),
         ("body, upstream full", .forwarding, false, false, true, false, false),
         ("request done, nothing queued", .forwarding, false, true, true, false, true),

@@ -156,3 +156,24 @@ struct RouteTableTests {
         #expect(table.match(host: host, path: path)?.name == expected)
     }
 }
+
+@Suite("The gateway's cookie is hidden from the upstream")
+struct HiddenCookieTests {
+    let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User"], hiddenCookie: "__Host-sessiongate")
+
+    @Test(arguments: [
+        ("__Host-sessiongate=abc", nil),
+        ("a=1; __Host-sessiongate=abc; b=2", "a=1; b=2"),
+        ("__Host-sessiongate=abc;theme=dark", "theme=dark"),
+        ("x__Host-sessiongate=abc; y=1", "x__Host-sessiongate=abc; y=1"),
+        ("a=__Host-sessiongate=abc", "a=__Host-sessiongate=abc"),
+        ("__Host-sessiongate=1; __Host-sessiongate=2", nil),
+        ("theme=dark", "theme=dark"),
+    ] as [(String, String?)])
+    func cookieHeader(value: String, expected: String?) throws {
+        let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/", headers: ["Host": "a", "Cookie": value, "Accept": "*/*"])
+        let inbound = try rules.inspect(head, peerTrusted: false).get()
+        #expect(inbound.upstreamHeaders["cookie"].first == expected)
+        #expect(inbound.upstreamHeaders["accept"] == ["*/*"])
+    }
+}
