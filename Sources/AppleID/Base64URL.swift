@@ -1,15 +1,15 @@
 import Foundation
 
 /// base64url without padding (RFC 7515 §2), as JWS uses it.
-enum Base64URL {
-    static func encode<Bytes: Sequence>(_ bytes: Bytes) -> String where Bytes.Element == UInt8 {
+public enum Base64URL {
+    public static func encode<Bytes: Sequence>(_ bytes: Bytes) -> String where Bytes.Element == UInt8 {
         Data(bytes).base64EncodedString()
             .replacingOccurrences(of: "+", with: "-")
             .replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
     }
 
-    static func decode(_ text: Substring) -> [UInt8]? {
+    public static func decode(_ text: Substring) -> [UInt8]? {
         guard text.utf8.allSatisfy({ b in
             (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
         }) else { return nil }

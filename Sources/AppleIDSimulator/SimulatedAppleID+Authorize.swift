@@ -109,7 +109,7 @@ extension SimulatedAppleID {
     /// Sends fields by the response mode: a 302 with a query or fragment, or Apple's
     /// auto-submitting form (a cross-site POST, as the real one is).
     func respond(_ a: Authorization, fields: [(String, String)]) -> SimpleResponse {
-        let encoded = fields.map { "\(Self.formEscape($0.0))=\(Self.formEscape($0.1))" }.joined(separator: "&")
+        let encoded = FormBody.encode(fields)
         switch a.mode {
         case "query", "fragment":
             let separator = a.mode == "query" ? (a.redirectURI.contains("?") ? "&" : "?") : "#"
@@ -160,12 +160,6 @@ extension SimulatedAppleID {
             </main></body></html>
             """
         return SimpleResponse(contentType: "text/html; charset=utf-8", page)
-    }
-
-    static func formEscape(_ text: String) -> String {
-        var allowed = CharacterSet.alphanumerics
-        allowed.insert(charactersIn: "-._~")
-        return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
     }
 
     static func html(_ text: String) -> String {

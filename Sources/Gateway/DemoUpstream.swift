@@ -27,7 +27,7 @@ public enum DemoUpstream {
             rows += "<tr\(highlight ? " class=\"hl\"" : "")><th>\(escape(name))</th><td>\(escape(value))</td></tr>\n"
         }
         let who = identity.first { $0.name.lowercased() == "x-auth-user" }.map { "Signed in as <b>\(escape($0.value))</b>" }
-            ?? "No identity headers: this route is public (sign-in arrives with the sessions release)."
+            ?? "No identity headers: this request reached the upstream without a session (a public or optional route)."
         let html = """
         <!doctype html>
         <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -52,18 +52,5 @@ public enum DemoUpstream {
         return SimpleResponse(contentType: "text/html; charset=utf-8", html)
     }
 
-    static func escape(_ text: String) -> String {
-        var out = ""
-        for c in text {
-            switch c {
-            case "&": out += "&amp;"
-            case "<": out += "&lt;"
-            case ">": out += "&gt;"
-            case "\"": out += "&quot;"
-            case "'": out += "&#39;"
-            default: out.append(c)
-            }
-        }
-        return out
-    }
+    static func escape(_ text: String) -> String { AuthPages.escape(text) }
 }

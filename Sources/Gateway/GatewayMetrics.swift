@@ -12,6 +12,17 @@ public final class GatewayMetrics: Sendable {
     let upstreamConnections: Prometheus.Gauge
     let reloadsSucceeded: Prometheus.Counter
     let reloadsFailed: Prometheus.Counter
+    /// Admission results, indexed by `AdmissionResult` (made once: no lookup per request).
+    private let admissions: [Prometheus.Counter]
+    let cacheHits: Prometheus.Counter
+    let cacheMisses: Prometheus.Counter
+    private let labelled = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
+
+    /// How admission ended for one request on a guarded route.
+    enum AdmissionResult: Int, CaseIterable {
+        case session, anonymous, unauthenticated, forbidden, storeUnavailable
+        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable"][rawValue] }
+    }
 
     static let latencyBuckets: [Duration] = [
         .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
@@ -24,6 +35,35 @@ public final class GatewayMetrics: Sendable {
         upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
         reloadsSucceeded = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "ok")])
         reloadsFailed = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "invalid")])
+        let registry = self.registry
+        admissions = AdmissionResult.allCases.map {
+            registry.makeCounter(descriptor: Self.name("admissions", unit: "total", help: "Admission decisions on guarded routes, by result."), labels: [("result", $0.label)])
+        }
+        cacheHits = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "hit")])
+        cacheMisses = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "miss")])
+    }
+
+    func recordAdmission(_ result: AdmissionResult) { admissions[result.rawValue].increment() }
+
+    /// Sign-ins by flow (`web`, `native`) and outcome (`ok`, `cancelled`, `rejected`,
+    /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
+    func recordSignIn(flow: String, outcome: String) {
+        counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)]).increment()
+    }
+
+    /// Ended sessions by reason (`logout`, `operator`).
+    func recordSessionEnded(reason: String) {
+        counter("sessions_ended", help: "Sessions ended, by reason.", labels: [("reason", reason)]).increment()
+    }
+
+    private func counter(_ metric: String, help: String, labels: [(String, String)]) -> Prometheus.Counter {
+        let key = metric + labels.map { " \($0.0)=\($0.1)" }.joined()
+        return labelled.withLockedValue { cache in
+            if let c = cache[key] { return c }
+            let c = registry.makeCounter(descriptor: Self.name(metric, unit: "total", help: help), labels: labels)
+            cache[key] = c
+            return c
+        }
     }
 
     /// A route's request counters (one per status class) and latency histogram, made once.

@@ -21,6 +21,9 @@ public final class GatewayService: Service, Sendable {
     private let current: NIOLockedValueBox<GatewayConfiguration>
     private let started = NIOLockedValueBox(false)
     private let startedWaiters = NIOLockedValueBox<[CheckedContinuation<Void, Never>]>([])
+    /// Sign-in and admission: sessions, store, Apple. Its settings apply at start (a reload
+    /// swaps routes and their policies, not secrets or the store).
+    let authenticator: Authenticator
 
     /// - Parameters:
     ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
@@ -39,9 +42,11 @@ public final class GatewayService: Service, Sendable {
         case .json: accessLog = Logger(label: "sessiongate.access") { LineLogHandler(label: $0, format: .json) }
         }
         let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
+        let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger)
+        self.authenticator = authenticator
         self.proxy = ProxyServer(
             configuration: Self.proxyConfiguration(configuration),
-            routing: try Self.routing(configuration),
+            routing: try Self.routing(configuration, authenticator),
             group: group, observer: observer, logger: logger)
     }
 
@@ -61,9 +66,9 @@ public final class GatewayService: Service, Sendable {
         public var description: String { "route '\(route)': upstream host '\(host)' does not resolve" }
     }
 
-    /// Routes as the proxy sees them, upstream names resolved. Until sign-in exists every route
-    /// is admitted as public.
-    static func routing(_ c: GatewayConfiguration) throws -> RoutingSnapshot {
+    /// Routes as the proxy sees them, upstream names resolved, each with its session guard; the
+    /// auth endpoints (`server.auth_prefix`) come first for every host.
+    static func routing(_ c: GatewayConfiguration, _ auth: Authenticator) throws -> RoutingSnapshot {
         let routes = try c.routes.map { route in
             let address: UpstreamAddress
             do {
@@ -71,9 +76,18 @@ public final class GatewayService: Service, Sendable {
             } catch {
                 throw UnresolvableUpstream(route: route.name, host: route.upstream.host)
             }
-            return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address, requestGuard: PublicGuard())
+            return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
+                              requestGuard: SessionGuard(auth: auth, route: route))
         }
-        return RoutingSnapshot(routes: routes, identityHeaders: c.identity.headers.all, trustedProxies: c.server.trustedProxies)
+        // The endpoints answer locally; their upstream address is never dialled.
+        let endpoints = AuthEndpointGuard(auth: auth)
+        let hosts = Set(c.routes.map(\.host))
+        let authRoutes = hosts.map { host in
+            ProxyRoute(name: "auth", host: host, pathPrefix: c.server.authPrefix + "/", upstream: UpstreamAddress(host: "127.0.0.1", port: 9),
+                       requestGuard: endpoints)
+        }
+        return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all, trustedProxies: c.server.trustedProxies,
+                               hiddenCookies: [auth.cookieName, auth.loginCookieName])
     }
 
     /// The bound public address once running (tests listen on port 0).
@@ -93,15 +107,33 @@ public final class GatewayService: Service, Sendable {
         }
     }
 
+    /// `/readyz`: listeners up and the session store answering (pinged every second).
+    private let storeReachable = NIOLockedValueBox(false)
+
+    private func checkStore() async {
+        let loop = group.next()
+        let ok = (try? await authenticator.withDeadline(authenticator.store.ping(on: loop), on: loop).get()) != nil
+        let was = storeReachable.withLockedValue { old in defer { old = ok }; return old }
+        if was != ok { ok ? logger.info("session store reachable") : logger.error("session store unreachable: guarded routes answer 503") }
+    }
+
+    private func watchStore() async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(1))
+            await checkStore()
+        }
+    }
+
     public func run() async throws {
         let address = try await proxy.start()
         let metrics = self.metrics
         let adminServer = try await SimpleHTTPServer.start(
             host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
         ) { request in
-            AdminEndpoints.respond(request, metrics: metrics, ready: { true })
+            AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } })
         }
         admin.withLockedValue { $0 = adminServer }
+        await checkStore()
         logger.info("sessiongate listening", metadata: [
             "listen": "\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",
             "routes": "\(initial.routes.count)",
@@ -116,12 +148,14 @@ public final class GatewayService: Service, Sendable {
             if configPath != nil {
                 tasks.addTask { await self.reloadOnSIGHUP() }
             }
+            tasks.addTask { await self.watchStore() }
             try? await gracefulShutdown()
             tasks.cancelAll()
         }
         logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(initial.server.timeouts.shutdown))"])
         await proxy.shutdown(deadline: .init(initial.server.timeouts.shutdown))
         await adminServer.close()
+        await authenticator.shutdown()
         logger.info("stopped")
     }
 
@@ -146,7 +180,7 @@ public final class GatewayService: Service, Sendable {
         do {
             guard let loaded = result.configuration else { throw ConfigError(file: configPath, problems: result.errors) }
             next = loaded
-            routing = try Self.routing(loaded)
+            routing = try Self.routing(loaded, authenticator)
         } catch {
             if let unresolvable = error as? UnresolvableUpstream { logger.error("\(configPath): \(unresolvable)") }
             metrics.reloadsFailed.increment()
@@ -158,6 +192,10 @@ public final class GatewayService: Service, Sendable {
             || previous.server.timeouts != next.server.timeouts || previous.server.limits != next.server.limits
             || previous.server.accessLog != next.server.accessLog {
             logger.warning("listen addresses, timeouts, limits and access_log apply at the next restart")
+        }
+        if previous.apple != next.apple || previous.session != next.session || previous.store != next.store || previous.identity != next.identity
+            || previous.server.publicURL != next.server.publicURL || previous.server.authPrefix != next.server.authPrefix {
+            logger.warning("apple, session, store, identity, public_url and auth_prefix apply at the next restart")
         }
         proxy.replaceRouting(routing)
         metrics.reloadsSucceeded.increment()

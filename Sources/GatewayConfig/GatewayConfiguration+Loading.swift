@@ -78,7 +78,7 @@ extension GatewayConfiguration {
 
     private mutating func readServer(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard let s = r.section(root.values["server"], path: "server", keys: [
-            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "tls", "access_log", "timeouts", "limits",
+            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "allowed_redirect_hosts", "tls", "access_log", "timeouts", "limits",
         ]) else { return }
         if let text = r.string(s, "listen") {
             if let v = ListenAddress.parse(text) { server.listen = v }
@@ -104,6 +104,13 @@ extension GatewayConfiguration {
             else { r.report(s.child("auth_prefix"), r.mark(s, "auth_prefix"), "'\(text)' must be a path like /_auth (leading /, no trailing /, letters, digits, - _ . ~)") }
         }
         if let v = r.list(s, "trusted_proxies", what: "an address or CIDR (e.g. 10.0.0.0/8)", parse: CIDR.parse) { server.trustedProxies = v }
+        if let v = r.list(s, "allowed_redirect_hosts", what: "a host name (app.example.com) or a .suffix (.example.com)", parse: { text -> String? in
+            let host = text.lowercased()
+            let body = host.hasPrefix(".") ? host.dropFirst() : Substring(host)
+            guard !body.isEmpty, body.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == ".") }),
+                  !body.hasPrefix("."), !body.hasSuffix("."), !body.contains("..") else { return nil }
+            return host
+        }) { server.allowedRedirectHosts = v }
         if let tls = r.section(s.values["tls"], path: s.child("tls"), keys: ["certificate_file", "private_key_file"]), !tls.values.isEmpty {
             r.report(s.child("tls"), s.values["tls"]?.mark, "TLS termination is not available in this version; terminate TLS in front of SessionGate (load balancer, nginx) and remove server.tls")
         }
@@ -300,14 +307,22 @@ extension GatewayConfiguration {
     }
 
     private func crossCheck(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        let needsAuth = routes.contains { $0.auth != .public }
-        if needsAuth {
-            r.warn("routes", root.values["routes"]?.mark,
-                     "this version does not sign users in yet: routes with auth 'required' or 'optional' are admitted as public")
+        guard routes.contains(where: { $0.auth != .public }) else { return }
+        let which = "a route has auth 'required' or 'optional'"
+        if apple == nil { r.report("apple", nil, "is required: \(which) and sign-in needs Sign in with Apple") }
+        if server.publicURL == nil {
+            r.report("server.public_url", root.values["server"]?.mark, "is required: \(which); Apple's redirect_uri is public_url + auth_prefix + /callback")
         }
-        if needsAuth, session.cookieName.hasPrefix("__Host-"), let url = server.publicURL, !url.hasPrefix("https://") {
+        if session.secretFile == nil {
+            if store.redisURL != nil {
+                r.report("session.secret_file", root.values["session"]?.mark, "is required with store.redis_url: every instance must sign and read the same cookies")
+            } else {
+                r.warn("session.secret_file", root.values["session"]?.mark, "not set: a random secret is made at start, so sessions end when the gateway restarts")
+            }
+        }
+        if session.cookieName.hasPrefix("__Host-"), let url = server.publicURL, !url.hasPrefix("https://"), !Self.isLoopbackOrigin(url) {
             r.warn("session.cookie_name", root.values["session"]?.mark,
-                     "a __Host- cookie is only kept by browsers over https; server.public_url is \(url)")
+                     "a __Host- cookie is only kept by browsers over https (or on localhost); server.public_url is \(url)")
         }
     }
 

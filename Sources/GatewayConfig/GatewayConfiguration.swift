@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// The whole gateway configuration, as loaded from `conf/sessiongate.yaml`.
 ///
 /// Every default here is the one `conf/sessiongate.yaml` documents. Modules receive the typed
@@ -21,6 +27,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var adminListen = ListenAddress(host: "127.0.0.1", port: 9091)
         /// Peers allowed to set `X-Forwarded-*`; everyone else's are replaced.
         public var trustedProxies: [CIDR] = []
+        /// Hosts `rd` may send users to after sign-in besides our own origin and the routes'
+        /// hosts: exact names, or `.example.com` for any subdomain.
+        public var allowedRedirectHosts: [String] = []
         public var accessLog: AccessLogFormat = .text
         public var timeouts = Timeouts()
         public var limits = Limits()
@@ -233,5 +242,41 @@ extension String {
             }
         }
         return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+/// A secret could not be read.
+public struct SecretReadError: Error, CustomStringConvertible {
+    public var reference: SecretReference
+    public var key: String
+    public var reason: String
+    public var description: String { "\(key): cannot read \(reference): \(reason)" }
+}
+
+extension SecretReference {
+    /// The secret's bytes: the file's content, or the environment variable's value. A trailing
+    /// newline (as `echo` or an editor leaves) is not part of the secret.
+    /// - Parameter key: the config key path, for the error message.
+    public func read(key: String) throws(SecretReadError) -> [UInt8] {
+        var bytes: [UInt8]
+        switch self {
+        case .environment(let name):
+            guard let value = getenv(name) else { throw SecretReadError(reference: self, key: key, reason: "the variable is not set") }
+            bytes = Array(String(cString: value).utf8)
+        case .file(let path):
+            guard let handle = fopen(path, "rb") else { throw SecretReadError(reference: self, key: key, reason: String(cString: strerror(errno))) }
+            defer { fclose(handle) }
+            bytes = []
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            while true {
+                let n = fread(&chunk, 1, chunk.count, handle)
+                if n <= 0 { break }
+                bytes += chunk[0..<n]
+                if bytes.count > 1 << 20 { throw SecretReadError(reference: self, key: key, reason: "larger than 1 MiB") }
+            }
+        }
+        while bytes.last == UInt8(ascii: "\n") || bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
+        guard !bytes.isEmpty else { throw SecretReadError(reference: self, key: key, reason: "it is empty") }
+        return bytes
     }
 }

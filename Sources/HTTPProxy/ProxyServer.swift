@@ -40,10 +40,10 @@ public final class RoutingSnapshot: Sendable {
     /// - Parameters:
     ///   - identityHeaders: header names removed from every client request, in any spelling.
     ///   - trustedProxies: peers whose `X-Forwarded-*` and `X-Request-Id` are kept.
-    ///   - hiddenCookie: a cookie name removed from every `Cookie` header sent upstream.
-    public init(routes: [ProxyRoute], identityHeaders: [String], trustedProxies: [CIDR], hiddenCookie: String? = nil) {
+    ///   - hiddenCookies: cookie names removed from every `Cookie` header sent upstream.
+    public init(routes: [ProxyRoute], identityHeaders: [String], trustedProxies: [CIDR], hiddenCookies: [String] = []) {
         self.table = RouteTable(routes)
-        self.rules = RequestHeaderRules(identityHeaders: identityHeaders, hiddenCookie: hiddenCookie)
+        self.rules = RequestHeaderRules(identityHeaders: identityHeaders, hiddenCookies: hiddenCookies)
         self.trustedProxies = trustedProxies
     }
 }

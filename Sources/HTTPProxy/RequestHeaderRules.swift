@@ -35,22 +35,22 @@ enum RequestRejection: Error, Equatable {
 struct RequestHeaderRules: Sendable {
     /// Identity header names, lower-case with `_` folded to `-`.
     let strippedNames: [String]
-    /// The gateway's own cookie: removed from the `Cookie` header sent upstream.
-    let hiddenCookie: String?
-    private let hiddenCookieMarker: String?
+    /// The gateway's own cookies: removed from the `Cookie` header sent upstream.
+    let hiddenCookies: [String]
+    private let hiddenCookieMarkers: [String]
 
-    init(identityHeaders: [String], hiddenCookie: String? = nil) {
+    init(identityHeaders: [String], hiddenCookies: [String] = []) {
         self.strippedNames = identityHeaders.map(HeaderName.normalize)
-        self.hiddenCookie = hiddenCookie
-        self.hiddenCookieMarker = hiddenCookie.map { $0 + "=" }
+        self.hiddenCookies = hiddenCookies
+        self.hiddenCookieMarkers = hiddenCookies.map { $0 + "=" }
     }
 
-    /// A `Cookie` value without the hidden cookie; nil when nothing is left.
+    /// A `Cookie` value without the hidden cookies; nil when nothing is left.
     func cookieWithoutHidden(_ value: String) -> String? {
-        guard let hiddenCookie else { return value }
+        guard !hiddenCookies.isEmpty else { return value }
         let kept = value.split(separator: ";").filter { pair in
             let name = pair.drop { $0 == " " || $0 == "\t" }.prefix { $0 != "=" }
-            return name != hiddenCookie
+            return !hiddenCookies.contains { name == $0 }
         }
         let joined = kept.map { $0.drop { $0 == " " || $0 == "\t" } }.joined(separator: "; ")
         return joined.isEmpty ? nil : joined
@@ -110,7 +110,7 @@ struct RequestHeaderRules: Sendable {
                 if peerTrusted, Self.isValidRequestID(value) { requestID = value }
                 drop = true
             case .cookie:
-                if let marker = hiddenCookieMarker, value.contains(marker) { drop = true }
+                if hiddenCookieMarkers.contains(where: { value.contains($0) }) { drop = true }
             case .other:
                 if name.utf8.count <= maxIdentityNameLength, strippedNames.contains(where: { HeaderName.equalsNormalized(name, $0) }) {
                     drop = true

@@ -12,6 +12,7 @@ struct ConfigLoadingTests {
         routes:
           - name: app
             upstream: "http://127.0.0.1:9000"
+            auth: public
         """
 
     @Test("the shipped configurations are valid", arguments: ["conf/sessiongate.yaml", "conf/demo.yaml"])
@@ -45,7 +46,7 @@ struct ConfigLoadingTests {
         let config = try #require(GatewayConfiguration.parse(yaml: Self.minimal).configuration)
         #expect(config.server.listen == ListenAddress(host: "0.0.0.0", port: 8080))
         #expect(config.routes.count == 1)
-        #expect(config.routes[0].auth == .required)
+        #expect(config.routes[0].auth == .public)  // minimal says so; the default is checked below
         #expect(config.routes[0].pathPrefix == "/")
         #expect(config.routes[0].upstream == UpstreamURL(host: "127.0.0.1", port: 9000))
         #expect(config.apple == nil)
@@ -129,7 +130,34 @@ struct ConfigLoadingTests {
         let result = GatewayConfiguration.parse(yaml: yaml)
         #expect(result.configuration != nil)
         #expect(result.warnings.contains { $0.path == "server.admin_listen" })
-        #expect(result.warnings.contains { $0.path == "routes" && $0.message.contains("admitted as public") })
+    }
+
+    @Test("a route that needs sign-in needs apple, public_url and (with Redis) a session secret")
+    func signInRequirements() throws {
+        let yaml = """
+            store:
+              redis_url: "redis://127.0.0.1:6379"
+            routes:
+              - name: app
+                upstream: "http://127.0.0.1:9000"
+            """
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        #expect(Set(result.errors.map(\.path)) == ["apple", "server.public_url", "session.secret_file"])
+        let memory = GatewayConfiguration.parse(yaml: """
+            server:
+              public_url: "http://localhost:8080"
+            apple:
+              team_id: "ABCDE12345"
+              key_id: "KEY1234567"
+              client_ids: ["com.example.web"]
+              private_key_file: "/dev/null"
+            routes:
+              - name: app
+                upstream: "http://127.0.0.1:9000"
+            """)
+        #expect(memory.errors == [], "\(memory.errors)")
+        #expect(memory.warnings.map(\.path) == ["session.secret_file"])
+        #expect(memory.configuration?.routes[0].auth == .required, "auth defaults to required")
     }
 
     @Test("a missing file is an error, not a crash")

@@ -159,7 +159,7 @@ struct RouteTableTests {
 
 @Suite("The gateway's cookie is hidden from the upstream")
 struct HiddenCookieTests {
-    let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User"], hiddenCookie: "__Host-sessiongate")
+    let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User"], hiddenCookies: ["__Host-sessiongate", "__Host-sessiongate-login"])
 
     @Test(arguments: [
         ("__Host-sessiongate=abc", nil),
@@ -169,6 +169,7 @@ struct HiddenCookieTests {
         ("a=__Host-sessiongate=abc", "a=__Host-sessiongate=abc"),
         ("__Host-sessiongate=1; __Host-sessiongate=2", nil),
         ("theme=dark", "theme=dark"),
+        ("__Host-sessiongate-login=x; __Host-sessiongate=y; z=1", "z=1"),
     ] as [(String, String?)])
     func cookieHeader(value: String, expected: String?) throws {
         let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/", headers: ["Host": "a", "Cookie": value, "Accept": "*/*"])

@@ -1,7 +1,8 @@
-/// Parses `application/x-www-form-urlencoded` (the simulator's own decoder).
-enum FormBody {
+/// `application/x-www-form-urlencoded`: query strings and form bodies (the gateway's auth
+/// endpoints, the simulator).
+public enum FormBody {
     /// Fields in order; nil if a field appears twice (Apple: `invalid_request`) or an escape is bad.
-    static func parse(_ bytes: [UInt8]) -> [String: String]? {
+    public static func parse(_ bytes: [UInt8]) -> [String: String]? {
         var fields: [String: String] = [:]
         for pair in bytes.split(separator: UInt8(ascii: "&"), omittingEmptySubsequences: true) {
             let parts = pair.split(separator: UInt8(ascii: "="), maxSplits: 1, omittingEmptySubsequences: false)
@@ -12,7 +13,7 @@ enum FormBody {
         return fields
     }
 
-    static func decode(_ bytes: ArraySlice<UInt8>) -> String? {
+    public static func decode(_ bytes: ArraySlice<UInt8>) -> String? {
         var out: [UInt8] = []
         var i = bytes.startIndex
         while i < bytes.endIndex {
@@ -30,5 +31,23 @@ enum FormBody {
             i += 1
         }
         return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Percent-encodes everything but RFC 3986 unreserved characters.
+    public static func escape(_ text: String) -> String {
+        let hex = Array("0123456789ABCDEF".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count)
+        for b in text.utf8 {
+            let unreserved = (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a)
+                || b == UInt8(ascii: "-") || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "~")
+            if unreserved { out.append(b) } else { out += [UInt8(ascii: "%"), hex[Int(b >> 4)], hex[Int(b & 0xf)]] }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// `name=value&…`, every part escaped.
+    public static func encode(_ fields: [(String, String)]) -> String {
+        fields.map { "\(escape($0.0))=\(escape($0.1))" }.joined(separator: "&")
     }
 }

@@ -1,0 +1,343 @@
+import AppleID
+import AsyncHTTPClient
+import Foundation
+import GatewayConfig
+import HTTPProxy
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Redis
+import Sessions
+
+/// A session as the hot path keeps it in the local cache: the stored session plus the identity
+/// headers already built (no formatting per request).
+struct CachedSession {
+    var stored: StoredSession
+    var headers: [(String, String)]
+    /// The last assertion signed, per route name (when assertions are enabled).
+    var assertion: (route: String, token: String, expires: Int64)? = nil
+}
+
+/// What a request's credential turned out to be.
+enum Resolution {
+    /// No cookie, no bearer token.
+    case anonymous
+    /// A credential that names no live session: forged, unknown, expired, revoked, ambiguous.
+    case invalid
+    case session(SessionHandle, CachedSession)
+    /// The store did not answer in time: 503, the cookie kept.
+    case unavailable
+}
+
+/// Everything sign-in and admission share: session keys, the store and its local cache, the
+/// Apple client, the identity headers and assertions. One per running configuration.
+final class Authenticator: Sendable {
+    let keys: SessionKeys
+    let store: any SessionStore
+    let cache: LocalSessionCache<CachedSession>
+    let apple: AppleServices?
+    let assertion: IdentityAssertionSigner?
+    let names: IdentityHeaderNames
+    let cookieName: String
+    /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
+    let loginCookieName: String
+    let prefix: String
+    let publicURL: String
+    let returnPolicy: ReturnURLPolicy
+    let storeTimeout: TimeAmount
+    /// Milliseconds.
+    let idleTimeout: Int64
+    let absoluteTimeout: Int64
+    /// `last_seen` is written at most this often per session (milliseconds).
+    let touchInterval: Int64
+    let now: @Sendable () -> Int64
+    let metrics: GatewayMetrics
+    let logger: Logger
+    private let redis: RedisClient?
+    private let httpClient: HTTPClient?
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// Reads the secrets and connects nothing yet (Redis connects on first use).
+    init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
+         now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
+        let secret: [UInt8]
+        if let reference = c.session.secretFile {
+            secret = try reference.read(key: "session.secret_file")
+        } else {
+            secret = SessionKeys.randomSecret()
+        }
+        do { keys = try SessionKeys(secret: secret) } catch { throw Failure(description: "session.secret_file: \(error)") }
+        if let url = c.store.redisURL {
+            let client = try RedisClient(configuration: .init(
+                host: url.host, port: url.port, username: url.username, password: url.password, database: url.database,
+                commandTimeout: TimeAmount(c.store.timeout)), group: group, logger: logger)
+            redis = client
+            store = RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix)
+        } else {
+            redis = nil
+            store = MemorySessionStore(now: now)
+        }
+        cache = LocalSessionCache(group: group, ttl: TimeAmount(c.store.localCacheTTL))
+        let publicURL = c.server.publicURL ?? "http://\(c.server.listen)"
+        if let a = c.apple {
+            let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: .init(timeout: .init(connect: .seconds(5))))
+            httpClient = client
+            do {
+                apple = try AppleServices(configuration: a, httpClient: client, logger: logger)
+            } catch {
+                try? client.syncShutdown()
+                throw error
+            }
+        } else {
+            httpClient = nil
+            apple = nil
+        }
+        if c.identity.assertion.enabled, let reference = c.identity.assertion.keyFile {
+            let pem = String(decoding: try reference.read(key: "identity.assertion.key_file"), as: UTF8.self)
+            do {
+                assertion = try IdentityAssertionSigner(pem: pem, issuer: publicURL, ttl: Int64(c.identity.assertion.ttl.components.seconds))
+            } catch {
+                throw Failure(description: "identity.assertion.key_file: not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
+            }
+        } else {
+            assertion = nil
+        }
+        names = c.identity.headers
+        cookieName = c.session.cookieName
+        loginCookieName = c.session.cookieName + "-login"
+        prefix = c.server.authPrefix
+        self.publicURL = publicURL
+        var hosts = c.server.allowedRedirectHosts
+        hosts += c.routes.compactMap(\.host)
+        returnPolicy = ReturnURLPolicy(origin: publicURL, allowedHosts: hosts)
+        storeTimeout = TimeAmount(c.store.timeout)
+        idleTimeout = Self.milliseconds(c.session.idleTimeout)
+        absoluteTimeout = Self.milliseconds(c.session.absoluteTimeout)
+        touchInterval = min(60_000, max(1000, idleTimeout / 4))
+        self.now = now
+        self.metrics = metrics
+        self.logger = logger
+    }
+
+    static func milliseconds(_ d: Duration) -> Int64 {
+        d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000
+    }
+
+    func shutdown() async {
+        await redis?.close()
+        try? await httpClient?.shutdown()
+    }
+
+    // MARK: credentials
+
+    enum Credential {
+        case none
+        /// The cookie sent twice, or malformed: treated as unauthenticated (security.md).
+        case ambiguous
+        case value(Substring)
+    }
+
+    /// `Authorization: Bearer`, else the session cookie.
+    func credential(_ headers: HTTPHeaders) -> Credential {
+        var found: Credential = .none
+        for (name, value) in headers {
+            if name.utf8.count == 13, name.lowercased() == "authorization" {
+                let v = value.drop { $0 == " " }
+                if v.count > 7, v.prefix(7).lowercased() == "bearer " { return .value(v.dropFirst(7).drop { $0 == " " }) }
+            } else if name.utf8.count == 6, name.lowercased() == "cookie" {
+                for pair in value.split(separator: ";") {
+                    let trimmed = pair.drop { $0 == " " || $0 == "\t" }
+                    guard trimmed.hasPrefix(cookieName), trimmed.dropFirst(cookieName.count).first == "=" else { continue }
+                    if case .value = found { found = .ambiguous } else if case .none = found { found = .value(trimmed.dropFirst(cookieName.count + 1)) }
+                }
+            }
+        }
+        return found
+    }
+
+    /// The value of the named cookie, if sent exactly once.
+    static func cookie(_ name: String, in headers: HTTPHeaders) -> String? {
+        var found: String? = nil
+        var count = 0
+        for value in headers["cookie"] {
+            for pair in value.split(separator: ";") {
+                let trimmed = pair.drop { $0 == " " || $0 == "\t" }
+                guard trimmed.hasPrefix(name), trimmed.dropFirst(name.count).first == "=" else { continue }
+                count += 1
+                found = String(trimmed.dropFirst(name.count + 1))
+            }
+        }
+        return count == 1 ? found : nil
+    }
+
+    // MARK: lookup
+
+    enum Lookup {
+        case now(Resolution)
+        case later(EventLoopFuture<Resolution>)
+    }
+
+    /// Cookie or bearer → signature → local cache → store (bounded by `store.timeout`) →
+    /// timeouts → revocation. Synchronous on a cache hit.
+    func lookup(_ headers: HTTPHeaders, on loop: any EventLoop) -> Lookup {
+        let value: Substring
+        switch credential(headers) {
+        case .none: return .now(.anonymous)
+        case .ambiguous: return .now(.invalid)
+        case .value(let v): value = v
+        }
+        guard let handle = keys.handle(forCookie: value) else { return .now(.invalid) }
+        let t = now()
+        if let cached = cache.get(handle, on: loop) {
+            metrics.cacheHits.increment()
+            return .now(admit(handle, cached, now: t, on: loop))
+        }
+        metrics.cacheMisses.increment()
+        let loaded = withDeadline(store.load(handle, on: loop), on: loop)
+        return .later(loaded.map { stored in
+            guard let stored else { return .invalid }
+            let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored.user))
+            if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached, on: loop) }
+            return self.admit(handle, cached, now: t, on: loop)
+        }.recover { error in
+            self.logger.warning("session store unavailable: admission answers 503", metadata: ["error": "\(error)"])
+            return .unavailable
+        })
+    }
+
+    private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, on loop: any EventLoop) -> Resolution {
+        guard isLive(cached.stored, now: t) else {
+            cache.invalidate(handle)
+            return .invalid
+        }
+        let session = cached.stored.session
+        if t - session.lastSeen >= touchInterval {
+            let expiresAt = min(session.created + absoluteTimeout, t + idleTimeout)
+            cache.update(handle, on: loop) { $0.stored.session.lastSeen = t }
+            store.touch(handle, lastSeen: t, expiresAt: expiresAt, on: loop).whenFailure { error in
+                self.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
+            }
+        }
+        return .session(handle, cached)
+    }
+
+    func isLive(_ s: StoredSession, now t: Int64) -> Bool {
+        !s.isRevoked && t - s.session.created < absoluteTimeout && t - s.session.lastSeen < idleTimeout
+    }
+
+    /// Fails with `SessionStoreError` when `future` has not completed within `store.timeout`.
+    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
+        let promise = loop.makePromise(of: T.self)
+        let timer = loop.scheduleTask(in: storeTimeout) { promise.fail(SessionStoreError("no answer within store.timeout")) }
+        future.hop(to: loop).whenComplete { result in
+            timer.cancel()
+            promise.completeWith(result)
+        }
+        return promise.futureResult
+    }
+
+    // MARK: identity
+
+    /// The identity headers of DESIGN §1 for a user; values never carry CR, LF or NUL.
+    func identityHeaders(_ user: UserProfile) -> [(String, String)] {
+        var h: [(String, String)] = [(names.user, user.sub)]
+        if let v = user.email { h.append((names.email, v)) }
+        if let v = user.emailVerified { h.append((names.emailVerified, v ? "true" : "false")) }
+        if let v = user.privateEmail { h.append((names.privateEmail, v ? "true" : "false")) }
+        if let v = user.emailForwarding { h.append((names.emailForwarding, v)) }
+        if let v = user.name { h.append((names.name, Self.percentEncodeUTF8(v))) }
+        if let v = user.realUserStatus { h.append((names.realUserStatus, String(v))) }
+        return h.filter { Self.isSafeHeaderValue($0.1) }
+    }
+
+    /// The headers to forward for a session on a route (identity, plus an assertion when enabled;
+    /// a fresh one is cached until half its lifetime is left).
+    func forwardHeaders(_ handle: SessionHandle, _ cached: CachedSession, route: String, on loop: any EventLoop) -> [(String, String)] {
+        guard let assertion else { return cached.headers }
+        let t = now() / 1000
+        if let a = cached.assertion, a.route == route, a.expires - t > assertion.ttl / 2 {
+            return cached.headers + [(names.assertion, a.token)]
+        }
+        let user = cached.stored.user
+        let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name), audience: route, now: t)
+        cache.update(handle, on: loop) { $0.assertion = (route, token, t + assertion.ttl) }
+        return cached.headers + [(names.assertion, token)]
+    }
+
+    static func isSafeHeaderValue(_ v: String) -> Bool {
+        v.utf8.allSatisfy { $0 != 0x0d && $0 != 0x0a && $0 != 0 }
+    }
+
+    /// UTF-8, percent-encoded except RFC 3986 unreserved characters and space (kept as `%20`).
+    static func percentEncodeUTF8(_ text: String) -> String {
+        FormBody.escape(text)
+    }
+
+    // MARK: sessions
+
+    /// A new session for a verified Apple identity: a fresh id (never one the client sent), the
+    /// refresh token sealed, the profile merged. Answers the cookie value and the expiry (ms).
+    func createSession(identity: AppleIdentity, refreshToken: String?, name: String?, on loop: any EventLoop) -> EventLoopFuture<(cookie: String, expiresAt: Int64, user: UserProfile)> {
+        let (cookie, handle) = keys.newSession()
+        let t = now()
+        let record = SessionRecord(handle: handle, sub: identity.subject, clientID: identity.audience, created: t, lastSeen: t, validatedAt: t,
+                                   sealedRefreshToken: refreshToken.map { keys.seal($0, for: handle) })
+        let profile = UserProfile(sub: identity.subject, name: name, email: identity.email, emailVerified: identity.emailVerified,
+                                  privateEmail: identity.isPrivateEmail, realUserStatus: identity.realUserStatus)
+        // The session ends after idle_timeout without activity, and at expires_at at the latest.
+        let expiresAt = t + absoluteTimeout
+        return withDeadline(store.create(record, profile: profile, expiresAt: t + idleTimeout, on: loop), on: loop).flatMap {
+            self.withDeadline(self.store.profile(of: identity.subject, on: loop), on: loop)
+        }.map { stored in
+            (cookie, expiresAt, stored ?? profile)
+        }
+    }
+
+    /// `Set-Cookie` for a session: `__Host-` rules (Secure, Path=/, no Domain), HttpOnly, Lax.
+    func sessionCookie(_ value: String) -> (String, String) {
+        ("set-cookie", "\(cookieName)=\(value); Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=\(absoluteTimeout / 1000)")
+    }
+
+    func clearCookie(_ name: String, sameSiteNone: Bool = false) -> (String, String) {
+        ("set-cookie", "\(name)=; Path=/; Secure; HttpOnly; SameSite=\(sameSiteNone ? "None" : "Lax"); Max-Age=0")
+    }
+}
+
+/// The Apple side of sign-in: the token client and the identity-token verifier.
+struct AppleServices: Sendable {
+    let tokens: AppleTokenClient
+    let verifier: IdentityTokenVerifier
+    let clientIDs: [String]
+    let baseURL: String
+    let scopes: [String]
+
+    init(configuration a: GatewayConfiguration.Apple, httpClient: HTTPClient, logger: Logger) throws {
+        let pem = String(decoding: try a.privateKeyFile.read(key: "apple.private_key_file"), as: UTF8.self)
+        let minter: ClientSecretMinter
+        do {
+            minter = try ClientSecretMinter(teamID: a.teamID, keyID: a.keyID, privateKeyPEM: pem)
+        } catch {
+            throw Authenticator.Failure(description: "apple.private_key_file: \(error)")
+        }
+        let timeout = TimeAmount(a.timeout)
+        tokens = AppleTokenClient(baseURL: a.baseURL, httpClient: httpClient, secrets: minter, timeout: timeout, logger: logger)
+        let keySet = AppleKeySet(baseURL: a.baseURL, httpClient: httpClient, timeout: timeout, logger: logger)
+        verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs)
+        clientIDs = a.clientIDs
+        baseURL = a.baseURL
+        scopes = a.scopes
+    }
+
+    /// The Services ID: the web flow's client id.
+    var webClientID: String { clientIDs[0] }
+}
+
+extension TimeAmount {
+    init(_ duration: Duration) {
+        self = .nanoseconds(duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
+    }
+}

@@ -1,0 +1,73 @@
+import GatewayConfig
+import HTTPProxy
+import NIOCore
+import NIOHTTP1
+import Sessions
+
+/// Admission for one route (DESIGN §2 step 3): `auth: required | optional | public`, the
+/// allow lists, and what an unauthenticated request gets (`redirect` for browsers, `deny`).
+struct SessionGuard: RequestGuard {
+    let auth: Authenticator
+    let route: GatewayConfiguration.Route
+    let allow: AllowList
+
+    init(auth: Authenticator, route: GatewayConfiguration.Route) {
+        self.auth = auth
+        self.route = route
+        self.allow = AllowList(route.allow)
+    }
+
+    func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
+        if route.auth == .public { return .verdict(.forward) }
+        switch auth.lookup(request.head.headers, on: loop) {
+        case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
+        case .later(let future): return .pending(future.map { verdict($0, request, on: loop) })
+        }
+    }
+
+    private func verdict(_ resolution: Resolution, _ request: GuardRequest, on loop: any EventLoop) -> Verdict {
+        switch resolution {
+        case .session(let handle, let cached):
+            guard allow.admits(cached.stored.user) else {
+                auth.metrics.recordAdmission(.forbidden)
+                return .respond(AuthResponses.forbidden(request.head, signOutURL: auth.prefix + "/logout"))
+            }
+            auth.metrics.recordAdmission(.session)
+            return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop))
+        case .anonymous, .invalid:
+            if route.auth == .optional {
+                auth.metrics.recordAdmission(.anonymous)
+                return .forward
+            }
+            auth.metrics.recordAdmission(.unauthenticated)
+            return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))
+        case .unavailable:
+            auth.metrics.recordAdmission(.storeUnavailable)
+            return .respond(AuthResponses.storeUnavailable(request.head))
+        }
+    }
+}
+
+/// A route's `allow` lists. Empty lists admit every signed-in user; otherwise the user must
+/// match one entry. `email_domains` only counts a verified email with exactly one `@`.
+struct AllowList: Sendable {
+    let users: Set<String>
+    let emails: Set<String>
+    let domains: Set<String>
+    var isOpen: Bool { users.isEmpty && emails.isEmpty && domains.isEmpty }
+
+    init(_ allow: GatewayConfiguration.Allow) {
+        users = Set(allow.users)
+        emails = Set(allow.emails.map { $0.lowercased() })
+        domains = Set(allow.emailDomains.map { $0.lowercased().hasPrefix("@") ? String($0.lowercased().dropFirst()) : $0.lowercased() })
+    }
+
+    func admits(_ user: UserProfile) -> Bool {
+        if isOpen || users.contains(user.sub) { return true }
+        guard let email = user.email?.lowercased(), user.emailVerified == true else { return false }
+        if emails.contains(email) { return true }
+        let parts = email.split(separator: "@", omittingEmptySubsequences: false)
+        guard parts.count == 2, !parts[0].isEmpty else { return false }
+        return domains.contains(String(parts[1]))
+    }
+}
