@@ -159,6 +159,10 @@ let package = Package(
             name: "GatewayTests",
             dependencies: [
                 "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleIDSimulator", "Redis",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

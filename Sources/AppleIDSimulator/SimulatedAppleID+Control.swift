@@ -68,6 +68,14 @@ extension SimulatedAppleID {
         return Delivery(jti: jti, attempts: attempts, status: status)
     }
 
+    /// What AuthenticationServices hands a native app after the user consents: an identity
+    /// token and an authorization code for the app's own client id (an App ID), no redirect.
+    public func nativeAuthorization(sub: String, clientID: String, nonce: String?) throws -> (identityToken: String, authorizationCode: String) {
+        let token = try identityToken(sub: sub, clientID: clientID, nonce: nonce, now: clock(), faults: faults.withLockedValue { $0 })
+        grants.withLockedValue { _ = $0.users[sub]?.authorizedClients.insert(clientID) }
+        return (token, issueCode(sub: sub, clientID: clientID, redirectURI: nil, nonce: nonce))
+    }
+
     // MARK: HTTP
 
     func controlEndpoint(_ request: SimpleRequest, path: String) -> SimpleResponse {
@@ -94,6 +102,13 @@ extension SimulatedAppleID {
         if let userAction, userAction.action == "delete-account" {
             deleteAccount(sub: userAction.sub)
             return Self.json(["ok": true])
+        }
+        if method == .POST, route == ["native"] {
+            guard let sub = body["sub"] as? String, let clientID = body["client_id"] as? String, team.clients[clientID] != nil,
+                  let credential = try? nativeAuthorization(sub: sub, clientID: clientID, nonce: body["nonce"] as? String) else {
+                return Self.error(.badRequest, "invalid_request", "sub (a known user) and client_id (a registered client) are required; nonce is optional")
+            }
+            return Self.json(["identity_token": credential.identityToken, "authorization_code": credential.authorizationCode])
         }
         if method == .POST, route == ["keys", "rotate"] {
             return (try? rotateKeys()).map { Self.json(["kid": $0]) } ?? Self.error(.internalServerError, "server_error")

@@ -223,6 +223,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func startExchange(_ head: HTTPRequestHead) {
         generation &+= 1
+        // Parts of the previous request that arrived while its verdict was pending and that
+        // request was answered locally: they must never be replayed into this one.
+        buffered.removeAll(keepingCapacity: true)
         exchange = Exchange(method: head.method, clientVersion: head.version, start: .now(), path: head.uri)
         exchange.requestID = nextRequestID()
         exchange.keepAlive = false

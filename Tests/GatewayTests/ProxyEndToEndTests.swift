@@ -25,6 +25,25 @@ struct ProxyEndToEndTests {
         #expect(response.text.contains("X-Request-Id: \(requestID)\n"))
     }
 
+    /// Regression: the end of a request answered locally after a *pending* verdict was kept and
+    /// replayed into the next request on the connection (an empty body for the gateway's POST
+    /// endpoints; a premature end of body towards the upstream).
+    @Test("nothing of a locally answered request leaks into the next one on the connection")
+    func pendingLocalAnswerThenForward() async throws {
+        let h = try await ProxyHarness.start(guard: DenyLaterGuard())
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (denied, uploaded) = try await blocking {
+            let client = try RawClient(port: port, timeoutSeconds: 10)
+            try client.send("GET /deny HTTP/1.1\r\nHost: a\r\n\r\n")
+            let denied = try client.readResponse()
+            try client.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello")
+            return (denied, try client.readResponse())
+        }
+        #expect(denied.status == 403)
+        #expect(uploaded.status == 200 && uploaded.text.hasPrefix("n=5 "), "\(uploaded.text)")
+    }
+
     @Test("a trusted proxy's X-Forwarded-For is extended, not replaced")
     func trustedProxy() async throws {
         let h = try await ProxyHarness.start(trustedProxies: [CIDR.parse("127.0.0.1/32")!])
@@ -356,3 +375,11 @@ struct ProxyEndToEndTests {
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// Answers `/deny` with 403 a moment later (a pending verdict); forwards everything else.
+struct DenyLaterGuard: RequestGuard {
+    func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
+        guard request.target.path == "/deny" else { return .verdict(.forward) }
+        return .pending(loop.scheduleTask(in: .milliseconds(50)) { Verdict.respond(.error(.forbidden, "no")) }.futureResult)
+    }
+}

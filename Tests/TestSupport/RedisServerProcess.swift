@@ -69,6 +69,10 @@ public final class RedisServerProcess: @unchecked Sendable {
         pid = 0
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    public func freeze() { if pid > 0 { kill(pid, SIGSTOP) } }
+    public func thaw() { if pid > 0 { kill(pid, SIGCONT) } }
+
     deinit { stop() }
 
     public enum Failure: Error { case didNotStart(String) }
@@ -82,6 +86,13 @@ public struct TestRedis: Sendable {
     public let database: Int
     /// Ours to stop; nil for `REDIS_URL`.
     public let process: RedisServerProcess?
+
+    public init(host: String, port: Int, database: Int, process: RedisServerProcess?) {
+        self.host = host
+        self.process = process
+        self.port = process?.port ?? port
+        self.database = database
+    }
 
     public static func start() throws -> TestRedis {
         if let url = ProcessInfo.processInfo.environment["REDIS_URL"], url.hasPrefix("redis://") {

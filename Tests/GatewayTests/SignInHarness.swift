@@ -1,0 +1,224 @@
+import AppleIDSimulator
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import Gateway
+import GatewayConfig
+import HTTPProxy
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import ServiceLifecycle
+import TestSupport
+
+/// The whole product on loopback: the Apple ID simulator on `127.0.0.1`, the gateway on
+/// `localhost` (another site, so Apple's callback is a cross-site POST as in production), a real
+/// upstream, and the memory store or a real Redis.
+final class SignInHarness: @unchecked Sendable {
+    static let webClient = "com.example.web"
+    static let appClient = "com.example.app"
+
+    let simulator: SimulatedAppleID
+    let upstream: TestUpstream
+    let service: GatewayService
+    let redis: TestRedis?
+    let configuration: GatewayConfiguration
+    let gatewayPort: Int
+    private let group: ServiceGroup
+    private let runTask: Task<Void, any Error>
+    let directory: String
+
+    var origin: String { "http://localhost:\(gatewayPort)" }
+
+    enum Store { case memory, redis }
+
+    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .milliseconds(250),
+                      localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
+                      assertion: Bool = false, configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
+        let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let appleKey = P256.Signing.PrivateKey()
+        try appleKey.pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
+        try Data((0..<64).map { _ in UInt8.random(in: 0 ... 255) }).write(to: URL(fileURLWithPath: directory + "/session.key"))
+        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/assertion.pem", atomically: true, encoding: .utf8)
+
+        let gatewayPort = try closedPort()
+        let origin = "http://localhost:\(gatewayPort)"
+        let simulator = try await SimulatedAppleID.start(team: .init(
+            teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
+            clients: [webClient: [origin + "/_auth/callback"], appClient: []]))
+        let upstream = try await TestUpstream.start()
+
+        var c = GatewayConfiguration()
+        c.server.listen = ListenAddress(host: "127.0.0.1", port: gatewayPort)
+        c.server.adminListen = ListenAddress(host: "127.0.0.1", port: 0)
+        c.server.publicURL = origin
+        c.server.accessLog = .off
+        c.server.allowedRedirectHosts = ["docs.example.com", ".example.net"]
+        var apple = GatewayConfiguration.Apple()
+        apple.teamID = "TEAM123456"
+        apple.keyID = "KEY1234567"
+        apple.clientIDs = [webClient, appClient]
+        apple.privateKeyFile = .file(directory + "/AuthKey.p8")
+        apple.baseURL = simulator.baseURL
+        apple.timeout = .seconds(5)
+        c.apple = apple
+        c.session.secretFile = .file(directory + "/session.key")
+        c.session.idleTimeout = idleTimeout
+        c.session.absoluteTimeout = absoluteTimeout
+        c.store.timeout = storeTimeout
+        c.store.localCacheTTL = localCacheTTL
+        var redis = existing
+        if store == .redis {
+            if redis == nil { redis = try TestRedis.start() }
+            c.store.redisURL = RedisURL.parse("redis://\(redis!.host):\(redis!.port)/\(redis!.database)")
+            c.store.keyPrefix = TestRedis.uniquePrefix()
+        }
+        if assertion {
+            c.identity.assertion.enabled = true
+            c.identity.assertion.keyFile = .file(directory + "/assertion.pem")
+        }
+        let up = UpstreamURL(host: "127.0.0.1", port: upstream.port)
+        var staff = GatewayConfiguration.Allow()
+        staff.emailDomains = ["example.org"]
+        c.routes = [
+            .init(name: "api", pathPrefix: "/api/", upstream: up, auth: .required, unauthenticated: .deny),
+            .init(name: "public", pathPrefix: "/public/", upstream: up, auth: .public),
+            .init(name: "optional", pathPrefix: "/maybe/", upstream: up, auth: .optional),
+            .init(name: "staff", pathPrefix: "/staff/", upstream: up, auth: .required, allow: staff),
+            .init(name: "app", pathPrefix: "/", upstream: up, auth: .required, unauthenticated: .redirect),
+        ]
+        configure(&c)
+        var logger = Logger(label: "gateway-test")
+        logger.logLevel = .warning
+        let service = try GatewayService(configuration: c, configPath: nil, logger: logger)
+        let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
+        let runTask = Task { try await group.run() }
+        await service.waitUntilStarted()
+        return SignInHarness(simulator: simulator, upstream: upstream, service: service, redis: redis, configuration: c,
+                             gatewayPort: gatewayPort, group: group, runTask: runTask, directory: directory)
+    }
+
+    private init(simulator: SimulatedAppleID, upstream: TestUpstream, service: GatewayService, redis: TestRedis?, configuration: GatewayConfiguration,
+                 gatewayPort: Int, group: ServiceGroup, runTask: Task<Void, any Error>, directory: String) {
+        self.simulator = simulator
+        self.upstream = upstream
+        self.service = service
+        self.redis = redis
+        self.configuration = configuration
+        self.gatewayPort = gatewayPort
+        self.group = group
+        self.runTask = runTask
+        self.directory = directory
+    }
+
+    func stop() async {
+        await group.triggerGracefulShutdown()
+        _ = try? await runTask.value
+        await simulator.stop()
+        await upstream.close()
+        redis?.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
+/// A minimal browser: follows nothing by itself, keeps the gateway's cookies (the simulator
+/// sets none), and sends them only to the gateway's origin.
+final class TestBrowser: @unchecked Sendable {
+    static let http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5), read: .seconds(10))))
+
+    let gatewayOrigin: String
+    var cookies: [String: String] = [:]
+    /// Every `Set-Cookie` line seen, in order.
+    var setCookies: [String] = []
+
+    init(gatewayOrigin: String) { self.gatewayOrigin = gatewayOrigin }
+
+    struct Response {
+        var status: Int
+        var headers: HTTPHeaders
+        var body: String
+        var location: String? { headers.first(name: "location") }
+    }
+
+    func request(_ url: String, method: HTTPMethod = .GET, headers: [(String, String)] = [("accept", "text/html")], form: [(String, String)]? = nil,
+                 json: String? = nil, sendCookies: Bool = true) async throws -> Response {
+        let absolute = url.hasPrefix("/") ? gatewayOrigin + url : url
+        var request = HTTPClientRequest(url: absolute)
+        request.method = method
+        for (n, v) in headers { request.headers.add(name: n, value: v) }
+        if sendCookies, absolute.hasPrefix(gatewayOrigin), !cookies.isEmpty {
+            request.headers.add(name: "cookie", value: cookies.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "; "))
+        }
+        if let form {
+            request.headers.replaceOrAdd(name: "content-type", value: "application/x-www-form-urlencoded")
+            request.body = .bytes(ByteBuffer(string: FormBody.encode(form)))
+        }
+        if let json {
+            request.headers.replaceOrAdd(name: "content-type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: json))
+        }
+        let response = try await Self.http.execute(request, timeout: .seconds(15))
+        let body = try await response.body.collect(upTo: 1 << 20)
+        if absolute.hasPrefix(gatewayOrigin) {
+            for line in response.headers["set-cookie"] {
+                setCookies.append(line)
+                let pair = line.split(separator: ";")[0]
+                let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+                let name = String(parts[0])
+                let value = parts.count > 1 ? String(parts[1]) : ""
+                if line.contains("Max-Age=0") || value.isEmpty { cookies[name] = nil } else { cookies[name] = value }
+            }
+        }
+        return Response(status: Int(response.status.code), headers: response.headers, body: String(buffer: body))
+    }
+
+    /// The hidden inputs and action of the (first) form in a page.
+    static func form(in html: String) -> (action: String, fields: [(String, String)]) {
+        func attribute(_ name: String, in tag: Substring) -> String? {
+            guard let start = tag.range(of: "\(name)=\"") else { return nil }
+            let rest = tag[start.upperBound...]
+            return rest.firstIndex(of: "\"").map { unescape(String(rest[..<$0])) }
+        }
+        var fields: [(String, String)] = []
+        var action = ""
+        for piece in html.components(separatedBy: "<").dropFirst() {
+            let tag = Substring(piece.prefix { $0 != ">" })
+            if tag.hasPrefix("form"), action.isEmpty { action = attribute("action", in: tag) ?? "" }
+            if tag.hasPrefix("input"), tag.contains("type=\"hidden\""), let name = attribute("name", in: tag) {
+                fields.append((name, attribute("value", in: tag) ?? ""))
+            }
+        }
+        return (action, fields)
+    }
+
+    static func unescape(_ s: String) -> String {
+        s.replacingOccurrences(of: "&quot;", with: "\"").replacingOccurrences(of: "&#39;", with: "'").replacingOccurrences(of: "&lt;", with: "<")
+            .replacingOccurrences(of: "&gt;", with: ">").replacingOccurrences(of: "&amp;", with: "&")
+    }
+
+    /// Follows the web flow from a protected page to the page after sign-in: the gateway's
+    /// redirect, the sign-in page's button, Apple's consent page (choosing `sub`), the
+    /// auto-submitting form_post to the callback. Returns the callback's response.
+    func signIn(from path: String, as sub: String, stopBeforeCallback: Bool = false) async throws -> (callback: Response?, form: (action: String, fields: [(String, String)])) {
+        // Signed in already (or a planted cookie): go to the sign-in page as a user would.
+        let first = try await request(path)
+        let signInURL = first.status == 302 ? first.location ?? "" : "/_auth/sign-in?rd=\(FormBody.escape(path))"
+        let page = try await request(signInURL)
+        guard page.status == 200, let hrefRange = page.body.range(of: "href=\"/_auth/login") else { throw Failure.unexpected("sign-in page: \(page.status)") }
+        let href = TestBrowser.unescape(String(page.body[page.body.index(after: hrefRange.lowerBound)...].dropFirst(5).prefix { $0 != "\"" }))
+        let login = try await request(href)
+        guard login.status == 302, let authorize = login.location else { throw Failure.unexpected("login: \(login.status) \(login.body)") }
+        let consent = try await request(authorize)
+        let consentForm = TestBrowser.form(in: consent.body)
+        let simulatorOrigin = String(authorize.prefix { $0 != "/" }) + "//" + authorize.dropFirst(authorize.prefix { $0 != "/" }.count + 2).prefix { $0 != "/" }
+        let delivered = try await request(simulatorOrigin + consentForm.action, method: .POST, form: consentForm.fields + [("sub", sub)])
+        let post = TestBrowser.form(in: delivered.body)
+        if stopBeforeCallback { return (nil, post) }
+        let callback = try await request(post.action, method: .POST, form: post.fields)
+        return (callback, post)
+    }
+
+    enum Failure: Error { case unexpected(String) }
+}
