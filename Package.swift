@@ -104,8 +104,9 @@ let package = Package(
         .executableTarget(
             name: "sessiongate",
             dependencies: [
-                "Gateway", "GatewayConfig", "AppleIDSimulator",
+                "Gateway", "GatewayConfig", "AppleIDSimulator", "Sessions", "Redis",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

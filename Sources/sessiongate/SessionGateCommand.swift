@@ -1,4 +1,6 @@
+import AppleIDSimulator
 import ArgumentParser
+import Crypto
 import Foundation
 import Gateway
 import GatewayConfig
@@ -19,7 +21,7 @@ struct SessionGateCommand: AsyncParsableCommand {
             Configuration reference: conf/sessiongate.yaml (every key, annotated, with its default).
             SIGHUP re-reads the configuration; SIGTERM or SIGINT drains in-flight requests and exits.
             """,
-        subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self],
+        subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self],
         defaultSubcommand: Serve.self
     )
 }
@@ -89,38 +91,67 @@ struct Check: ParsableCommand {
 
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run the demo: a demo upstream and the gateway in front of it, on loopback.",
-        discussion: "The demo upstream listens on the address of the first route's upstream in the configuration (conf/demo.yaml: 127.0.0.1:9000).")
+        abstract: "Run the demo: the Apple ID simulator, a demo upstream and the gateway in front of it, on loopback.",
+        discussion: """
+            Reads conf/demo.yaml: the simulator listens at apple.base_url with that team, key id and
+            client ids (the .p8 key is generated and written to apple.private_key_file); the demo
+            upstream listens at the last route's upstream; the gateway uses the memory store.
+            Open the printed URL, pick a test user on the simulator's consent page, and land on the
+            demo upstream, which shows who you are.
+            """)
 
     @Option(name: .long, help: "Path of the demo configuration.")
     var config: String = "conf/demo.yaml"
 
     func run() async throws {
-        guard let configuration = loadConfiguration(config), let route = configuration.routes.first else { throw ExitCode(1) }
+        guard var configuration = loadConfiguration(config, printWarnings: false), let apple = configuration.apple,
+              let upstreamURL = configuration.routes.last?.upstream else { throw ExitCode(1) }
+        guard case .file(let keyPath) = apple.privateKeyFile, let base = ListenAddress.parse(String(apple.baseURL.split(separator: "/").last ?? "")),
+              let publicURL = configuration.server.publicURL else {
+            printError("\(config): the demo needs apple.private_key_file as a path, apple.base_url as http://host:port and server.public_url")
+            throw ExitCode(1)
+        }
         let logger = makeLogger()
-        let upstream = try await DemoUpstream.start(host: route.upstream.host, port: route.upstream.port, group: MultiThreadedEventLoopGroup.singleton)
-        let service = try GatewayService(configuration: configuration, configPath: config, logger: logger)
-        let group = ServiceGroup(configuration: .init(
+        let group = MultiThreadedEventLoopGroup.singleton
+        // The simulator is Apple for this demo: the team's key, the web client with our callback.
+        let key = P256.Signing.PrivateKey()
+        try FileManager.default.createDirectory(atPath: (keyPath as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        guard FileManager.default.createFile(atPath: keyPath, contents: Data(key.pemRepresentation.utf8), attributes: [.posixPermissions: 0o600]) else {
+            printError("cannot write \(keyPath)")
+            throw ExitCode(1)
+        }
+        var clients: [String: [String]] = [apple.clientIDs[0]: [publicURL + configuration.server.authPrefix + "/callback"]]
+        for app in apple.clientIDs.dropFirst() { clients[app] = [] }
+        let simulator = try await SimulatedAppleID.start(
+            team: .init(teamID: apple.teamID, keys: [apple.keyID: key.publicKey], clients: clients), host: base.host, port: base.port, group: group)
+        simulator.createUser(privateEmail: true, firstName: "Jane", lastName: "Appleseed")
+        simulator.createUser(email: "john@example.org", privateEmail: false, firstName: "John", lastName: "Doe")
+        configuration.apple?.baseURL = simulator.baseURL
+        let upstream = try await DemoUpstream.start(host: upstreamURL.host, port: upstreamURL.port, group: group)
+        let service = try GatewayService(configuration: configuration, configPath: nil, logger: logger)
+        let serviceGroup = ServiceGroup(configuration: .init(
             services: [.init(service: service)],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         let banner = Task {
             await service.waitUntilStarted()
-            let listen = configuration.server.listen
-            let host = listen.host == "0.0.0.0" ? "127.0.0.1" : listen.host
             // Unbuffered, so the URL shows at once even when the output is piped (make, tee).
             FileHandle.standardOutput.write(Data("""
 
                 SessionGate demo is running.
-                  Open:      http://\(host):\(service.proxyAddress?.port ?? listen.port)/
-                  Upstream:  \(route.upstream) (the demo app; it shows the headers it receives)
-                  Metrics:   http://\(configuration.server.adminListen.host):\(configuration.server.adminListen.port)/metrics
+                  Open:       \(publicURL)/        (sign in with Apple on the simulator's consent page)
+                  Public:     \(publicURL)/public/ (no sign-in needed)
+                  Sign out:   \(publicURL)\(configuration.server.authPrefix)/logout
+                  Apple:      \(simulator.baseURL)  (the Apple ID simulator; test users: Jane Appleseed, John Doe)
+                  Upstream:   \(upstreamURL) (the demo app; it shows the headers it receives)
+                  Metrics:    http://\(configuration.server.adminListen.host):\(configuration.server.adminListen.port)/metrics
                 Ctrl-C stops it.
 
                 """.utf8))
         }
-        try await group.run()
+        try await serviceGroup.run()
         banner.cancel()
         await upstream.close()
+        await simulator.stop()
     }
 }

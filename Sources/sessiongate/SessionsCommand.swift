@@ -1,0 +1,84 @@
+import ArgumentParser
+import Foundation
+import GatewayConfig
+import Logging
+import NIOPosix
+import Redis
+import Sessions
+
+struct SessionsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sessions",
+        abstract: "Operator tools against the configured session store (store.redis_url).",
+        subcommands: [List.self, Revoke.self])
+
+    struct Target: ParsableArguments {
+        @OptionGroup var options: ConfigOption
+        @Option(name: .long, help: "The user's Apple id (the `sub`, as in X-Auth-User).")
+        var sub: String
+    }
+
+    /// The configured Redis store; the memory store lives inside the running gateway.
+    static func store(_ path: String) throws -> (RedisSessionStore, RedisClient, String) {
+        guard let configuration = loadConfiguration(path, printWarnings: false) else { throw ExitCode(1) }
+        guard let url = configuration.store.redisURL else {
+            printError("\(path): store.redis_url is not set: the memory store lives inside the running gateway (restart it to end every session)")
+            throw ExitCode(1)
+        }
+        var logger = Logger(label: "sessiongate") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = .warning
+        let client = try RedisClient(configuration: .init(host: url.host, port: url.port, username: url.username, password: url.password,
+                                                          database: url.database, commandTimeout: .seconds(5)),
+                                     group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        return (RedisSessionStore(client: client, keyPrefix: configuration.store.keyPrefix), client, configuration.store.keyPrefix)
+    }
+
+    static func time(_ ms: Int64) -> String {
+        let formatter = ISO8601DateFormatter()
+        return formatter.string(from: Date(timeIntervalSince1970: TimeInterval(ms) / 1000))
+    }
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List a user's live sessions (never their cookies).")
+        @OptionGroup var target: Target
+
+        func run() async throws {
+            let (store, client, _) = try SessionsCommand.store(target.options.config)
+            defer { Task { await client.close() } }
+            let loop = MultiThreadedEventLoopGroup.singleton.next()
+            let sessions: [SessionRecord]
+            do {
+                sessions = try await store.sessions(of: target.sub, on: loop).get()
+            } catch {
+                printError("\(error)")
+                throw ExitCode(1)
+            }
+            if sessions.isEmpty { print("no live sessions for \(target.sub)"); return }
+            print("SESSION       CREATED               LAST SEEN             CLIENT")
+            for s in sessions {
+                print("\(s.handle.description)  \(SessionsCommand.time(s.created))  \(SessionsCommand.time(s.lastSeen))  \(s.clientID)")
+            }
+        }
+    }
+
+    struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "End every session of a user now; sessions created before this moment are dead.",
+            discussion: "Running gateways drop the user from their local caches at once when they listen for invalidations, and within store.local_cache_ttl otherwise.")
+        @OptionGroup var target: Target
+
+        func run() async throws {
+            let (store, client, prefix) = try SessionsCommand.store(target.options.config)
+            defer { Task { await client.close() } }
+            let loop = MultiThreadedEventLoopGroup.singleton.next()
+            do {
+                let count = try await store.revoke(target.sub, at: SessionClock.now(), on: loop).get()
+                _ = try await client.send(["PUBLISH", .string(prefix + "invalidate"), .string("user \(target.sub)")], on: loop).get()
+                print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended")
+            } catch {
+                printError("\(error)")
+                throw ExitCode(1)
+            }
+        }
+    }
+}
