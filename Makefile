@@ -1,7 +1,7 @@
 # SessionGate — the two commands: `make demo` runs the product, `make test` runs every test.
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
-TEST_PACKAGES  := libhiredis-dev redis-server pkg-config
+TEST_PACKAGES  := libhiredis-dev redis-server pkg-config chromium chromium-driver fonts-liberation python3 python3-venv
 BENCH_PACKAGES := nginx wrk python3
 
 .PHONY: all build test demo bench release clean
@@ -20,13 +20,15 @@ release:
 	scripts/ensure-packages.sh libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
 
-## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket).
+## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket), then
+## the real-browser sign-in (headless Chromium; screenshots in .build/browser-test/).
 test:
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+	scripts/browser-test.sh
 
-## make demo: the gateway in front of a demo upstream on 127.0.0.1:8080 (Ctrl-C stops it).
+## make demo: the Apple ID simulator, a demo app and the gateway, on http://localhost:8080 (Ctrl-C stops it).
 demo:
 	scripts/ensure-packages.sh libhiredis-dev pkg-config
 	$(SWIFT) build
