@@ -2,7 +2,7 @@
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
 TEST_PACKAGES  := libhiredis-dev redis-server pkg-config chromium chromium-driver fonts-liberation python3 python3-venv
-BENCH_PACKAGES := nginx wrk python3
+BENCH_PACKAGES := nginx wrk python3 redis-server
 
 .PHONY: all build test demo bench release clean
 
@@ -34,11 +34,13 @@ demo:
 	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
-## make bench: release build, nginx baselines and sessiongate measured in one run (bench/RESULTS.md).
+## make bench: release build; the public data path, then 10,000 authenticated sessions, each beside
+## nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
 	bench/run.sh
+	bench/auth.sh
 
 clean:
 	rm -rf .build

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Authenticated scenarios with 10,000 distinct sessions (issue 4), measured in one run beside
+# nginx proxy_pass: every request carries a session cookie, rotating through all of them
+# (bench/rotate.lua).
+#
+#   cached     the session is in the gateway's local cache (store.local_cache_ttl 1h, warmed)
+#   redis      local cache off (ttl 0): every request reads Redis (two pipelined round trips)
+#   no-cookie  a required route without a credential: 401 from the gateway, no store call
+#   forged     a well-formed cookie with a wrong HMAC: 401, no store call
+#
+# Sessions are made through the product (simulator + POST /_auth/native, bench/seed.py) in
+# Redis, shared by two gateway instances with the same secret: A with the cache, B without.
+# Environment as bench/run.sh: DURATION, CONNECTIONS, REPS, SESSIONS (10000), BENCH_NOTE.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-"50 200"}
+REPS=${REPS:-3}
+SESSIONS=${SESSIONS:-10000}
+BIN=.build/release/sessiongate
+[ -x "$BIN" ] || { echo "build first: make release (make bench does)"; exit 1; }
+WORK=$(mktemp -d /tmp/sessiongate-bench-auth.XXXXXX)
+UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187
+PIDS=()
+cleanup() {
+  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cat > "$WORK/nginx.conf" <<CONF
+worker_processes 1;
+daemon on;
+pid $WORK/nginx.pid;
+error_log $WORK/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream app { server 127.0.0.1:$UPSTREAM; keepalive 256; }
+  server { listen 127.0.0.1:$UPSTREAM; location / { return 200 "$(printf '%0100d' 0)"; } }
+  server { listen 127.0.0.1:$NGINX; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+CONF
+nginx -c "$WORK/nginx.conf" -p "$WORK"
+redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
+PIDS+=($!)
+"$BIN" apple-simulator --listen "127.0.0.1:$SIM" --out "$WORK" --web-client "com.example.web=http://localhost:$SG_A/_auth/callback" \
+  --app-id com.example.app > "$WORK/simulator.log" 2>&1 &
+PIDS+=($!)
+head -c 64 /dev/urandom > "$WORK/session.key"
+wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; cat "$1"; exit 1; }
+wait_for "$WORK/simulator.log" "private_key_file"
+wait_for "$WORK/redis.log" "Ready to accept connections"
+
+gateway() {  # name port admin cache_ttl
+  cat > "$WORK/$1.yaml" <<CONF
+server:
+  listen: "127.0.0.1:$2"
+  public_url: "http://localhost:$2"
+  admin_listen: "127.0.0.1:$3"
+  access_log: off
+apple:
+  team_id: "SIMTEAM001"
+  key_id: "SIMKEY0001"
+  client_ids: ["com.example.web", "com.example.app"]
+  private_key_file: "$WORK/AuthKey_SIMKEY0001.p8"
+  base_url: "http://127.0.0.1:$SIM"
+session:
+  secret_file: "$WORK/session.key"
+store:
+  redis_url: "redis://127.0.0.1:$REDIS/0"
+  local_cache_ttl: "$4"
+routes:
+  - name: bench
+    upstream: "http://127.0.0.1:$UPSTREAM"
+    auth: required
+    unauthenticated: deny
+CONF
+  "$BIN" serve --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
+  PIDS+=($!)
+  echo $! > "$WORK/$1.pid"
+  wait_for "$WORK/$1.log" "sessiongate listening"
+}
+gateway a $SG_A $ADMIN_A 1h
+gateway b $SG_B $ADMIN_B 0s
+PID_A=$(cat "$WORK/a.pid"); PID_B=$(cat "$WORK/b.pid")
+
+echo "seeding $SESSIONS sessions through POST /_auth/native…"
+python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_A" "$SESSIONS" 1000 "$WORK/cookies.txt"
+python3 -c "
+import base64, os
+for _ in range($SESSIONS): print(base64.urlsafe_b64encode(os.urandom(64)).decode().rstrip('='))" > "$WORK/forged.txt"
+
+NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
+run() {  # scenario c rep|warm duration
+  local url script="" cookies="" pid=$PID_A
+  case $1 in
+    nginx)     url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER ;;
+    cached)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt" ;;
+    redis)     url="http://127.0.0.1:$SG_B/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_B ;;
+    no-cookie) url="http://127.0.0.1:$SG_A/" ;;
+    forged)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/forged.txt" ;;
+  esac
+  local before; before=$(cpu "$pid")
+  COOKIES="$cookies" wrk -t2 -c"$2" -d"$4" --latency ${script:+-s "$script"} "$url" > "$WORK/wrk-$1-$2-$3.txt"
+  echo "$(cpu "$pid") $before" > "$WORK/cpu-$1-$2-$3.txt"
+}
+SCENARIOS="nginx cached redis no-cookie forged"
+for c in $CONNECTIONS; do
+  for s in $SCENARIOS; do run "$s" "$c" warm 3s; done   # warms A's cache with every session
+  for rep in $(seq "$REPS"); do
+    for s in $SCENARIOS; do run "$s" "$c" "$rep" "$DURATION"; done
+  done
+done
+RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status"); RSS_B=$(awk '/VmHWM/ {print $2}' "/proc/$PID_B/status")
+python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | tee "$WORK/table.md"
+{
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — authenticated, $SESSIONS distinct sessions${BENCH_NOTE:+; $BENCH_NOTE}"
+  echo
+  echo "Command: \`make bench\` → \`bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`). nginx is \`proxy_pass\` without any auth."
+  echo
+  cat "$WORK/table.md"
+  echo
+  echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB."
+} >> bench/RESULTS.md
+echo "appended to bench/RESULTS.md"

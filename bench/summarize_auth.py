@@ -1,0 +1,43 @@
+"""Reads bench/auth.sh's wrk outputs: medians per scenario and ratios to nginx proxy_pass."""
+import re
+import statistics
+import sys
+
+work, connections, reps, scenarios = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4].split()
+EXPECTED = {"nginx": "2xx", "cached": "2xx", "redis": "2xx", "no-cookie": "401", "forged": "401"}
+
+
+def ms(value):
+    number, unit = re.match(r"([\d.]+)(us|ms|s)", value).groups()
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def parse(path):
+    text = open(path).read()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    p99 = ms(re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1))
+    total = int(re.search(r"(\d+) requests in", text).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    return rps, p99, total, int(non2xx.group(1)) if non2xx else 0
+
+
+print("| c | scenario | answer | req/s (median) | p99 ms | CPU µs/req | req/s vs nginx | target |")
+print("|---|---|---|---|---|---|---|---|")
+targets = {"cached": "≥ 1.0×", "redis": "≥ 0.8×", "forged": "≥ 2×"}
+for c in connections:
+    medians = {}
+    for s in scenarios:
+        runs = []
+        for r in range(1, reps + 1):
+            rps, p99, total, non2xx = parse(f"{work}/wrk-{s}-{c}-{r}.txt")
+            after, before = map(float, open(f"{work}/cpu-{s}-{c}-{r}.txt").read().split())
+            wanted_non2xx = total if EXPECTED[s] == "401" else 0
+            if non2xx != wanted_non2xx:
+                print(f"WARNING: {s} at c={c}: {non2xx} of {total} responses were not {EXPECTED[s]}", file=sys.stderr)
+            runs.append((rps, p99, (after - before) / total * 1e6))
+        medians[s] = tuple(statistics.median(run[i] for run in runs) for i in range(3))
+    nginx = medians["nginx"][0]
+    for s in scenarios:
+        rps, p99, cpu = medians[s]
+        ratio = "1.00×" if s == "nginx" else f"{rps / nginx:.2f}×"
+        print(f"| {c} | {s} | {EXPECTED[s]} | {rps:,.0f} | {p99:.2f} | {cpu:.1f} | {ratio} | {targets.get(s, '—')} |")
