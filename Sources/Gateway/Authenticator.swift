@@ -243,15 +243,17 @@ final class Authenticator: Sendable {
     // MARK: identity
 
     /// The identity headers of DESIGN §1 for a user; values never carry CR, LF or NUL.
-    func identityHeaders(_ user: UserProfile) -> [(String, String)] {
+    func identityHeaders(_ user: UserProfile) -> [(String, String)] { Self.identityHeaders(user, names: names) }
+
+    static func identityHeaders(_ user: UserProfile, names: IdentityHeaderNames) -> [(String, String)] {
         var h: [(String, String)] = [(names.user, user.sub)]
         if let v = user.email { h.append((names.email, v)) }
         if let v = user.emailVerified { h.append((names.emailVerified, v ? "true" : "false")) }
         if let v = user.privateEmail { h.append((names.privateEmail, v ? "true" : "false")) }
         if let v = user.emailForwarding { h.append((names.emailForwarding, v)) }
-        if let v = user.name { h.append((names.name, Self.percentEncodeUTF8(v))) }
+        if let v = user.name { h.append((names.name, percentEncodeUTF8(v))) }
         if let v = user.realUserStatus { h.append((names.realUserStatus, String(v))) }
-        return h.filter { Self.isSafeHeaderValue($0.1) }
+        return h.filter { isSafeHeaderValue($0.1) }
     }
 
     /// The headers to forward for a session on a route (identity, plus an assertion when enabled;

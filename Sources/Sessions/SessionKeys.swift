@@ -1,5 +1,4 @@
 import Crypto
-import Foundation
 
 /// The keys derived from `session.secret_file` (HKDF-SHA256, one label per use) and everything
 /// done with them: session ids and their cookies, the store's key for a session, and refresh
@@ -109,21 +108,53 @@ public struct SessionHandle: Hashable, Sendable, CustomStringConvertible {
     }
 }
 
-/// Unpadded base64url (RFC 4648 §5).
+/// Unpadded base64url (RFC 4648 §5). Decoding is on the hot path (every cookie): a table, no
+/// Foundation, one allocation.
 enum Base64URL {
+    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+    private static let values: [UInt8] = {
+        var table = [UInt8](repeating: 0xff, count: 256)
+        for (i, c) in alphabet.enumerated() { table[Int(c)] = UInt8(i) }
+        return table
+    }()
+
     static func encode(_ bytes: [UInt8]) -> String {
-        var s = Data(bytes).base64EncodedString()
-        s = s.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-        while s.hasSuffix("=") { s.removeLast() }
-        return s
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count * 4 + 2) / 3)
+        var i = 0
+        while i + 3 <= bytes.count {
+            let n = UInt32(bytes[i]) << 16 | UInt32(bytes[i + 1]) << 8 | UInt32(bytes[i + 2])
+            out += [alphabet[Int(n >> 18 & 63)], alphabet[Int(n >> 12 & 63)], alphabet[Int(n >> 6 & 63)], alphabet[Int(n & 63)]]
+            i += 3
+        }
+        let rest = bytes.count - i
+        if rest > 0 {
+            let n = UInt32(bytes[i]) << 16 | (rest == 2 ? UInt32(bytes[i + 1]) << 8 : 0)
+            out += [alphabet[Int(n >> 18 & 63)], alphabet[Int(n >> 12 & 63)]]
+            if rest == 2 { out.append(alphabet[Int(n >> 6 & 63)]) }
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 
+    /// nil for any character outside the alphabet, a length of 1 mod 4, or non-zero padding bits.
     static func decode(_ text: Substring) -> [UInt8]? {
-        guard text.utf8.allSatisfy({ b in
-            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
-        }) else { return nil }
-        var s = String(text).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while s.utf8.count % 4 != 0 { s += "=" }
-        return Data(base64Encoded: s).map { Array($0) }
+        let count = text.utf8.count
+        guard count % 4 != 1 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(count * 3 / 4)
+        var accumulator: UInt32 = 0
+        var bits = 0
+        for c in text.utf8 {
+            let v = values[Int(c)]
+            guard v != 0xff else { return nil }
+            accumulator = accumulator << 6 | UInt32(v)
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bits)))
+            }
+        }
+        guard accumulator & ((1 << UInt32(bits)) - 1) == 0 else { return nil }
+        return out
     }
 }

@@ -1,3 +1,7 @@
+import Sessions
+import Redis
+import NIOPosix
+import Logging
 import TestSupport
 import Foundation
 import Testing
@@ -15,6 +19,52 @@ struct GatewayProcessTests {
         await check.waitForOutputEnd()
         #expect(status == 1)
         #expect(check.output.contains("\(path):3:3: error: server.admin_lisen: unknown key (did you mean 'admin_listen'?)"), "\(check.output)")
+    }
+
+    @Test("sessions list and revoke work against the configured Redis store, and refuse the memory store")
+    func sessionsCommand() async throws {
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        let prefix = "sgcli:"
+        let path = NSTemporaryDirectory() + "sessions-\(UUID().uuidString).yaml"
+        try """
+            store:
+              redis_url: "redis://127.0.0.1:\(redis.port)/0"
+              key_prefix: "\(prefix)"
+            routes:
+              - name: a
+                upstream: "http://127.0.0.1:1"
+                auth: public
+            """.write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        // Two sessions for the user and one for someone else, written as the gateway would.
+        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: redis.port), group: .singleton, logger: Logger(label: "t"))
+        let store = RedisSessionStore(client: client, keyPrefix: prefix)
+        let keys = try SessionKeys(secret: Array(repeating: 9, count: 32))
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let now = SessionClock.now()
+        for (i, sub) in ["user.a", "user.a", "user.b"].enumerated() {
+            let (_, handle) = keys.newSession()
+            let record = SessionRecord(handle: handle, sub: sub, clientID: "com.example.web", created: now + Int64(i), lastSeen: now, validatedAt: now, sealedRefreshToken: nil)
+            try await store.create(record, profile: UserProfile(sub: sub), expiresAt: now + 60_000, on: loop).get()
+        }
+        func run(_ arguments: [String]) async throws -> (Int32, [String]) {
+            let p = try GatewayProcess(arguments: arguments)
+            let status = await p.waitForExit()
+            await p.waitForOutputEnd()
+            return (status, p.output)
+        }
+        let (listed, lines) = try await run(["sessions", "list", "--sub", "user.a", "--config", path])
+        #expect(listed == 0)
+        #expect(lines.filter { $0.contains("com.example.web") }.count == 2, "\(lines)")
+        let (revoked, revokeLines) = try await run(["sessions", "revoke", "--sub", "user.a", "--config", path])
+        #expect(revoked == 0 && revokeLines.contains("revoked user.a: 2 sessions ended"), "\(revokeLines)")
+        #expect(try await run(["sessions", "list", "--sub", "user.a", "--config", path]).1.contains("no live sessions for user.a"))
+        #expect(try await store.sessions(of: "user.b", on: loop).get().count == 1, "other users keep theirs")
+        await client.close()
+
+        let (memory, memoryLines) = try await run(["sessions", "list", "--sub", "user.a", "--config", "conf/demo.yaml"])
+        #expect(memory == 1 && memoryLines.contains { $0.contains("store.redis_url is not set") })
     }
 
     @Test("check prints ok for the shipped configuration")

@@ -1,6 +1,6 @@
 import NIOCore
 import NIOPosix
-import Sessions
+@testable import Sessions
 import Testing
 
 @Suite("Session keys and cookies")
@@ -97,4 +97,25 @@ struct LocalSessionCacheTests {
         try await Task.sleep(for: .milliseconds(5))  // the TTL itself is what is tested
         #expect(try await loop.submit { short.get(h, on: loop) }.get() == nil)
     }
+}
+
+@Suite("base64url")
+struct Base64URLTests {
+    @Test func roundTripsEveryLength() {
+        for length in 0..<70 {
+            let bytes = (0..<length).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            let text = Base64URLPeek.encode(bytes)
+            #expect(!text.contains("=") && !text.contains("+") && !text.contains("/"))
+            #expect(Base64URLPeek.decode(text) == bytes, "length \(length)")
+        }
+        #expect(Base64URLPeek.decode("A") == nil)
+        #expect(Base64URLPeek.decode("AB=") == nil)
+        #expect(Base64URLPeek.decode("AA") == [0])
+        #expect(Base64URLPeek.decode("AB") == nil, "non-zero padding bits")
+    }
+}
+
+enum Base64URLPeek {
+    static func encode(_ bytes: [UInt8]) -> String { Base64URL.encode(bytes) }
+    static func decode(_ text: String) -> [UInt8]? { Base64URL.decode(Substring(text)) }
 }

@@ -1,0 +1,61 @@
+import GatewayConfig
+import Sessions
+import Testing
+
+@testable import Gateway
+
+@Suite("Admission rules")
+struct AdmissionRulesTests {
+    @Test("identity header values never carry CR, LF or NUL; names are percent-encoded UTF-8")
+    func headerValues() {
+        let user = UserProfile(sub: "001.abc", name: "Zoë\r\nX-Auth-User: admin", email: "a@b.c\r\nX-Evil: 1", emailVerified: true,
+                               privateEmail: false, emailForwarding: "enabled\u{0}", realUserStatus: 2)
+        let headers = Authenticator.identityHeaders(user, names: IdentityHeaderNames())
+        for (_, value) in headers {
+            #expect(!value.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 }, "\(value)")
+        }
+        let byName = Dictionary(headers, uniquingKeysWith: { a, _ in a })
+        #expect(byName["X-Auth-User"] == "001.abc")
+        #expect(byName["X-Auth-Name"] == "Zo%C3%AB%0D%0AX-Auth-User%3A%20admin")
+        #expect(byName["X-Auth-Email"] == nil, "an email with a line break is not forwarded at all")
+        #expect(byName["X-Auth-Email-Forwarding"] == nil)
+        #expect(byName["X-Auth-Email-Verified"] == "true" && byName["X-Auth-Private-Email"] == "false" && byName["X-Auth-Real-User-Status"] == "2")
+    }
+
+    @Test("allow lists", arguments: [
+        // users, emails, domains, sub, email, verified, expected
+        ([], [], [], "u1", "a@example.com", true, true),
+        (["u1"], [], [], "u1", nil, false, true),
+        (["u1"], [], [], "u2", "a@example.com", true, false),
+        ([], ["A@Example.com"], [], "u2", "a@example.com", true, true),
+        ([], ["a@example.com"], [], "u2", "a@example.com", false, false),
+        ([], [], ["example.com"], "u2", "a@example.com", true, true),
+        ([], [], ["@example.com"], "u2", "a@EXAMPLE.com", true, true),
+        ([], [], ["example.com"], "u2", "a@example.com", false, false),
+        ([], [], ["example.com"], "u2", "a@evil.com@example.com", true, false),
+        ([], [], ["example.com"], "u2", "a@sub.example.com", true, false),
+        ([], [], ["example.com"], "u2", "@example.com", true, false),
+        ([], [], ["example.com"], "u2", nil, true, false),
+    ] as [([String], [String], [String], String, String?, Bool, Bool)])
+    func allowLists(users: [String], emails: [String], domains: [String], sub: String, email: String?, verified: Bool, expected: Bool) {
+        var allow = GatewayConfiguration.Allow()
+        allow.users = users
+        allow.emails = emails
+        allow.emailDomains = domains
+        #expect(AllowList(allow).admits(UserProfile(sub: sub, email: email, emailVerified: verified)) == expected)
+    }
+
+    @Test("return URLs", arguments: [
+        ("/", "/"), ("/a/b?c=d#e", "/a/b?c=d#e"), ("https://app.example.com/x", "/x"), ("https://docs.example.com/g", "https://docs.example.com/g"),
+        ("https://a.b.example.net/", "https://a.b.example.net/"), ("https://docs.example.com:8443/g", "https://docs.example.com:8443/g"),
+        ("//evil.com", nil), ("/\\evil.com", nil), ("/%5Cevil.com", nil), ("/%2F/evil.com", nil), ("/%09/evil.com", nil), ("/\t/evil.com", nil),
+        ("/./\\evil.com", nil), ("/.//evil.com", nil), ("/a/../../evil", nil), ("https://evil.com", nil), ("https://example.net/", nil),
+        ("https://docs.example.com@evil.com/", nil), ("https://evil.com#@docs.example.com", nil), ("http://docs.example.com/", nil),
+        ("javascript:alert(1)", nil), ("data:text/html,x", nil), ("https:/docs.example.com", nil), ("https://docs.example.com.evil.com/", nil),
+        ("https://xexample.net/", nil), ("", nil), ("relative/path", nil), ("/%", nil), ("https://app.example.com//evil.com", nil),
+    ] as [(String, String?)])
+    func returnURLs(rd: String, expected: String?) {
+        let policy = ReturnURLPolicy(origin: "https://app.example.com", allowedHosts: ["docs.example.com", ".example.net"])
+        #expect(policy.validate(rd) == expected, "\(rd)")
+    }
+}
