@@ -6,6 +6,7 @@ the gateway's POST /_auth/native verifies and exchanges). Writes one token per l
 """
 import json
 import sys
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,8 +15,11 @@ simulator, gateway, sessions, users, out = sys.argv[1], sys.argv[2], int(sys.arg
 
 def post(url, body):
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise SystemExit(f"{url}: {error.code} {error.read()[:300]!r}")
 
 
 subs = [post(f"{simulator}/sim/users", {"first_name": f"User{i}", "last_name": "Bench"})["sub"] for i in range(users)]

@@ -170,6 +170,7 @@ struct AuthEndpointGuard: RequestGuard {
             auth.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
             return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: [auth.sessionCookie(created.cookie), clearLogin])
         } catch {
+            auth.logger.warning("sign-in could not save the session", metadata: ["flow": "web", "error": "\(error)"])
             return fail(.serviceUnavailable, "Sign in is unavailable", "Your session could not be saved just now. Please try again.", outcome: "store_unavailable", retry: login.returnTo)
         }
     }
@@ -227,6 +228,7 @@ struct AuthEndpointGuard: RequestGuard {
             return AuthResponses.json(.ok, ["token": created.cookie, "expires_at": Self.iso8601(created.expiresAt), "user": Self.userJSON(created.user)],
                                       headers: [auth.sessionCookie(created.cookie)])
         } catch {
+            auth.logger.warning("sign-in could not save the session", metadata: ["flow": "native", "error": "\(error)"])
             return fail(.serviceUnavailable, "store_unavailable", "the session store did not answer; retry", outcome: "store_unavailable")
         }
     }

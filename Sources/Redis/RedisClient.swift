@@ -70,6 +70,16 @@ public final class RedisClient: Sendable {
         return loop.flatSubmit { box.value.send(arguments) }
     }
 
+    /// Sends commands back to back on one connection, nothing else between them (a MULTI/EXEC
+    /// block stays one block even when callers on other threads send concurrently); the replies
+    /// in order. Fails if any command fails.
+    public func sendAll(_ commands: [[RedisArgument]], on eventLoop: (any EventLoop)? = nil) -> EventLoopFuture<[RESPValue]> {
+        let loop = eventLoop ?? (MultiThreadedEventLoopGroup.currentEventLoop.flatMap { connections[ObjectIdentifier($0)] != nil ? $0 : nil } ?? group.next())
+        guard let box = connections[ObjectIdentifier(loop)] else { return loop.makeFailedFuture(RedisError.unavailable) }
+        if loop.inEventLoop { return box.value.sendAll(commands) }
+        return loop.flatSubmit { box.value.sendAll(commands) }
+    }
+
     public func send(_ arguments: [RedisArgument]) async throws -> RESPValue {
         try await send(arguments, on: nil).get()
     }
@@ -125,14 +135,36 @@ final class LoopConnection {
         }
     }
 
-    private func write(_ arguments: [RedisArgument], to handler: RedisConnectionHandler) -> EventLoopFuture<RESPValue> {
+    func sendAll(_ commands: [[RedisArgument]]) -> EventLoopFuture<[RESPValue]> {
+        let this = NIOLoopBound(self, eventLoop: loop)
+        func writeAll(_ handler: RedisConnectionHandler) -> EventLoopFuture<[RESPValue]> {
+            let replies = commands.map { this.value.write($0, to: handler, flush: false) }
+            handler.flush()
+            return EventLoopFuture.whenAllSucceed(replies, on: loop)
+        }
+        switch state {
+        case .connected(_, let handler):
+            return writeAll(handler)
+        case .connecting(let future):
+            return future.flatMap { writeAll($0.value) }
+        case .idle:
+            guard NIODeadline.now() >= retryAt else { return loop.makeFailedFuture(RedisError.unavailable) }
+            let future = connect()
+            state = .connecting(future)
+            return future.flatMap { writeAll($0.value) }
+        case .closed:
+            return loop.makeFailedFuture(RedisError.unavailable)
+        }
+    }
+
+    private func write(_ arguments: [RedisArgument], to handler: RedisConnectionHandler, flush: Bool = true) -> EventLoopFuture<RESPValue> {
         var buffer = ByteBufferAllocator().buffer(capacity: 64)
         RESPCodec.encode(arguments, into: &buffer)
         let command = PendingCommand(promise: loop.makePromise())
         let bound = NIOLoopBound(command, eventLoop: loop)
         command.timeout = loop.scheduleTask(in: configuration.commandTimeout) { bound.value.complete(.failure(.timeout)) }
         handler.write(buffer, command)
-        handler.flush()
+        if flush { handler.flush() }
         return command.promise.futureResult
     }
 

@@ -30,14 +30,14 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    /// Commands in one MULTI/EXEC, pipelined on the loop's connection; the EXEC reply's array.
+    /// Commands in one MULTI/EXEC, written back to back on the loop's connection (callers off
+    /// the loop included); the EXEC reply's array.
     private func transaction(_ commands: [[RedisArgument]], on loop: any EventLoop) -> EventLoopFuture<[RESPValue]> {
-        let queued = [["MULTI"]] + commands + [["EXEC"]]
-        let futures = queued.map { send($0, on: loop) }
-        return EventLoopFuture.whenAllComplete(futures, on: loop).flatMapThrowing { results in
-            for result in results { if case .failure(let error) = result { throw error } }
-            guard case .success(.array(let replies?)) = results.last else { throw SessionStoreError("transaction aborted") }
-            return replies
+        redis.sendAll([["MULTI"]] + commands + [["EXEC"]], on: loop).flatMapThrowing { replies in
+            guard case .array(let results?) = replies.last else { throw SessionStoreError("transaction aborted") }
+            return results
+        }.flatMapErrorThrowing { error in
+            throw (error as? SessionStoreError) ?? SessionStoreError("\(error)")
         }
     }
 

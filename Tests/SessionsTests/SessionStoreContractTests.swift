@@ -157,6 +157,29 @@ struct SessionStoreContractTests {
     }
 }
 
+extension SessionStoreContractTests {
+    /// Callers off the event loop (async sign-in code) racing: transactions must not interleave.
+    @Test(arguments: StoreKind.allCases)
+    func concurrentWritersFromManyThreads(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let store = f.store, loop = f.loop, now = self.now
+        let handles = try await withThrowingTaskGroup(of: SessionHandle.self) { group in
+            for i in 0..<200 {
+                group.addTask {
+                    let (_, s) = record("user.c\(i % 7)", created: now)
+                    try await store.create(s, profile: UserProfile(sub: s.sub, name: "N\(i)"), expiresAt: now + 60_000, on: loop).get()
+                    try await store.putLogin(state: "s\(i)", LoginState(nonce: "n", returnTo: "/", binding: "b"), ttl: 60_000, on: loop).get()
+                    #expect(try await store.takeLogin(state: "s\(i)", on: loop).get() != nil)
+                    return s.handle
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        for h in handles { #expect(try await store.load(h, on: loop).get() != nil) }
+    }
+}
+
 @Suite("Redis store", .timeLimit(.minutes(1)))
 struct RedisSessionStoreTests {
     /// DESIGN §3: sessions under a hash of the id, refresh tokens sealed — a dump of Redis holds
