@@ -99,7 +99,8 @@ cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 run() {  # scenario c rep|warm duration
   local url script="" cookies="" pid=$PID_A
   case $1 in
-    nginx)     url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER ;;
+    # nginx carries the same rotating cookies (it ignores them): wrk does the same work for both.
+    nginx)     url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER; script=bench/rotate.lua; cookies="$WORK/cookies.txt" ;;
     cached)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt" ;;
     redis)     url="http://127.0.0.1:$SG_B/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_B ;;
     no-cookie) url="http://127.0.0.1:$SG_A/" ;;

@@ -35,9 +35,12 @@ enum AuthResponses {
         if action == .redirect, head.method == .GET || head.method == .HEAD, wantsHTML(head) {
             return redirect(.found, to: "\(prefix)/sign-in?rd=\(FormBody.escape(request.target.forwarded))")
         }
-        return json(.unauthorized, ["error": "unauthenticated", "message": "sign in first", "sign_in": "\(prefix)/sign-in"],
-                    headers: [("www-authenticate", #"Bearer realm="sessiongate""#)])
+        return unauthenticatedJSON
     }
+
+    /// Made once: the 401 is the answer to every forged or missing credential on an API route.
+    static let unauthenticatedJSON = json(.unauthorized, ["error": "unauthenticated", "message": "sign in first"],
+                                                             headers: [("www-authenticate", #"Bearer realm="sessiongate""#)])
 
     static func forbidden(_ head: HTTPRequestHead, signOutURL: String) -> LocalResponse {
         if wantsHTML(head) {

@@ -40,6 +40,8 @@ final class Authenticator: Sendable {
     let assertion: IdentityAssertionSigner?
     let names: IdentityHeaderNames
     let cookieName: String
+    /// `cookieName=`, for scanning `Cookie` headers.
+    let cookieMarker: String
     /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
     let loginCookieName: String
     let prefix: String
@@ -108,6 +110,7 @@ final class Authenticator: Sendable {
         }
         names = c.identity.headers
         cookieName = c.session.cookieName
+        cookieMarker = c.session.cookieName + "="
         loginCookieName = c.session.cookieName + "-login"
         prefix = c.server.authPrefix
         self.publicURL = publicURL
@@ -141,22 +144,40 @@ final class Authenticator: Sendable {
         case value(Substring)
     }
 
-    /// `Authorization: Bearer`, else the session cookie.
+    /// `Authorization: Bearer`, else the session cookie. No allocation on the way.
     func credential(_ headers: HTTPHeaders) -> Credential {
         var found: Credential = .none
         for (name, value) in headers {
-            if name.utf8.count == 13, name.lowercased() == "authorization" {
+            if HeaderName.equals(name, "authorization") {
                 let v = value.drop { $0 == " " }
-                if v.count > 7, v.prefix(7).lowercased() == "bearer " { return .value(v.dropFirst(7).drop { $0 == " " }) }
-            } else if name.utf8.count == 6, name.lowercased() == "cookie" {
-                for pair in value.split(separator: ";") {
-                    let trimmed = pair.drop { $0 == " " || $0 == "\t" }
-                    guard trimmed.hasPrefix(cookieName), trimmed.dropFirst(cookieName.count).first == "=" else { continue }
-                    if case .value = found { found = .ambiguous } else if case .none = found { found = .value(trimmed.dropFirst(cookieName.count + 1)) }
+                if v.utf8.count > 7, HeaderName.equals(String(v.prefix(7)), "bearer ") { return .value(v.dropFirst(7).drop { $0 == " " }) }
+            } else if HeaderName.equals(name, "cookie") {
+                Self.forEachCookie(named: cookieMarker, in: value) { v in
+                    if case .none = found { found = .value(v) } else { found = .ambiguous }
                 }
             }
         }
         return found
+    }
+
+    /// Calls `body` with the value of every `name=value` pair in a `Cookie` header whose name
+    /// is `marker` minus its `=`. Scans bytes; the values are slices of `header`.
+    static func forEachCookie(named marker: String, in header: String, _ body: (Substring) -> Void) {
+        let bytes = header.utf8
+        let markerBytes = marker.utf8
+        var i = bytes.startIndex
+        while i < bytes.endIndex {
+            // Skip the separator's spaces, then compare the name.
+            while i < bytes.endIndex, bytes[i] == UInt8(ascii: " ") || bytes[i] == UInt8(ascii: "\t") { i = bytes.index(after: i) }
+            let pairStart = i
+            var end = i
+            while end < bytes.endIndex, bytes[end] != UInt8(ascii: ";") { end = bytes.index(after: end) }
+            if bytes[pairStart..<end].starts(with: markerBytes) {
+                let valueStart = bytes.index(pairStart, offsetBy: markerBytes.count)
+                body(Substring(bytes[valueStart..<end]))
+            }
+            i = end < bytes.endIndex ? bytes.index(after: end) : end
+        }
     }
 
     /// The value of the named cookie, if sent exactly once.
@@ -164,11 +185,9 @@ final class Authenticator: Sendable {
         var found: String? = nil
         var count = 0
         for value in headers["cookie"] {
-            for pair in value.split(separator: ";") {
-                let trimmed = pair.drop { $0 == " " || $0 == "\t" }
-                guard trimmed.hasPrefix(name), trimmed.dropFirst(name.count).first == "=" else { continue }
+            forEachCookie(named: name + "=", in: value) { v in
                 count += 1
-                found = String(trimmed.dropFirst(name.count + 1))
+                found = String(v)
             }
         }
         return count == 1 ? found : nil

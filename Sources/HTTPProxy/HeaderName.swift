@@ -1,12 +1,12 @@
 /// Allocation-free header-name comparisons for the one pass over each header block.
-enum HeaderName {
+public enum HeaderName {
     private static let keepAlive = ["keep-alive"]
     private static let close = ["close"]
     private static let upgrade = ["upgrade"]
 
     /// ASCII case-insensitive equality against a lower-case literal of letters, digits and `-`.
     @inline(__always)
-    static func equals(_ name: String, _ lower: String) -> Bool {
+    public static func equals(_ name: String, _ lower: String) -> Bool {
         guard name.utf8.count == lower.utf8.count else { return false }
         var a = name.utf8.makeIterator()
         for l in lower.utf8 {
@@ -26,6 +26,18 @@ enum HeaderName {
             guard folded == l else { return false }
         }
         return true
+    }
+
+    /// Whether `needle` occurs in `text`, byte for byte (no Foundation, no allocation).
+    static func contains(_ text: String, _ needle: String) -> Bool {
+        let t = text.utf8, n = needle.utf8
+        guard let first = n.first, t.count >= n.count else { return n.isEmpty }
+        var i = t.startIndex
+        while let start = t[i...].firstIndex(of: first) {
+            if t[start...].starts(with: n) { return true }
+            i = t.index(after: start)
+        }
+        return false
     }
 
     /// `X_Auth-USER` → `x-auth-user`.

@@ -48,6 +48,8 @@ struct RequestHeaderRules: Sendable {
     /// A `Cookie` value without the hidden cookies; nil when nothing is left.
     func cookieWithoutHidden(_ value: String) -> String? {
         guard !hiddenCookies.isEmpty else { return value }
+        // The common case of an API client: only our cookie, nothing to keep.
+        if !value.utf8.contains(UInt8(ascii: ";")), hiddenCookieMarkers.contains(where: { value.hasPrefix($0) }) { return nil }
         let kept = value.split(separator: ";").filter { pair in
             let name = pair.drop { $0 == " " || $0 == "\t" }.prefix { $0 != "=" }
             return !hiddenCookies.contains { name == $0 }
@@ -110,7 +112,7 @@ struct RequestHeaderRules: Sendable {
                 if peerTrusted, Self.isValidRequestID(value) { requestID = value }
                 drop = true
             case .cookie:
-                if hiddenCookieMarkers.contains(where: { value.contains($0) }) { drop = true }
+                if hiddenCookieMarkers.contains(where: { HeaderName.contains(value, $0) }) { drop = true }
             case .other:
                 if name.utf8.count <= maxIdentityNameLength, strippedNames.contains(where: { HeaderName.equalsNormalized(name, $0) }) {
                     drop = true

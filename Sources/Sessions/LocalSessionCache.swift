@@ -6,19 +6,28 @@ import NIOPosix
 /// (`store.local_cache_ttl`, the bound on staleness when an invalidation is missed).
 /// Invalidations run on every loop (at once on the caller's own).
 public final class LocalSessionCache<Value>: Sendable {
+    @usableFromInline
     final class Storage {
-        var entries: [SessionHandle: Entry] = [:]
-        let capacity: Int
+        @usableFromInline var entries: [SessionHandle: Entry] = [:]
+        @usableFromInline let capacity: Int
         init(capacity: Int) { self.capacity = capacity }
     }
 
+    @usableFromInline
     struct Entry {
-        var value: Value
-        var sub: String
-        var expires: NIODeadline
+        @usableFromInline var value: Value
+        @usableFromInline var sub: String
+        @usableFromInline var expires: NIODeadline
+        @inlinable init(value: Value, sub: String, expires: NIODeadline) {
+            self.value = value
+            self.sub = sub
+            self.expires = expires
+        }
     }
 
-    private let loops: [ObjectIdentifier: NIOLoopBoundBox<Storage>]
+    // The hot-path methods are inlinable so that the caller's module specializes them for its
+    // `Value` (an unspecialized generic dictionary costs a metadata lookup per access).
+    @usableFromInline let loops: [ObjectIdentifier: NIOLoopBoundBox<Storage>]
     public let ttl: TimeAmount
 
     /// - Parameters:
@@ -34,6 +43,7 @@ public final class LocalSessionCache<Value>: Sendable {
     }
 
     /// The cached value, if fresh. Call on `loop`.
+    @inlinable
     public func get(_ handle: SessionHandle, on loop: any EventLoop) -> Value? {
         guard let box = loops[ObjectIdentifier(loop)] else { return nil }
         let storage = box.value
@@ -46,6 +56,7 @@ public final class LocalSessionCache<Value>: Sendable {
     }
 
     /// Caches a value for `ttl`. Call on `loop`.
+    @inlinable
     public func put(_ handle: SessionHandle, sub: String, _ value: Value, on loop: any EventLoop) {
         guard ttl > .zero, let box = loops[ObjectIdentifier(loop)] else { return }
         let storage = box.value
@@ -58,6 +69,7 @@ public final class LocalSessionCache<Value>: Sendable {
     }
 
     /// Replaces a cached value in place, keeping its expiry. Call on `loop`.
+    @inlinable
     public func update(_ handle: SessionHandle, on loop: any EventLoop, _ body: (inout Value) -> Void) {
         guard let box = loops[ObjectIdentifier(loop)] else { return }
         if var entry = box.value.entries[handle] {

@@ -63,12 +63,13 @@ public final class RedisSessionStore: SessionStore {
         send(["HGETALL", .string(sessionKey(handle))], on: loop).flatMap { reply in
             guard let fields = Self.hash(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
             guard let record = Self.session(handle, fields) else { return loop.makeFailedFuture(SessionStoreError("malformed session record")) }
-            let user = self.send(["HGETALL", .string(self.userKey(record.sub))], on: loop)
-            let revoked = self.send(["GET", .string(self.revokedKey(record.sub))], on: loop)
-            return user.and(revoked).map { userReply, revokedReply in
-                StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(userReply) ?? [:]),
-                              revokedAt: revokedReply.string.flatMap { Int64($0) })
-            }
+            // The user and their revocation marker: one write, one round trip.
+            return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))]], on: loop)
+                .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
+                .map { replies in
+                    StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(replies[0]) ?? [:]),
+                                  revokedAt: replies[1].string.flatMap { Int64($0) })
+                }
         }
     }
 

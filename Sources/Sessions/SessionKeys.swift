@@ -10,6 +10,10 @@ import Crypto
 public struct SessionKeys: Sendable {
     private let cookieKey: SymmetricKey
     private let sealingKey: SymmetricKey
+    /// HMAC-SHA256 (RFC 2104) with the key's padded blocks hashed once: checking a cookie costs
+    /// two SHA-256 updates, no key setup.
+    private let innerPrefix: SHA256
+    private let outerPrefix: SHA256
 
     /// Bytes of a session id.
     public static let idLength = 32
@@ -33,7 +37,24 @@ public struct SessionKeys: Sendable {
         }
         cookieKey = derive("cookie-mac-v1")
         sealingKey = derive("refresh-token-aes-gcm-v1")
+        let keyBytes = cookieKey.withUnsafeBytes { Array($0) }  // 32 bytes < the 64-byte block
+        var inner = SHA256(), outer = SHA256()
+        inner.update(data: keyBytes.map { $0 ^ 0x36 } + [UInt8](repeating: 0x36, count: 64 - keyBytes.count))
+        outer.update(data: keyBytes.map { $0 ^ 0x5c } + [UInt8](repeating: 0x5c, count: 64 - keyBytes.count))
+        innerPrefix = inner
+        outerPrefix = outer
     }
+
+    func tag(_ id: [UInt8]) -> SHA256.Digest {
+        var inner = innerPrefix
+        inner.update(data: id)
+        var outer = outerPrefix
+        inner.finalize().withUnsafeBytes { outer.update(bufferPointer: $0) }
+        return outer.finalize()
+    }
+
+    /// For the test that the precomputed construction is HMAC-SHA256.
+    func referenceTag(_ id: [UInt8]) -> [UInt8] { Array(HMAC<SHA256>.authenticationCode(for: id, using: cookieKey)) }
 
     /// A fresh random secret (the memory store without `session.secret_file`).
     public static func randomSecret() -> [UInt8] {
@@ -47,8 +68,7 @@ public struct SessionKeys: Sendable {
     public func newSession() -> (cookie: String, handle: SessionHandle) {
         var rng = SystemRandomNumberGenerator()
         let id = (0..<Self.idLength).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
-        let tag = HMAC<SHA256>.authenticationCode(for: id, using: cookieKey)
-        return (Base64URL.encode(id + Array(tag)), SessionHandle(id: id))
+        return (Base64URL.encode(id + Array(tag(id))), SessionHandle(id: id))
     }
 
     /// The session a cookie (or bearer token) names, when its tag is ours; `nil` for anything
@@ -56,7 +76,12 @@ public struct SessionKeys: Sendable {
     public func handle(forCookie value: Substring) -> SessionHandle? {
         guard value.utf8.count == Self.cookieLength, let bytes = Base64URL.decode(value), bytes.count == 2 * Self.idLength else { return nil }
         let id = Array(bytes[0..<Self.idLength])
-        guard HMAC<SHA256>.isValidAuthenticationCode(bytes[Self.idLength...], authenticating: id, using: cookieKey) else { return nil }
+        // Constant time: every byte is compared whatever the first difference.
+        var difference: UInt8 = 0
+        tag(id).withUnsafeBytes { expected in
+            for i in 0..<Self.idLength { difference |= expected[i] ^ bytes[Self.idLength + i] }
+        }
+        guard difference == 0 else { return nil }
         return SessionHandle(id: id)
     }
 

@@ -49,6 +49,13 @@ struct SessionKeysTests {
         #expect(keys.open(String(decoding: tampered, as: UTF8.self), for: a) == nil)
     }
 
+    @Test func theCookieTagIsHMACSHA256() {
+        for n in 0..<20 {
+            let id = (0..<32).map { UInt8(truncatingIfNeeded: $0 * 7 + n) }
+            #expect(Array(keys.tag(id)) == keys.referenceTag(id))
+        }
+    }
+
     @Test func shortSecretsAreRefused() {
         #expect(throws: SessionKeys.SecretTooShort.self) { try SessionKeys(secret: Array(repeating: 1, count: 31)) }
     }
