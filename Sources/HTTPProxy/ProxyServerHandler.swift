@@ -40,6 +40,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var status = 0
         var bytesSent = 0
         var retried = false
+        /// The request went to the upstream (not answered by the gateway itself).
+        var forwarded = false
     }
 
     private let shared: ProxyShared
@@ -298,6 +300,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             resumeReading()
         case .forward(let addHeaders):
             guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
+            exchange.forwarded = true
             // Hold the header list in one place only, so adding to it does not copy it.
             exchange.inbound = nil
             var headers = inbound.upstreamHeaders
@@ -667,7 +670,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         let duration = NIODeadline.now().uptimeNanoseconds - exchange.start.uptimeNanoseconds
         shared.observer.exchangeCompleted(ExchangeRecord(
             method: exchange.method.rawValue, path: exchange.path, status: exchange.status,
-            route: exchange.route?.name, upstream: exchange.route?.upstream, client: peerString,
+            route: exchange.route?.name, upstream: exchange.forwarded ? exchange.route?.upstream : nil, client: peerString,
             requestID: exchange.requestID, durationNanoseconds: Int64(duration), bytesSent: exchange.bytesSent,
             aborted: aborted, userAgent: exchange.userAgent))
     }
