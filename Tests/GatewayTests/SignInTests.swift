@@ -101,6 +101,10 @@ struct SignInTests {
         #expect(seen["x-auth-user"] == [sub] && seen["x-auth-name"] == ["Ada%20Lovelace"])
         #expect(seen["authorization"] == ["Bearer \(token)"] || seen["authorization"].isEmpty)
 
+        // Logout with the bearer token: 204, and the token is dead.
+        let userinfo = try await api.request("/_auth/userinfo", headers: [("accept", "application/json"), ("authorization", "Bearer \(token)")])
+        #expect(userinfo.status == 200 && userinfo.body.contains("Ada Lovelace"))
+
         // The code is single use; a wrong nonce, garbage and missing fields are refused.
         let replay = try await app.request("/_auth/native", method: .POST, headers: [("accept", "application/json")], json: body)
         #expect(replay.status == 400 && replay.body.contains("rejected"))
@@ -110,6 +114,9 @@ struct SignInTests {
         #expect(try await app.request("/_auth/native", method: .POST, json: "not json").status == 400)
         #expect(try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"x"}"#).status == 400)
         #expect(try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer forged")]).status == 401)
+        let logout = try await api.request("/_auth/logout", method: .POST, headers: [("accept", "application/json"), ("authorization", "Bearer \(token)")])
+        #expect(logout.status == 204)
+        #expect(try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(token)")]).status == 401)
     }
 
     @Test("unauthenticated requests: redirect for browsers, 401 for APIs, public and optional routes, forged and doubled cookies")
@@ -312,8 +319,20 @@ struct RedisSessionEndToEndTests {
 
         process.stop()  // down: connection refused
         try await expectUnavailable("store down")
+        let admin = try #require(h.service.adminAddress?.port)
+        func readiness() async throws -> Int { try await b.request("http://127.0.0.1:\(admin)/readyz").status }
+        func waitForReadiness(_ status: Int) async throws -> Bool {
+            let deadline = ContinuousClock.now + .seconds(10)
+            while ContinuousClock.now < deadline {
+                if try await readiness() == status { return true }
+                try await Task.sleep(for: .milliseconds(100))  // the store is checked once a second
+            }
+            return false
+        }
+        #expect(try await waitForReadiness(503), "/readyz reports the store down")
         try process.start()
         try await expectRecovery("after a restart")
+        #expect(try await waitForReadiness(200), "/readyz recovers")
     }
 
     @Test("expired sessions (idle and absolute) are refused")
