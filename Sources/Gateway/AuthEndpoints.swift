@@ -58,9 +58,18 @@ struct AuthEndpointGuard: RequestGuard {
                 case .unavailable: return AuthResponses.storeUnavailable(head)
                 }
             }
+        case ("/apple/notifications", .POST):
+            return .verdict(.collectBody(maxBytes: NotificationVerifier.maximumBodyBytes) { body in
+                loop.makeFutureWithTask { await notification(body: body, on: loop) }
+            })
+        case ("/revoke", .POST):
+            return .verdict(.collectBody(maxBytes: 4096) { _ in
+                loop.makeFutureWithTask { await disconnect(head, on: loop) }
+            })
         case ("/jwks.json", .GET):
             return .verdict(.respond(AuthResponses.json(.ok, auth.assertion?.jwks ?? ["keys": [Any]()])))
-        case ("/sign-in", _), ("/login", _), ("/callback", _), ("/native", _), ("/logout", _), ("/userinfo", _), ("/check", _), ("/jwks.json", _):
+        case ("/sign-in", _), ("/login", _), ("/callback", _), ("/native", _), ("/logout", _), ("/userinfo", _), ("/check", _), ("/jwks.json", _),
+             ("/apple/notifications", _), ("/revoke", _):
             return .verdict(.respond(.error(.methodNotAllowed, "\(method.rawValue) is not allowed here")))
         default:
             return .verdict(.respond(.error(.notFound, "no such endpoint")))
@@ -287,11 +296,100 @@ struct AuthEndpointGuard: RequestGuard {
         auth.cache.invalidate(handle)
         return auth.withDeadline(auth.store.load(handle, on: loop), on: loop).flatMap { stored -> EventLoopFuture<Void> in
             guard let stored else { return loop.makeSucceededVoidFuture() }
-            return auth.withDeadline(auth.store.delete(handle, sub: stored.session.sub, on: loop), on: loop)
+            return auth.endSession(handle, sub: stored.session.sub, on: loop)
         }.map { _ in
             auth.metrics.recordSessionEnded(reason: "logout")
             return done
         }.recover { _ in AuthResponses.storeUnavailable(head) }
+    }
+
+    // MARK: Apple's notifications and the user's disconnect
+
+    /// `POST /_auth/apple/notifications` (apple-sign-in.md §8.4): verified, deduplicated by
+    /// `jti` across the fleet, acted on, answered 200 — also for unknown users and types, so Apple
+    /// stops retrying; 400 only when the payload cannot be verified.
+    private func notification(body: ByteBuffer, on loop: any EventLoop) async -> LocalResponse {
+        guard let apple = auth.apple else { return Self.notConfigured() }
+        let event: AppleNotification
+        do {
+            event = try await apple.notifications.verify(body: Array(body.readableBytesView))
+        } catch {
+            auth.metrics.recordNotification(type: "unverified", result: "rejected")
+            auth.logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
+            // Keys unreachable: 503 so that Apple retries; anything else can never verify.
+            return error.isTransient ? .error(.serviceUnavailable, "Apple's keys are unavailable; retry") : .error(.badRequest, "unverifiable notification: \(error.rawValue)")
+        }
+        let type: String
+        switch event.kind {
+        case .emailDisabled: type = "email-disabled"
+        case .emailEnabled: type = "email-enabled"
+        case .consentRevoked: type = "consent-revoked"
+        case .accountDeleted: type = "account-deleted"
+        case .unknown: type = "unknown"
+        }
+        do {
+            if let jti = event.jti {
+                // Apple redelivers: a jti is acted on once, fleet-wide (kept a week).
+                let first = try await auth.withDeadline(auth.store.firstSighting(of: "notification:" + jti, ttl: 7 * 86_400_000, on: loop), on: loop).get()
+                guard first else {
+                    auth.metrics.recordNotification(type: type, result: "duplicate")
+                    return LocalResponse(status: .ok)
+                }
+            }
+            switch event.kind {
+            case .consentRevoked, .accountDeleted:
+                // Sessions, and with them the sealed refresh tokens, are deleted.
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, on: loop).get()
+            case .emailDisabled, .emailEnabled:
+                let known = try await auth.withDeadline(auth.store.profile(of: event.subject, on: loop), on: loop).get() != nil
+                if known {
+                    let update = UserProfile(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail,
+                                             emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled")
+                    try await auth.withDeadline(auth.store.saveProfile(update, on: loop), on: loop).get()
+                    auth.invalidateUser(event.subject, on: loop)
+                }
+            case .unknown(let name):
+                auth.logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])
+            }
+        } catch {
+            // Answer 503 so that Apple retries, and forget the jti so the retry is processed.
+            if let jti = event.jti { auth.store.forgetSighting(of: "notification:" + jti, on: loop).whenFailure { _ in } }
+            auth.logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
+            auth.metrics.recordNotification(type: type, result: "store_unavailable")
+            return .error(.serviceUnavailable, "the session store did not answer; retry")
+        }
+        auth.metrics.recordNotification(type: type, result: "processed")
+        return LocalResponse(status: .ok)
+    }
+
+    /// `POST /_auth/revoke`: the user disconnects Apple (or deletes their account). Each stored
+    /// refresh token is revoked at Apple, then the user is revoked here; an Apple failure never
+    /// blocks the local revocation.
+    private func disconnect(_ head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
+        let resolution = (try? await auth.resolve(head.headers, on: loop).get()) ?? .unavailable
+        guard case .session(_, let cached) = resolution else {
+            if case .unavailable = resolution { return AuthResponses.storeUnavailable(head) }
+            return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
+        }
+        let sub = cached.stored.user.sub
+        if let apple = auth.apple, let sessions = try? await auth.withDeadline(auth.store.sessions(of: sub, on: loop), on: loop).get() {
+            for session in sessions {
+                guard let sealed = session.sealedRefreshToken, let token = auth.keys.open(sealed, for: session.handle) else { continue }
+                let outcome = await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: session.clientID)
+                if outcome != .revoked {
+                    auth.logger.warning("Apple did not confirm a token revocation; the local revocation proceeds", metadata: ["outcome": "\(outcome)"])
+                }
+            }
+        }
+        do {
+            _ = try await auth.revokeUser(sub, source: .user, on: loop).get()
+        } catch {
+            return AuthResponses.storeUnavailable(head)
+        }
+        let clear = auth.clearCookie(auth.cookieName)
+        return AuthResponses.wantsHTML(head)
+            ? AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=disconnected", headers: [clear])
+            : LocalResponse(status: .noContent, headers: [clear, ("cache-control", "no-store")])
     }
 
     // MARK: helpers

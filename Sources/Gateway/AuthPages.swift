@@ -104,6 +104,7 @@ enum AuthPages {
     static let messages: [String: String] = [
         "cancelled": "Sign in was cancelled. You can try again whenever you are ready.",
         "signed_out": "You have been signed out.",
+        "disconnected": "This site no longer uses your Apple Account, and every session has ended.",
         "expired": "Your sign-in took too long or was already used. Please start again.",
     ]
 

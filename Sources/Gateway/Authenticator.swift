@@ -58,6 +58,9 @@ final class Authenticator: Sendable {
     let logger: Logger
     private let redis: RedisClient?
     private let httpClient: HTTPClient?
+    /// Pub/sub: every instance drops invalidated sessions and users from its local cache.
+    private let subscriber: RedisSubscriber?
+    let invalidationChannel: String
 
     struct Failure: Error, CustomStringConvertible {
         var description: String
@@ -73,17 +76,28 @@ final class Authenticator: Sendable {
             secret = SessionKeys.randomSecret()
         }
         do { keys = try SessionKeys(secret: secret) } catch { throw Failure(description: "session.secret_file: \(error)") }
+        let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
+        self.cache = cache
+        invalidationChannel = c.store.keyPrefix + "invalidate"
         if let url = c.store.redisURL {
-            let client = try RedisClient(configuration: .init(
+            let configuration = RedisClient.Configuration(
                 host: url.host, port: url.port, username: url.username, password: url.password, database: url.database,
-                commandTimeout: TimeAmount(c.store.timeout)), group: group, logger: logger)
+                commandTimeout: TimeAmount(c.store.timeout))
+            let client = try RedisClient(configuration: configuration, group: group, logger: logger)
             redis = client
             store = RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix)
+            subscriber = try RedisSubscriber(
+                configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
+                onMessage: { _, payload in Self.applyInvalidation(payload, to: cache, metrics: metrics) },
+                onConnected: {
+                    // Messages may have been missed while disconnected.
+                    cache.flush()
+                })
         } else {
             redis = nil
+            subscriber = nil
             store = MemorySessionStore(now: now)
         }
-        cache = LocalSessionCache(group: group, ttl: TimeAmount(c.store.localCacheTTL))
         let publicURL = c.server.publicURL ?? "http://\(c.server.listen)"
         if let a = c.apple {
             let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: .init(timeout: .init(connect: .seconds(5))))
@@ -130,7 +144,13 @@ final class Authenticator: Sendable {
         d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000
     }
 
+    /// Starts listening for invalidations (Redis only).
+    func start() {
+        subscriber?.start()
+    }
+
     func shutdown() async {
+        await subscriber?.stop()
         await redis?.close()
         try? await httpClient?.shutdown()
     }
@@ -228,6 +248,16 @@ final class Authenticator: Sendable {
         })
     }
 
+    /// `lookup` from anywhere (async code): runs on `loop`, answers a future.
+    func resolve(_ headers: HTTPHeaders, on loop: any EventLoop) -> EventLoopFuture<Resolution> {
+        loop.flatSubmit {
+            switch self.lookup(headers, on: loop) {
+            case .now(let resolution): return loop.makeSucceededFuture(resolution)
+            case .later(let future): return future
+            }
+        }
+    }
+
     private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, on loop: any EventLoop) -> Resolution {
         guard isLive(cached.stored, now: t) else {
             cache.invalidate(handle)
@@ -298,6 +328,60 @@ final class Authenticator: Sendable {
         FormBody.escape(text)
     }
 
+    // MARK: ending sessions
+
+    /// Why sessions ended (a metric label).
+    enum RevocationSource: String {
+        case appleNotification = "apple_notification", user, `operator`, appleInvalidGrant = "apple_invalid_grant"
+    }
+
+    /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this
+    /// instance's cache at once and from every other instance's through pub/sub.
+    func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        cache.invalidate(sub: sub)
+        return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
+            self.cache.invalidate(sub: sub)
+            self.publish("user \(sub)", on: loop)
+            self.metrics.recordRevocation(source: source.rawValue)
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
+            return count
+        }
+    }
+
+    /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
+    func invalidateUser(_ sub: String, on loop: any EventLoop) {
+        cache.invalidate(sub: sub)
+        publish("user \(sub)", on: loop)
+    }
+
+    /// Ends one session (logout) here and on every instance.
+    func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        cache.invalidate(handle)
+        return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
+            self.publish("session \(handle.key)", on: loop)
+        }
+    }
+
+    private func publish(_ message: String, on loop: any EventLoop) {
+        guard let redis else { return }
+        redis.send(["PUBLISH", .string(invalidationChannel), .string(message)], on: loop).whenFailure { error in
+            self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
+                                metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// `user <sub>` or `session <hash>`, as published by `revokeUser`, `endSession` and
+    /// `sessiongate sessions revoke`.
+    static func applyInvalidation(_ payload: [UInt8], to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
+        let text = String(decoding: payload, as: UTF8.self)
+        metrics.invalidationsReceived.increment()
+        if text.hasPrefix("user ") {
+            cache.invalidate(sub: String(text.dropFirst(5)))
+        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
+            cache.invalidate(handle)
+        }
+    }
+
     // MARK: sessions
 
     /// A new session for a verified Apple identity: a fresh id (never one the client sent), the
@@ -332,6 +416,7 @@ final class Authenticator: Sendable {
 struct AppleServices: Sendable {
     let tokens: AppleTokenClient
     let verifier: IdentityTokenVerifier
+    let notifications: NotificationVerifier
     let clientIDs: [String]
     let baseURL: String
     let scopes: [String]
@@ -348,6 +433,7 @@ struct AppleServices: Sendable {
         tokens = AppleTokenClient(baseURL: a.baseURL, httpClient: httpClient, secrets: minter, timeout: timeout, logger: logger)
         let keySet = AppleKeySet(baseURL: a.baseURL, httpClient: httpClient, timeout: timeout, logger: logger)
         verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs)
+        notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs)
         clientIDs = a.clientIDs
         baseURL = a.baseURL
         scopes = a.scopes

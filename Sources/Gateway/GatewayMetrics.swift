@@ -16,6 +16,7 @@ public final class GatewayMetrics: Sendable {
     private let admissions: [Prometheus.Counter]
     let cacheHits: Prometheus.Counter
     let cacheMisses: Prometheus.Counter
+    let invalidationsReceived: Prometheus.Counter
     private let labelled = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
 
     /// How admission ended for one request on a guarded route.
@@ -40,6 +41,7 @@ public final class GatewayMetrics: Sendable {
             registry.makeCounter(descriptor: Self.name("admissions", unit: "total", help: "Admission decisions on guarded routes, by result."), labels: [("result", $0.label)])
         }
         cacheHits = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "hit")])
+        invalidationsReceived = registry.makeCounter(descriptor: Self.name("invalidations_received", unit: "total", help: "Invalidation messages received over Redis pub/sub."))
         cacheMisses = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "miss")])
     }
 
@@ -49,6 +51,17 @@ public final class GatewayMetrics: Sendable {
     /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
     func recordSignIn(flow: String, outcome: String) {
         counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)]).increment()
+    }
+
+    /// Revocations by source (`apple_notification`, `user`, `operator`, `apple_invalid_grant`).
+    func recordRevocation(source: String) {
+        counter("revocations", help: "User revocations, by source.", labels: [("source", source)]).increment()
+    }
+
+    /// Notifications from Apple by type (`email-disabled`, …, `unknown`) and result
+    /// (`processed`, `duplicate`, `rejected`).
+    func recordNotification(type: String, result: String) {
+        counter("apple_notifications", help: "Apple server-to-server notifications, by type and result.", labels: [("type", type), ("result", result)]).increment()
     }
 
     /// Ended sessions by reason (`logout`, `operator`).

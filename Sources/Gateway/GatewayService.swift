@@ -133,6 +133,7 @@ public final class GatewayService: Service, Sendable {
             AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } })
         }
         admin.withLockedValue { $0 = adminServer }
+        authenticator.start()
         await checkStore()
         logger.info("sessiongate listening", metadata: [
             "listen": "\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",

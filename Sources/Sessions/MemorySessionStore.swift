@@ -16,6 +16,7 @@ public final class MemorySessionStore: SessionStore {
         var userSessions: [String: Set<SessionHandle>] = [:]
         var revoked: [String: Int64] = [:]
         var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
+        var sightings: [String: Int64] = [:]
         var writesSinceSweep = 0
 
         mutating func sweep(now: Int64) {
@@ -25,6 +26,7 @@ public final class MemorySessionStore: SessionStore {
                 userSessions[entry.record.sub]?.remove(handle)
             }
             logins = logins.filter { $0.value.expiresAt > now }
+            sightings = sightings.filter { $0.value > now }
         }
 
         mutating func wrote(now: Int64) {
@@ -133,6 +135,22 @@ public final class MemorySessionStore: SessionStore {
         let t = now()
         let login = state.withLockedValue { s in s.logins.removeValue(forKey: key).flatMap { $0.expiresAt > t ? $0.login : nil } }
         return eventLoop.makeSucceededFuture(login)
+    }
+
+    public func firstSighting(of id: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
+        let t = now()
+        let first = state.withLockedValue { s -> Bool in
+            if let until = s.sightings[id], until > t { return false }
+            s.sightings[id] = t + ttl
+            s.wrote(now: t)
+            return true
+        }
+        return eventLoop.makeSucceededFuture(first)
+    }
+
+    public func forgetSighting(of id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { _ = $0.sightings.removeValue(forKey: id) }
+        return eventLoop.makeSucceededVoidFuture()
     }
 
     public func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

@@ -7,6 +7,7 @@ import Redis
 /// - `sg:user:{sub}` hash — the profile; `sg:user:{sub}:sessions` set — the user's session hashes
 /// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms)
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
+/// - `sg:seen:{id}` string — a deduplication marker (notification `jti`)
 ///
 /// The braces are Redis Cluster hash tags: one user's keys share a slot.
 public final class RedisSessionStore: SessionStore {
@@ -145,6 +146,15 @@ public final class RedisSessionStore: SessionStore {
             guard let f = Self.hash(replies[0]), let nonce = f["nonce"], let rd = f["rd"], let binding = f["binding"] else { return nil }
             return LoginState(nonce: nonce, returnTo: rd, binding: binding)
         }
+    }
+
+    /// `sg:seen:{id}` with `SET NX PX`: exactly one instance sees the first sighting.
+    public func firstSighting(of id: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        send(["SET", .string("\(prefix)seen:{\(id)}"), "1", "NX", "PX", RedisArgument(max(ttl, 1))], on: loop).map { !$0.isNull }
+    }
+
+    public func forgetSighting(of id: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["DEL", .string("\(prefix)seen:{\(id)}")], on: loop).map { _ in }
     }
 
     public func ping(on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -141,6 +141,11 @@ public protocol SessionStore: Sendable {
     func putLogin(state: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Takes a login out: the second call for the same state answers nil.
     func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?>
+    /// Records `id` (e.g. a notification's `jti`) for `ttl` milliseconds; true only for the first
+    /// caller that records it (deduplication across instances).
+    func firstSighting(of id: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool>
+    /// Forgets a sighting (its processing failed: the next delivery must be processed).
+    func forgetSighting(of id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Succeeds when the store answers (readiness).
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
 }

@@ -113,7 +113,29 @@ final class SignInHarness: @unchecked Sendable {
         self.directory = directory
     }
 
+    /// Another gateway instance with the same configuration (same Redis, secret, simulator) on
+    /// its own port: a fleet of two. Stopped with the harness.
+    func addInstance() async throws -> (service: GatewayService, origin: String) {
+        var c = configuration
+        let port = try closedPort()
+        c.server.listen = ListenAddress(host: "127.0.0.1", port: port)
+        var logger = Logger(label: "gateway-test-b")
+        logger.logLevel = .warning
+        let service = try GatewayService(configuration: c, configPath: nil, logger: logger)
+        let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
+        let task = Task { try await group.run() }
+        extraInstances.append((group, task))
+        await service.waitUntilStarted()
+        return (service, "http://localhost:\(port)")
+    }
+
+    private var extraInstances: [(ServiceGroup, Task<Void, any Error>)] = []
+
     func stop() async {
+        for (group, task) in extraInstances {
+            await group.triggerGracefulShutdown()
+            _ = try? await task.value
+        }
         await group.triggerGracefulShutdown()
         _ = try? await runTask.value
         await simulator.stop()

@@ -155,6 +155,21 @@ struct SessionStoreContractTests {
         #expect(try await f.store.takeLogin(state: "state-3", on: f.loop).get() == nil)
         try await f.store.ping(on: f.loop).get()
     }
+
+    @Test(arguments: StoreKind.allCases)
+    func firstSightingIsOnce(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let store = f.store, loop = f.loop
+        let results = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for _ in 0..<20 { group.addTask { try await store.firstSighting(of: "jti-1", ttl: 60_000, on: loop).get() } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(results.filter { $0 }.count == 1)
+        #expect(try await store.firstSighting(of: "jti-2", ttl: 60_000, on: loop).get())
+        try await store.forgetSighting(of: "jti-1", on: loop).get()
+        #expect(try await store.firstSighting(of: "jti-1", ttl: 60_000, on: loop).get(), "forgotten: the next one is first again")
+    }
 }
 
 extension SessionStoreContractTests {
