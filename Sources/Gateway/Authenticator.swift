@@ -332,7 +332,7 @@ final class Authenticator: Sendable {
 
     /// Why sessions ended (a metric label).
     enum RevocationSource: String {
-        case appleNotification = "apple_notification", user, `operator`, appleInvalidGrant = "apple_invalid_grant"
+        case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
     }
 
     /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this

@@ -53,7 +53,7 @@ public final class GatewayMetrics: Sendable {
         counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)]).increment()
     }
 
-    /// Revocations by source (`apple_notification`, `user`, `operator`, `apple_invalid_grant`).
+    /// Revocations by source (`apple_notification`, `user`, `apple_invalid_grant`).
     func recordRevocation(source: String) {
         counter("revocations", help: "User revocations, by source.", labels: [("source", source)]).increment()
     }
