@@ -45,6 +45,7 @@ struct AuthEndpointGuard: RequestGuard {
                 case .session(_, let cached): return AuthResponses.json(.ok, Self.userJSON(cached.stored.user))
                 case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
                 case .unavailable: return AuthResponses.storeUnavailable(head)
+                case .appleUnavailable: return AuthResponses.appleUnavailable(head)
                 }
             }
         case ("/check", .GET), ("/check", .HEAD):
@@ -56,6 +57,7 @@ struct AuthEndpointGuard: RequestGuard {
                     return LocalResponse(status: .ok, headers: [("cache-control", "no-store")] + auth.forwardHeaders(handle, cached, route: "check", on: loop))
                 case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
                 case .unavailable: return AuthResponses.storeUnavailable(head)
+                case .appleUnavailable: return AuthResponses.appleUnavailable(head)
                 }
             }
         case ("/apple/notifications", .POST):
@@ -253,7 +255,9 @@ struct AuthEndpointGuard: RequestGuard {
     /// Exchanges the code and verifies the identity token Apple returns with it.
     private func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
         -> Result<(AppleIdentity, String?), ExchangeFailure> {
-        switch await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) {
+        let answer = await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
+        auth.metrics.recordAppleCall(endpoint: "token", outcome: Self.label(answer))
+        switch answer {
         case .success(let tokens):
             guard let idToken = tokens.idToken else {
                 return .failure(ExchangeFailure(status: .badGateway, outcome: "apple_unavailable", detail: "Apple's answer had no identity token. Please try again."))
@@ -330,7 +334,7 @@ struct AuthEndpointGuard: RequestGuard {
         do {
             if let jti = event.jti {
                 // Apple redelivers: a jti is acted on once, fleet-wide (kept a week).
-                let first = try await auth.withDeadline(auth.store.firstSighting(of: "notification:" + jti, ttl: 7 * 86_400_000, on: loop), on: loop).get()
+                let first = try await auth.withDeadline(auth.store.claim("notification:" + jti, ttl: 7 * 86_400_000, on: loop), on: loop).get()
                 guard first else {
                     auth.metrics.recordNotification(type: type, result: "duplicate")
                     return LocalResponse(status: .ok)
@@ -353,7 +357,7 @@ struct AuthEndpointGuard: RequestGuard {
             }
         } catch {
             // Answer 503 so that Apple retries, and forget the jti so the retry is processed.
-            if let jti = event.jti { auth.store.forgetSighting(of: "notification:" + jti, on: loop).whenFailure { _ in } }
+            if let jti = event.jti { auth.store.release("notification:" + jti, on: loop).whenFailure { _ in } }
             auth.logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
             auth.metrics.recordNotification(type: type, result: "store_unavailable")
             return .error(.serviceUnavailable, "the session store did not answer; retry")
@@ -376,6 +380,7 @@ struct AuthEndpointGuard: RequestGuard {
             for session in sessions {
                 guard let sealed = session.sealedRefreshToken, let token = auth.keys.open(sealed, for: session.handle) else { continue }
                 let outcome = await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: session.clientID)
+                auth.metrics.recordAppleCall(endpoint: "revoke", outcome: outcome == .revoked ? "ok" : "failed")
                 if outcome != .revoked {
                     auth.logger.warning("Apple did not confirm a token revocation; the local revocation proceeds", metadata: ["outcome": "\(outcome)"])
                 }
@@ -393,6 +398,15 @@ struct AuthEndpointGuard: RequestGuard {
     }
 
     // MARK: helpers
+
+    static func label(_ outcome: AppleTokenOutcome) -> String {
+        switch outcome {
+        case .success: return "ok"
+        case .grantRevoked: return "grant_revoked"
+        case .clientMisconfigured: return "client_misconfigured"
+        case .transient: return "unavailable"
+        }
+    }
 
     static func notConfigured() -> LocalResponse {
         .error(.serviceUnavailable, "sign-in is not configured (add an apple: section)")

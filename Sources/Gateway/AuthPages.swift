@@ -50,6 +50,17 @@ enum AuthResponses {
         return json(.forbidden, ["error": "forbidden", "message": "this account is not allowed on this route"])
     }
 
+    /// Apple has not confirmed the session for longer than `apple.outage_grace`.
+    static func appleUnavailable(_ head: HTTPRequestHead) -> LocalResponse {
+        if wantsHTML(head) {
+            return html(.serviceUnavailable, AuthPages.message(title: "Cannot confirm your sign-in",
+                                                               detail: "Your Apple Account could not be confirmed for too long. Please try again later.",
+                                                               action: nil), headers: [("retry-after", "60")])
+        }
+        return json(.serviceUnavailable, ["error": "apple_unavailable", "message": "the session could not be re-validated with Apple within apple.outage_grace"],
+                    headers: [("retry-after", "60")])
+    }
+
     static func storeUnavailable(_ head: HTTPRequestHead) -> LocalResponse {
         let retry = [("retry-after", "1")]
         if wantsHTML(head) {

@@ -4,6 +4,7 @@ import Foundation
 import GatewayConfig
 import HTTPProxy
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -28,6 +29,8 @@ enum Resolution {
     case session(SessionHandle, CachedSession)
     /// The store did not answer in time: 503, the cookie kept.
     case unavailable
+    /// Apple could not confirm the session for longer than `apple.outage_grace`: 503.
+    case appleUnavailable
 }
 
 /// Everything sign-in and admission share: session keys, the store and its local cache, the
@@ -55,6 +58,9 @@ final class Authenticator: Sendable {
     let touchInterval: Int64
     let now: @Sendable () -> Int64
     let metrics: GatewayMetrics
+    /// Daily re-validation with Apple (when `apple:` is configured).
+    let revalidator: Revalidator?
+    private let weakSelf = NIOLockedValueBox(WeakAuthenticator())
     let logger: Logger
     private let redis: RedisClient?
     private let httpClient: HTTPClient?
@@ -138,6 +144,19 @@ final class Authenticator: Sendable {
         self.now = now
         self.metrics = metrics
         self.logger = logger
+        if let apple, let a = c.apple {
+            let weak = weakSelf
+            revalidator = Revalidator(
+                apple: apple, store: store, keys: keys, after: Self.milliseconds(a.revalidateAfter), grace: Self.milliseconds(a.revalidateGrace),
+                outageGrace: Self.milliseconds(a.outageGrace), appleTimeout: Self.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
+                onRevoked: { sub, loop in
+                    guard let auth = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
+                    return auth.revokeUser(sub, source: .appleInvalidGrant, on: loop)
+                })
+        } else {
+            revalidator = nil
+        }
+        weakSelf.withLockedValue { $0.value = self }
     }
 
     static func milliseconds(_ d: Duration) -> Int64 {
@@ -233,15 +252,18 @@ final class Authenticator: Sendable {
         let t = now()
         if let cached = cache.get(handle, on: loop) {
             metrics.cacheHits.increment()
-            return .now(admit(handle, cached, now: t, on: loop))
+            return admit(handle, cached, now: t, on: loop)
         }
         metrics.cacheMisses.increment()
         let loaded = withDeadline(store.load(handle, on: loop), on: loop)
-        return .later(loaded.map { stored in
-            guard let stored else { return .invalid }
+        return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
+            guard let stored else { return loop.makeSucceededFuture(.invalid) }
             let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored.user))
             if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached, on: loop) }
-            return self.admit(handle, cached, now: t, on: loop)
+            switch self.admit(handle, cached, now: t, on: loop) {
+            case .now(let resolution): return loop.makeSucceededFuture(resolution)
+            case .later(let future): return future
+            }
         }.recover { error in
             self.logger.warning("session store unavailable: admission answers 503", metadata: ["error": "\(error)"])
             return .unavailable
@@ -258,10 +280,10 @@ final class Authenticator: Sendable {
         }
     }
 
-    private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, on loop: any EventLoop) -> Resolution {
+    private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, on loop: any EventLoop) -> Lookup {
         guard isLive(cached.stored, now: t) else {
             cache.invalidate(handle)
-            return .invalid
+            return .now(.invalid)
         }
         let session = cached.stored.session
         if t - session.lastSeen >= touchInterval {
@@ -271,7 +293,33 @@ final class Authenticator: Sendable {
                 self.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
             }
         }
-        return .session(handle, cached)
+        guard let revalidator else { return .now(.session(handle, cached)) }
+        switch revalidator.need(session, now: t) {
+        case .none:
+            return .now(.session(handle, cached))
+        case .background:
+            metrics.recordRevalidation(kind: "background")
+            revalidator.validate(session, on: loop).whenSuccess { outcome in
+                if case .valid(let at) = outcome { self.cache.update(handle, on: loop) { $0.stored.session.validatedAt = at } }
+            }
+            return .now(.session(handle, cached))
+        case .blocking:
+            metrics.recordRevalidation(kind: "blocking")
+            return .later(revalidator.validate(session, on: loop).hop(to: loop).map { outcome in
+                switch outcome {
+                case .valid(let at):
+                    self.cache.update(handle, on: loop) { $0.stored.session.validatedAt = at }
+                    var fresh = cached
+                    fresh.stored.session.validatedAt = at
+                    return .session(handle, fresh)
+                case .revoked:
+                    return .invalid
+                case .unknown:
+                    // Apple cannot say: keep the session within outage_grace of its last success.
+                    return t - session.validatedAt <= revalidator.outageGrace ? .session(handle, cached) : .appleUnavailable
+                }
+            })
+        }
     }
 
     func isLive(_ s: StoredSession, now t: Int64) -> Bool {
@@ -387,6 +435,7 @@ final class Authenticator: Sendable {
     /// A new session for a verified Apple identity: a fresh id (never one the client sent), the
     /// refresh token sealed, the profile merged. Answers the cookie value and the expiry (ms).
     func createSession(identity: AppleIdentity, refreshToken: String?, name: String?, on loop: any EventLoop) -> EventLoopFuture<(cookie: String, expiresAt: Int64, user: UserProfile)> {
+        metrics.recordRevalidation(kind: "fresh")
         let (cookie, handle) = keys.newSession()
         let t = now()
         let record = SessionRecord(handle: handle, sub: identity.subject, clientID: identity.audience, created: t, lastSeen: t, validatedAt: t,
@@ -447,4 +496,9 @@ extension TimeAmount {
     init(_ duration: Duration) {
         self = .nanoseconds(duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
     }
+}
+
+/// Lets the revalidator reach its authenticator without a retain cycle.
+struct WeakAuthenticator {
+    weak var value: Authenticator?
 }

@@ -21,8 +21,8 @@ public final class GatewayMetrics: Sendable {
 
     /// How admission ended for one request on a guarded route.
     enum AdmissionResult: Int, CaseIterable {
-        case session, anonymous, unauthenticated, forbidden, storeUnavailable
-        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable"][rawValue] }
+        case session, anonymous, unauthenticated, forbidden, storeUnavailable, appleUnavailable
+        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable"][rawValue] }
     }
 
     static let latencyBuckets: [Duration] = [
@@ -51,6 +51,17 @@ public final class GatewayMetrics: Sendable {
     /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
     func recordSignIn(flow: String, outcome: String) {
         counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)]).increment()
+    }
+
+    /// Calls to Apple by endpoint (`token`, `refresh`, `revoke`) and outcome.
+    func recordAppleCall(endpoint: String, outcome: String) {
+        counter("apple_calls", help: "Calls to Apple, by endpoint and outcome.", labels: [("endpoint", endpoint), ("outcome", outcome)]).increment()
+    }
+
+    /// Re-validations by kind: `fresh` (a sign-in), `background` (stale within the grace),
+    /// `blocking` (the request waited).
+    func recordRevalidation(kind: String) {
+        counter("revalidations", help: "Refresh-token validations, by kind.", labels: [("kind", kind)]).increment()
     }
 
     /// Revocations by source (`apple_notification`, `user`, `apple_invalid_grant`).

@@ -5,6 +5,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
+import Sessions
 import UnixSignals
 
 /// The gateway as one long-running `Service`: the public proxy listener and the admin listener,
@@ -29,7 +30,9 @@ public final class GatewayService: Service, Sendable {
     ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
     /// Resolves upstream host names (blocking; not on an event loop): a name that does not
     /// resolve is an error, as in nginx.
-    public init(configuration: GatewayConfiguration, configPath: String?, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) throws {
+    ///   - clock: Unix milliseconds for session times (tests move it; default: the wall clock).
+    public init(configuration: GatewayConfiguration, configPath: String?, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger,
+                clock: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
         self.configPath = configPath
         self.initial = configuration
         self.group = group
@@ -42,7 +45,7 @@ public final class GatewayService: Service, Sendable {
         case .json: accessLog = Logger(label: "sessiongate.access") { LineLogHandler(label: $0, format: .json) }
         }
         let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
-        let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger)
+        let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger, now: clock)
         self.authenticator = authenticator
         self.proxy = ProxyServer(
             configuration: Self.proxyConfiguration(configuration),

@@ -44,6 +44,9 @@ struct SessionGuard: RequestGuard {
         case .unavailable:
             auth.metrics.recordAdmission(.storeUnavailable)
             return .respond(AuthResponses.storeUnavailable(request.head))
+        case .appleUnavailable:
+            auth.metrics.recordAdmission(.appleUnavailable)
+            return .respond(AuthResponses.appleUnavailable(request.head))
         }
     }
 }

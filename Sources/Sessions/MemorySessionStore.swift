@@ -16,7 +16,8 @@ public final class MemorySessionStore: SessionStore {
         var userSessions: [String: Set<SessionHandle>] = [:]
         var revoked: [String: Int64] = [:]
         var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
-        var sightings: [String: Int64] = [:]
+        var claims: [String: Int64] = [:]
+        var validations: [String: (record: ValidationRecord, expiresAt: Int64)] = [:]
         var writesSinceSweep = 0
 
         mutating func sweep(now: Int64) {
@@ -26,7 +27,8 @@ public final class MemorySessionStore: SessionStore {
                 userSessions[entry.record.sub]?.remove(handle)
             }
             logins = logins.filter { $0.value.expiresAt > now }
-            sightings = sightings.filter { $0.value > now }
+            claims = claims.filter { $0.value > now }
+            validations = validations.filter { $0.value.expiresAt > now }
         }
 
         mutating func wrote(now: Int64) {
@@ -137,19 +139,38 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(login)
     }
 
-    public func firstSighting(of id: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
+    public func claim(_ id: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
         let t = now()
         let first = state.withLockedValue { s -> Bool in
-            if let until = s.sightings[id], until > t { return false }
-            s.sightings[id] = t + ttl
+            if let until = s.claims[id], until > t { return false }
+            s.claims[id] = t + ttl
             s.wrote(now: t)
             return true
         }
         return eventLoop.makeSucceededFuture(first)
     }
 
-    public func forgetSighting(of id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
-        state.withLockedValue { _ = $0.sightings.removeValue(forKey: id) }
+    public func release(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { _ = $0.claims.removeValue(forKey: id) }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func validation(of tokenHash: String, on eventLoop: any EventLoop) -> EventLoopFuture<ValidationRecord?> {
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in s.validations[tokenHash].flatMap { $0.expiresAt > t ? $0.record : nil } })
+    }
+
+    public func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            s.validations[tokenHash] = (record, t + ttl)
+            s.wrote(now: t)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { s in s.sessions[handle]?.record.validatedAt = at }
         return eventLoop.makeSucceededVoidFuture()
     }
 

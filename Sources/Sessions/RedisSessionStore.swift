@@ -7,7 +7,8 @@ import Redis
 /// - `sg:user:{sub}` hash — the profile; `sg:user:{sub}:sessions` set — the user's session hashes
 /// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms)
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
-/// - `sg:seen:{id}` string — a deduplication marker (notification `jti`)
+/// - `sg:notification:<jti>` string — a notification already processed (a week)
+/// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:<token hash>` its lock
 ///
 /// The braces are Redis Cluster hash tags: one user's keys share a slot.
 public final class RedisSessionStore: SessionStore {
@@ -148,13 +149,37 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    /// `sg:seen:{id}` with `SET NX PX`: exactly one instance sees the first sighting.
-    public func firstSighting(of id: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Bool> {
-        send(["SET", .string("\(prefix)seen:{\(id)}"), "1", "NX", "PX", RedisArgument(max(ttl, 1))], on: loop).map { !$0.isNull }
+    /// `sg:<name>` with `SET NX PX`: exactly one caller in the fleet gets it.
+    public func claim(_ name: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        send(["SET", .string(prefix + name), "1", "NX", "PX", RedisArgument(max(ttl, 1))], on: loop).map { !$0.isNull }
     }
 
-    public func forgetSighting(of id: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        send(["DEL", .string("\(prefix)seen:{\(id)}")], on: loop).map { _ in }
+    public func release(_ name: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["DEL", .string(prefix + name)], on: loop).map { _ in }
+    }
+
+    func validationKey(_ tokenHash: String) -> String { "\(prefix)validation:{\(tokenHash)}" }
+
+    public func validation(of tokenHash: String, on loop: any EventLoop) -> EventLoopFuture<ValidationRecord?> {
+        send(["HGETALL", .string(validationKey(tokenHash))], on: loop).map { reply in
+            guard let f = Self.hash(reply), let result = f["result"].flatMap(ValidationRecord.Result.init(rawValue:)),
+                  let at = f["at"].flatMap({ Int64($0) }) else { return nil }
+            return ValidationRecord(result: result, at: at)
+        }
+    }
+
+    public func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let key = validationKey(tokenHash)
+        return transaction([["HSET", .string(key), "result", .string(record.result.rawValue), "at", RedisArgument(record.at)],
+                            ["PEXPIRE", .string(key), RedisArgument(max(ttl, 1))]], on: loop).map { _ in }
+    }
+
+    public func markValidated(_ handle: SessionHandle, at: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let key = sessionKey(handle)
+        return send(["EXISTS", .string(key)], on: loop).flatMap { exists in
+            guard exists.int == 1 else { return loop.makeSucceededVoidFuture() }
+            return self.send(["HSET", .string(key), "validated_at", RedisArgument(at)], on: loop).map { _ in }
+        }
     }
 
     public func ping(on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -94,6 +94,18 @@ public struct StoredSession: Sendable, Equatable {
     public var isRevoked: Bool { revokedAt.map { session.created <= $0 } ?? false }
 }
 
+/// The outcome of validating a refresh token with Apple, shared by the fleet.
+public struct ValidationRecord: Sendable, Equatable {
+    public enum Result: String, Sendable { case ok, revoked, failed }
+    public var result: Result
+    /// Unix ms.
+    public var at: Int64
+    public init(result: Result, at: Int64) {
+        self.result = result
+        self.at = at
+    }
+}
+
 /// A web login between `/login` and `/callback` (`sg:login:{state}`): single use, 10 minutes.
 public struct LoginState: Sendable, Equatable {
     public var nonce: String
@@ -141,11 +153,17 @@ public protocol SessionStore: Sendable {
     func putLogin(state: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Takes a login out: the second call for the same state answers nil.
     func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?>
-    /// Records `id` (e.g. a notification's `jti`) for `ttl` milliseconds; true only for the first
-    /// caller that records it (deduplication across instances).
-    func firstSighting(of id: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool>
-    /// Forgets a sighting (its processing failed: the next delivery must be processed).
-    func forgetSighting(of id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Claims `name` (`notification:<jti>`, `lock:validation:<hash>`) for `ttl` milliseconds;
+    /// true only for the one caller that gets it, fleet-wide (Redis `SET NX PX`).
+    func claim(_ name: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool>
+    /// Gives a claim up (a lock released; a notification whose processing failed).
+    func release(_ name: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// The fleet's last re-validation result for a refresh token (`validation:<token hash>`).
+    func validation(of tokenHash: String, on eventLoop: any EventLoop) -> EventLoopFuture<ValidationRecord?>
+    /// Records a re-validation result for `ttl` milliseconds.
+    func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Sets a session's `validated_at`.
+    func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Succeeds when the store answers (readiness).
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
 }

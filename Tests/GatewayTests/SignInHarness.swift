@@ -10,6 +10,8 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import ServiceLifecycle
+import Sessions
+import NIOConcurrencyHelpers
 import TestSupport
 
 /// The whole product on loopback: the Apple ID simulator on `127.0.0.1`, the gateway on
@@ -28,6 +30,8 @@ final class SignInHarness: @unchecked Sendable {
     private let group: ServiceGroup
     private let runTask: Task<Void, any Error>
     let directory: String
+    /// The gateways' session clock (every instance shares it).
+    let clock: TestClock
 
     var origin: String { "http://localhost:\(gatewayPort)" }
 
@@ -35,7 +39,7 @@ final class SignInHarness: @unchecked Sendable {
 
     static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .milliseconds(250),
                       localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
-                      assertion: Bool = false, configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
+                      assertion: Bool = false, clock: TestClock = TestClock(), configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let appleKey = P256.Signing.PrivateKey()
@@ -92,16 +96,17 @@ final class SignInHarness: @unchecked Sendable {
         configure(&c)
         var logger = Logger(label: "gateway-test")
         logger.logLevel = .warning
-        let service = try GatewayService(configuration: c, configPath: nil, logger: logger)
+        let service = try GatewayService(configuration: c, configPath: nil, logger: logger, clock: clock.now)
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
         let runTask = Task { try await group.run() }
         await service.waitUntilStarted()
         return SignInHarness(simulator: simulator, upstream: upstream, service: service, redis: redis, configuration: c,
-                             gatewayPort: gatewayPort, group: group, runTask: runTask, directory: directory)
+                             gatewayPort: gatewayPort, group: group, runTask: runTask, directory: directory, clock: clock)
     }
 
     private init(simulator: SimulatedAppleID, upstream: TestUpstream, service: GatewayService, redis: TestRedis?, configuration: GatewayConfiguration,
-                 gatewayPort: Int, group: ServiceGroup, runTask: Task<Void, any Error>, directory: String) {
+                 gatewayPort: Int, group: ServiceGroup, runTask: Task<Void, any Error>, directory: String, clock: TestClock) {
+        self.clock = clock
         self.simulator = simulator
         self.upstream = upstream
         self.service = service
@@ -121,7 +126,7 @@ final class SignInHarness: @unchecked Sendable {
         c.server.listen = ListenAddress(host: "127.0.0.1", port: port)
         var logger = Logger(label: "gateway-test-b")
         logger.logLevel = .warning
-        let service = try GatewayService(configuration: c, configPath: nil, logger: logger)
+        let service = try GatewayService(configuration: c, configPath: nil, logger: logger, clock: clock.now)
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
         let task = Task { try await group.run() }
         extraInstances.append((group, task))
@@ -243,4 +248,16 @@ final class TestBrowser: @unchecked Sendable {
     }
 
     enum Failure: Error { case unexpected(String) }
+}
+
+/// The wall clock plus an offset tests move forward (Unix milliseconds).
+final class TestClock: Sendable {
+    private let offset = NIOLockedValueBox<Int64>(0)
+    init() {}
+    var now: @Sendable () -> Int64 {
+        { [offset] in SessionClock.now() + offset.withLockedValue { $0 } } 
+    }
+    func advance(by duration: Duration) {
+        offset.withLockedValue { $0 += duration.components.seconds * 1000 }
+    }
 }

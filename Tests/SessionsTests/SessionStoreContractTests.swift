@@ -157,18 +157,30 @@ struct SessionStoreContractTests {
     }
 
     @Test(arguments: StoreKind.allCases)
-    func firstSightingIsOnce(kind: StoreKind) async throws {
+    func claimsAreExclusive(kind: StoreKind) async throws {
         let f = try StoreFixture.make(kind)
         defer { Task { await f.close() } }
         let store = f.store, loop = f.loop
         let results = try await withThrowingTaskGroup(of: Bool.self) { group in
-            for _ in 0..<20 { group.addTask { try await store.firstSighting(of: "jti-1", ttl: 60_000, on: loop).get() } }
+            for _ in 0..<20 { group.addTask { try await store.claim("notification:jti-1", ttl: 60_000, on: loop).get() } }
             return try await group.reduce(into: []) { $0.append($1) }
         }
         #expect(results.filter { $0 }.count == 1)
-        #expect(try await store.firstSighting(of: "jti-2", ttl: 60_000, on: loop).get())
-        try await store.forgetSighting(of: "jti-1", on: loop).get()
-        #expect(try await store.firstSighting(of: "jti-1", ttl: 60_000, on: loop).get(), "forgotten: the next one is first again")
+        #expect(try await store.claim("notification:jti-2", ttl: 60_000, on: loop).get())
+        try await store.release("notification:jti-1", on: loop).get()
+        #expect(try await store.claim("notification:jti-1", ttl: 60_000, on: loop).get(), "released: the next caller gets it")
+        #expect(try await store.claim("lock:x", ttl: 0, on: loop).get())
+
+        // Validation records and validated_at.
+        #expect(try await store.validation(of: "t1", on: loop).get() == nil)
+        try await store.recordValidation(ValidationRecord(result: .ok, at: 42), of: "t1", ttl: 60_000, on: loop).get()
+        #expect(try await store.validation(of: "t1", on: loop).get() == ValidationRecord(result: .ok, at: 42))
+        try await store.recordValidation(ValidationRecord(result: .failed, at: 43), of: "t2", ttl: 0, on: loop).get()
+        #expect(try await store.validation(of: "t2", on: loop).get() == nil, "expired")
+        let (_, s) = record("user.v", created: SessionClock.now())
+        try await store.create(s, profile: UserProfile(sub: "user.v"), expiresAt: SessionClock.now() + 60_000, on: loop).get()
+        try await store.markValidated(s.handle, at: 777, on: loop).get()
+        #expect(try await store.load(s.handle, on: loop).get()?.session.validatedAt == 777)
     }
 }
 

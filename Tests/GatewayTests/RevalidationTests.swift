@@ -1,0 +1,102 @@
+import AppleIDSimulator
+import Foundation
+import Gateway
+import NIOCore
+import TestSupport
+import Testing
+
+/// Daily re-validation (issue 5): a fleet of two gateways sharing Redis and a test clock the
+/// tests move forward; the simulator counts Apple's refresh calls.
+@Suite("Re-validation with Apple", .serialized, .timeLimit(.minutes(2)))
+struct RevalidationTests {
+    static func start() async throws -> (SignInHarness, String) {
+        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), absoluteTimeout: .seconds(30 * 86_400)) { c in
+            c.apple?.revalidateAfter = .seconds(3600)
+            c.apple?.revalidateGrace = .seconds(600)
+            c.apple?.outageGrace = .seconds(3 * 3600)
+        }
+        return (h, h.simulator.createUser())
+    }
+
+    @Test("200 concurrent requests for a stale session over both instances: exactly one refresh call")
+    func singleFlightAcrossTheFleet() async throws {
+        let (h, sub) = try await Self.start()
+        defer { Task { await h.stop() } }
+        let b = try await h.addInstance()
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: sub)
+        let onB = TestBrowser(gatewayOrigin: b.origin)
+        onB.cookies = a.cookies
+        #expect(try await onB.request("/x").status == 200)
+        let before = h.simulator.grantCount("refresh_token")
+        h.clock.advance(by: .seconds(2 * 3600))  // beyond revalidate_after + jitter + grace: requests wait
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for i in 0..<200 {
+                group.addTask { try await (i % 2 == 0 ? a : onB).request("/x").status }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(statuses.allSatisfy { $0 == 200 }, "\(Dictionary(grouping: statuses, by: { $0 }).mapValues(\.count))")
+        #expect(h.simulator.grantCount("refresh_token") - before == 1)
+        // Validated now: later requests ask Apple nothing.
+        for _ in 0..<5 { #expect(try await onB.request("/x").status == 200) }
+        #expect(h.simulator.grantCount("refresh_token") - before == 1)
+    }
+
+    @Test("within the grace the request goes through at once and the validation runs in the background")
+    func backgroundWithinGrace() async throws {
+        let (h, sub) = try await Self.start()
+        defer { Task { await h.stop() } }
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: sub)
+        let before = h.simulator.grantCount("refresh_token")
+        h.simulator.setFaults { $0.latencyMilliseconds = 1500 }
+        h.clock.advance(by: .seconds(3600 + 160))  // due (+ up to 150 s of jitter), stale by < 10 min
+        let started = ContinuousClock.now
+        #expect(try await a.request("/x").status == 200)
+        #expect(ContinuousClock.now - started < .milliseconds(1400), "the request did not wait for Apple")
+        var calls = 0
+        let deadline = ContinuousClock.now + .seconds(10)
+        while calls == 0, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+            calls = h.simulator.grantCount("refresh_token") - before
+        }
+        #expect(calls == 1)
+    }
+
+    @Test("consent revoked at Apple: at the next due validation the user is refused on both instances")
+    func revokedConsent() async throws {
+        let (h, sub) = try await Self.start()
+        defer { Task { await h.stop() } }
+        let b = try await h.addInstance()
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: sub)
+        _ = try await a.signIn(from: "/y", as: sub)  // a second session of the same user
+        let onB = TestBrowser(gatewayOrigin: b.origin)
+        onB.cookies = a.cookies
+        #expect(try await onB.request("/x").status == 200)
+        h.simulator.revokeConsent(sub: sub)
+        #expect(try await a.request("/x").status == 200, "not due yet: Apple is not asked")
+        h.clock.advance(by: .seconds(2 * 3600))
+        #expect(try await a.request("/x").status == 302)
+        #expect(try await onB.request("/x").status == 302)
+    }
+
+    @Test("Apple down: sessions kept, then denied once outage_grace has passed")
+    func outageGrace() async throws {
+        let (h, sub) = try await Self.start()
+        defer { Task { await h.stop() } }
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: sub)
+        h.simulator.setFaults { $0.tokenFailureStatus = 503 }
+        h.clock.advance(by: .seconds(2 * 3600))
+        #expect(try await a.request("/x").status == 200, "within outage_grace")
+        h.clock.advance(by: .seconds(2 * 3600))  // 4 h since the last success > 3 h
+        let denied = try await a.request("/x")
+        #expect(denied.status == 503 && denied.body.contains("Cannot confirm"))
+        #expect(a.cookies["__Host-sessiongate"] != nil, "the cookie is kept")
+        h.simulator.setFaults { $0.tokenFailureStatus = nil }
+        h.clock.advance(by: .seconds(600))  // past the retry interval
+        #expect(try await a.request("/x").status == 200, "Apple back: the same session works")
+    }
+}
