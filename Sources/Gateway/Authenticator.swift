@@ -466,6 +466,7 @@ struct AppleServices: Sendable {
     let tokens: AppleTokenClient
     let verifier: IdentityTokenVerifier
     let notifications: NotificationVerifier
+    let secrets: ClientSecretMinter
     let clientIDs: [String]
     let baseURL: String
     let scopes: [String]
@@ -479,6 +480,7 @@ struct AppleServices: Sendable {
             throw Authenticator.Failure(description: "apple.private_key_file: \(error)")
         }
         let timeout = TimeAmount(a.timeout)
+        secrets = minter
         tokens = AppleTokenClient(baseURL: a.baseURL, httpClient: httpClient, secrets: minter, timeout: timeout, logger: logger)
         let keySet = AppleKeySet(baseURL: a.baseURL, httpClient: httpClient, timeout: timeout, logger: logger)
         verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs)

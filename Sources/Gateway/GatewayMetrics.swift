@@ -18,6 +18,7 @@ public final class GatewayMetrics: Sendable {
     let cacheMisses: Prometheus.Counter
     let invalidationsReceived: Prometheus.Counter
     private let labelled = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
+    private let gauges = NIOLockedValueBox<[String: Prometheus.Gauge]>([:])
 
     /// How admission ended for one request on a guarded route.
     enum AdmissionResult: Int, CaseIterable {
@@ -51,6 +52,19 @@ public final class GatewayMetrics: Sendable {
     /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
     func recordSignIn(flow: String, outcome: String) {
         counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)]).increment()
+    }
+
+    /// Seconds since the client secret in use for `clientID` was minted (re-minted at half its
+    /// lifetime; an alert well below Apple's six-month cap).
+    func recordClientSecretAge(clientID: String, seconds: Int64) {
+        let gauge = gauges.withLockedValue { cache in
+            if let g = cache[clientID] { return g }
+            let g = registry.makeGauge(descriptor: Self.name("apple_client_secret_age", unit: "seconds", help: "Age of the Apple client secret in use, by client id."),
+                                       labels: [("client_id", clientID)])
+            cache[clientID] = g
+            return g
+        }
+        gauge.set(Double(seconds))
     }
 
     /// Calls to Apple by endpoint (`token`, `refresh`, `revoke`) and outcome.

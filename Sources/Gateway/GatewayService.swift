@@ -124,6 +124,11 @@ public final class GatewayService: Service, Sendable {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
             await checkStore()
+            if let apple = authenticator.apple {
+                for id in apple.clientIDs {
+                    if let age = apple.secrets.age(for: id) { metrics.recordClientSecretAge(clientID: id, seconds: age) }
+                }
+            }
         }
     }
 

@@ -82,6 +82,24 @@ struct RevalidationTests {
         #expect(try await onB.request("/x").status == 302)
     }
 
+    @Test("Apple slower than apple.timeout: the waiting request is answered within it and the session kept")
+    func appleTimeout() async throws {
+        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400)) { c in
+            c.apple?.revalidateAfter = .seconds(3600)
+            c.apple?.revalidateGrace = .seconds(600)
+            c.apple?.outageGrace = .seconds(3 * 3600)
+            c.apple?.timeout = .milliseconds(400)
+        }
+        defer { Task { await h.stop() } }
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: h.simulator.createUser())
+        h.simulator.setFaults { $0.latencyMilliseconds = 3000 }
+        h.clock.advance(by: .seconds(2 * 3600))
+        let started = ContinuousClock.now
+        #expect(try await a.request("/x").status == 200, "kept within outage_grace")
+        #expect(ContinuousClock.now - started < .milliseconds(2500), "bounded by apple.timeout, not Apple's 3 s")
+    }
+
     @Test("Apple down: sessions kept, then denied once outage_grace has passed")
     func outageGrace() async throws {
         let (h, sub) = try await Self.start()
