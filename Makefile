@@ -41,6 +41,7 @@ bench:
 	$(SWIFT) build $(RELEASE_FLAGS)
 	bench/run.sh
 	bench/auth.sh
+	bench/revalidation.sh
 
 clean:
 	rm -rf .build

@@ -106,7 +106,9 @@ final class Authenticator: Sendable {
         }
         let publicURL = c.server.publicURL ?? "http://\(c.server.listen)"
         if let a = c.apple {
-            let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: .init(timeout: .init(connect: .seconds(5))))
+            var http = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
+            http.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: Revalidator.concurrentAppleCalls)
+            let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: http)
             httpClient = client
             do {
                 apple = try AppleServices(configuration: a, httpClient: client, logger: logger)

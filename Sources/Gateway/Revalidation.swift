@@ -38,6 +38,10 @@ final class Revalidator: Sendable {
     /// Called for a dead grant (revokes the user everywhere).
     let onRevoked: @Sendable (_ sub: String, _ loop: any EventLoop) -> EventLoopFuture<Int>
     private let inFlight = NIOLockedValueBox<[String: EventLoopFuture<Outcome>]>([:])
+    /// At most this many calls to Apple at once per instance: a storm of due sessions queues
+    /// here instead of timing out in the HTTP client's pool (and being retried: a second call).
+    static let concurrentAppleCalls = 32
+    private let limiter = Limiter(limit: Revalidator.concurrentAppleCalls)
 
     init(apple: AppleServices, store: any SessionStore, keys: SessionKeys, after: Int64, grace: Int64, outageGrace: Int64, appleTimeout: Int64,
          now: @escaping @Sendable () -> Int64, logger: Logger, metrics: GatewayMetrics,
@@ -107,8 +111,17 @@ final class Revalidator: Sendable {
     }
 
     private func run(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {
+        // Another instance (or an earlier attempt) may have answered already.
+        if let adopted = try? await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
+        await limiter.acquire()
+        let outcome = await ask(session, token: token, tokenHash: tokenHash, on: loop)
+        await limiter.release()
+        return outcome
+    }
+
+    private func ask(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {
         do {
-            // Another instance (or an earlier attempt) may have answered already.
+            // The wait for a permit may have been long: look again before locking.
             if let adopted = try await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
             let lock = "lock:validation:" + tokenHash
             guard try await store.claim(lock, ttl: lockTTL, on: loop).get() else {
@@ -170,5 +183,26 @@ final class Revalidator: Sendable {
         default:
             return nil
         }
+    }
+}
+
+/// A counting semaphore for async code.
+actor Limiter {
+    private let limit: Int
+    private var running = 0
+    private var waiters: [CheckedContinuation<Void, Never>] = []
+
+    init(limit: Int) { self.limit = limit }
+
+    func acquire() async {
+        if running < limit {
+            running += 1
+            return
+        }
+        await withCheckedContinuation { waiters.append($0) }
+    }
+
+    func release() {
+        if waiters.isEmpty { running -= 1 } else { waiters.removeFirst().resume() }
     }
 }
