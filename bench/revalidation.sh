@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SESSIONS=${SESSIONS:-10000}
 REVALIDATE_AFTER=${REVALIDATE_AFTER:-150}   # seconds; must exceed the seeding time
-STORM=${STORM:-40s}
+STORM=${STORM:-}   # default: the seeding time + 15 s, so that every session comes due inside it
 WORK_NAME=revalidation
 source bench/lib.sh
 APPLE_EXTRA="  revalidate_after: \"${REVALIDATE_AFTER}s\"
@@ -30,6 +30,7 @@ echo "seeding $SESSIONS sessions…"
 python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_A" "$SESSIONS" 1000 "$WORK/cookies.txt"
 seed_end=$(date +%s)
 [ $((seed_end - seed_start + 20)) -lt "$REVALIDATE_AFTER" ] || { echo "seeding took $((seed_end - seed_start)) s: raise REVALIDATE_AFTER"; exit 1; }
+STORM=${STORM:-$((seed_end - seed_start + 15))s}
 curl -s -X POST -H 'content-type: application/json' -d '{"latency_ms": 100}' "http://127.0.0.1:$SIM/sim/faults" > /dev/null
 refreshes() { curl -s "http://127.0.0.1:$SIM/sim/counters" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("/auth/token#refresh_token", 0))'; }
 
