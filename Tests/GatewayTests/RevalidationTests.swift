@@ -43,6 +43,29 @@ struct RevalidationTests {
         #expect(h.simulator.grantCount("refresh_token") - before == 1)
     }
 
+    @Test("the memory store follows the same policy in-process: one refresh call, then invalid_grant revokes")
+    func memoryStore() async throws {
+        let h = try await SignInHarness.start(store: .memory, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400)) { c in
+            c.apple?.revalidateAfter = .seconds(3600)
+            c.apple?.revalidateGrace = .seconds(600)
+        }
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: sub)
+        let before = h.simulator.grantCount("refresh_token")
+        h.clock.advance(by: .seconds(2 * 3600))
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<50 { group.addTask { try await a.request("/x").status } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(statuses.allSatisfy { $0 == 200 })
+        #expect(h.simulator.grantCount("refresh_token") - before == 1)
+        h.simulator.revokeConsent(sub: sub)
+        h.clock.advance(by: .seconds(2 * 3600))
+        #expect(try await a.request("/x").status == 302)
+    }
+
     @Test("within the grace the request goes through at once and the validation runs in the background")
     func backgroundWithinGrace() async throws {
         let (h, sub) = try await Self.start()
