@@ -469,6 +469,7 @@ struct AppleServices: Sendable {
     let verifier: IdentityTokenVerifier
     let notifications: NotificationVerifier
     let secrets: ClientSecretMinter
+    let keySet: AppleKeySet
     let clientIDs: [String]
     let baseURL: String
     let scopes: [String]
@@ -485,6 +486,7 @@ struct AppleServices: Sendable {
         secrets = minter
         tokens = AppleTokenClient(baseURL: a.baseURL, httpClient: httpClient, secrets: minter, timeout: timeout, logger: logger)
         let keySet = AppleKeySet(baseURL: a.baseURL, httpClient: httpClient, timeout: timeout, logger: logger)
+        self.keySet = keySet
         verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs)
         notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs)
         clientIDs = a.clientIDs

@@ -74,17 +74,31 @@ struct Serve: AsyncParsableCommand {
     }
 }
 
-struct Check: ParsableCommand {
+struct Check: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Validate a configuration file.",
-        discussion: "Prints every problem with its key path and line:column, or 'ok'. Exit status 1 if there is any error.")
+        discussion: """
+            Prints every problem with its key path and line:column, or 'ok'. Exit status 1 if there is any error.
+            With --online it also fetches Apple's keys, mints a client secret for every client id and proves Apple
+            accepts it (exchanging a made-up code must give invalid_grant, not invalid_client).
+            """)
 
     @OptionGroup var options: ConfigOption
 
-    func run() throws {
+    @Flag(help: "Also check the apple: section against Apple (apple.base_url).")
+    var online = false
+
+    func run() async throws {
         let result = GatewayConfiguration.load(file: options.config)
         for problem in result.problems { print("\(options.config):\(problem)") }
-        guard result.configuration != nil else { throw ExitCode(1) }
+        guard let configuration = result.configuration else { throw ExitCode(1) }
+        if online {
+            var logger = makeLogger()
+            logger.logLevel = .error
+            let (ok, lines) = await AppleOnlineCheck.run(configuration, logger: logger)
+            for line in lines { print(line) }
+            guard ok else { throw ExitCode(1) }
+        }
         print("ok")
     }
 }

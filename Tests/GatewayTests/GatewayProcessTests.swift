@@ -1,3 +1,5 @@
+import Crypto
+import AppleIDSimulator
 import Sessions
 import Redis
 import NIOPosix
@@ -65,6 +67,46 @@ struct GatewayProcessTests {
 
         let (memory, memoryLines) = try await run(["sessions", "list", "--sub", "user.a", "--config", "conf/demo.yaml"])
         #expect(memory == 1 && memoryLines.contains { $0.contains("store.redis_url is not set") })
+    }
+
+    @Test("check --online proves the apple: section against the simulator, and names a wrong key")
+    func checkOnline() async throws {
+        let key = P256.Signing.PrivateKey()
+        let simulator = try await SimulatedAppleID.start(team: .init(
+            teamID: "TEAM123456", keys: ["KEY1234567": key.publicKey],
+            clients: ["com.example.web": ["https://app.example.com/_auth/callback"], "com.example.app": []]))
+        defer { Task { await simulator.stop() } }
+        let directory = NSTemporaryDirectory() + "check-online-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try key.pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
+        func config(keyID: String) throws -> String {
+            let path = directory + "/\(keyID).yaml"
+            try """
+                server:
+                  public_url: "https://app.example.com"
+                apple:
+                  team_id: "TEAM123456"
+                  key_id: "\(keyID)"
+                  client_ids: ["com.example.web", "com.example.app"]
+                  private_key_file: "\(directory)/AuthKey.p8"
+                  base_url: "\(simulator.baseURL)"
+                routes:
+                  - name: a
+                    upstream: "http://127.0.0.1:1"
+                    auth: public
+                """.write(toFile: path, atomically: true, encoding: .utf8)
+            return path
+        }
+        let good = try GatewayProcess(arguments: ["check", "--online", "--config", try config(keyID: "KEY1234567")])
+        #expect(await good.waitForExit() == 0)
+        await good.waitForOutputEnd()
+        #expect(good.output.filter { $0.hasPrefix("ok: apple.client_ids:") }.count == 2, "\(good.output)")
+        #expect(good.output.last == "ok")
+        let bad = try GatewayProcess(arguments: ["check", "--online", "--config", try config(keyID: "WRONGKEY99")])
+        #expect(await bad.waitForExit() == 1)
+        await bad.waitForOutputEnd()
+        #expect(bad.output.contains { $0.hasPrefix("error: apple.client_ids: com.example.web: Apple answered invalid_client") }, "\(bad.output)")
     }
 
     @Test("check prints ok for the shipped configuration")
