@@ -69,6 +69,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var inputClosed = false
     private var pendingUpgrade: HTTPResponseHead? = nil
     private var closing = false
+    /// After the last response: output shut, input still read and discarded (lingering close).
+    private var lingering = false
     /// `.collecting`: the body read so far and what answers it.
     private var collected = ByteBuffer()
     private var collector: (maxBytes: Int, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)? = nil
@@ -112,6 +114,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if lingering { return }
         lastActivity = .now()
         inReadBurst = true
         receive(unwrapInboundIn(data))
@@ -164,6 +167,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             return
         }
         if let event = event as? ChannelEvent, event == .inputClosed {
+            if lingering { return context.close(promise: nil) }  // the client is done too
             // The client half-closed after sending: answer what it asked, then close.
             inputClosed = true
             exchange.keepAlive = false
@@ -174,7 +178,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func read(context: ChannelHandlerContext) {
-        if wantsRead { context.read() } else { readPending = true }
+        if lingering || wantsRead { context.read() } else { readPending = true }
     }
 
     private var wantsRead: Bool {
@@ -616,9 +620,25 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         generation &+= 1
         if let upstream { upstream.close(); self.upstream = nil }
         let channel = context.channel
+        let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(capacity: 0))).whenComplete { _ in
-            channel.close(promise: nil)
+            // Lingering close (RFC 9112 §9.6): send FIN, then keep reading and discarding what
+            // the client still sends for a moment. Closing with unread input makes the kernel
+            // answer with a reset, which can destroy the response (a 400, 413 or 504) before
+            // the client has read it.
+            channel.close(mode: .output).whenComplete { result in
+                guard case .success = result else { return channel.close(promise: nil) }
+                this.value.linger(channel)
+            }
         }
+    }
+
+    private func linger(_ channel: any Channel) {
+        lingering = true
+        timer?.cancel()
+        timer = nil
+        context.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
+        context.read()
     }
 
     // MARK: upgrade

@@ -73,11 +73,11 @@ struct RevalidationTests {
         let a = TestBrowser(gatewayOrigin: h.origin)
         _ = try await a.signIn(from: "/x", as: sub)
         let before = h.simulator.grantCount("refresh_token")
-        h.simulator.setFaults { $0.latencyMilliseconds = 1500 }
+        h.simulator.setFaults { $0.latencyMilliseconds = 5000 }
         h.clock.advance(by: .seconds(3600 + 160))  // due (+ up to 150 s of jitter), stale by < 10 min
         let started = ContinuousClock.now
         #expect(try await a.request("/x").status == 200)
-        #expect(ContinuousClock.now - started < .milliseconds(1400), "the request did not wait for Apple")
+        #expect(ContinuousClock.now - started < .seconds(3), "the request did not wait for Apple's 5 s")
         var calls = 0
         let deadline = ContinuousClock.now + .seconds(10)
         while calls == 0, ContinuousClock.now < deadline {

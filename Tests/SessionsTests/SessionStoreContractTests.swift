@@ -28,7 +28,9 @@ struct StoreFixture {
             return StoreFixture(store: MemorySessionStore(), loop: group.next(), redis: nil, client: nil, prefix: "")
         case .redis:
             let redis = try TestRedis.start()
-            let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database), group: group, logger: Logger(label: "test"))
+            // Seconds of command timeout: the suites run in parallel on 2 cores.
+            let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
+                                         group: group, logger: Logger(label: "test"))
             let prefix = TestRedis.uniquePrefix()
             return StoreFixture(store: RedisSessionStore(client: client, keyPrefix: prefix), loop: group.next(), redis: redis, client: client, prefix: prefix)
         }

@@ -43,6 +43,7 @@ public final class RedisServerProcess: @unchecked Sendable {
         var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         guard posix_spawn(&pid, "/usr/bin/redis-server", &actions, &attributes, &argv, environ) == 0 else { throw Failure.didNotStart("spawn") }
+        Self.register(pid)
         close(fds[1])
         let reader = fds[0]
         var seen = ""
@@ -63,10 +64,38 @@ public final class RedisServerProcess: @unchecked Sendable {
     /// Stops the server and waits until it has exited (its port is free again).
     public func stop() {
         guard pid > 0 else { return }
+        kill(pid, SIGCONT)  // a frozen server must be able to exit
         kill(pid, SIGTERM)
         var status: Int32 = 0
         waitpid(pid, &status, 0)
+        Self.unregister(pid)
         pid = 0
+    }
+
+    /// Every server this process started, killed at exit: a test that ends without stopping
+    /// its server (a `defer { Task { … } }` that never ran) leaves no orphan behind.
+    private static let running = NSLock()
+    nonisolated(unsafe) private static var pids: Set<pid_t> = []
+    nonisolated(unsafe) private static var registered = false
+
+    private static func register(_ pid: pid_t) {
+        running.lock()
+        defer { running.unlock() }
+        pids.insert(pid)
+        if !registered {
+            registered = true
+            atexit {
+                RedisServerProcess.running.lock()
+                for pid in RedisServerProcess.pids { kill(pid, SIGKILL) }
+                RedisServerProcess.running.unlock()
+            }
+        }
+    }
+
+    private static func unregister(_ pid: pid_t) {
+        running.lock()
+        pids.remove(pid)
+        running.unlock()
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
