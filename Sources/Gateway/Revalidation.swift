@@ -92,22 +92,18 @@ final class Revalidator: Sendable {
             return loop.makeSucceededFuture(.unknown)
         }
         let tokenHash = SHA256.hash(data: Array(token.utf8)).map { String(format: "%02x", $0) }.joined()
-        let promise = loop.makePromise(of: Outcome.self)
-        let existing: EventLoopFuture<Outcome>? = inFlight.withLockedValue { flights in
-            if let running = flights[tokenHash] { return running }
+        let (future, isNew) = inFlight.withLockedValue { flights -> (EventLoopFuture<Outcome>, Bool) in
+            if let running = flights[tokenHash] { return (running, false) }
+            let promise = loop.makePromise(of: Outcome.self)
             flights[tokenHash] = promise.futureResult
-            return nil
+            promise.completeWithTask {
+                let outcome = await self.run(session, token: token, tokenHash: tokenHash, on: loop)
+                self.inFlight.withLockedValue { _ = $0.removeValue(forKey: tokenHash) }
+                return outcome
+            }
+            return (promise.futureResult, true)
         }
-        if let existing {
-            promise.succeed(.unknown)  // unused
-            return existing.hop(to: loop)
-        }
-        promise.completeWithTask {
-            let outcome = await self.run(session, token: token, tokenHash: tokenHash, on: loop)
-            self.inFlight.withLockedValue { _ = $0.removeValue(forKey: tokenHash) }
-            return outcome
-        }
-        return promise.futureResult
+        return isNew ? future : future.hop(to: loop)
     }
 
     private func run(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {

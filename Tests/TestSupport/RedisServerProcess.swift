@@ -164,3 +164,25 @@ public func boundLoopbackSocket() -> (fd: Int32, port: Int) {
     _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
     return (fd, Int(UInt16(bigEndian: addr.sin_port)))
 }
+
+/// Runs a program to completion (posix_spawn + waitpid: Foundation's Process can miss the exit
+/// of a child that daemonizes) with default signal dispositions; its exit status.
+public func runToCompletion(_ path: String, _ arguments: [String]) -> Int32 {
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var defaults = sigset_t()
+    sigfillset(&defaults)
+    posix_spawnattr_setsigdefault(&attributes, &defaults)
+    var none = sigset_t()
+    sigemptyset(&none)
+    posix_spawnattr_setsigmask(&attributes, &none)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
+    var argv: [UnsafeMutablePointer<CChar>?] = ([path] + arguments).map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
+    guard posix_spawn(&pid, path, nil, &attributes, &argv, environ) == 0 else { return -1 }
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    return (status >> 8) & 0xff
+}
