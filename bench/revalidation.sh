@@ -55,18 +55,14 @@ failed_validations=$(cat "$WORK/a.log" "$WORK/b.log" | grep -c "during re-valida
 python3 bench/propagation.py "http://127.0.0.1:$SG_A" "http://127.0.0.1:$SG_B" "$WORK/cookies.txt" 100 1000 > "$WORK/propagation.txt"
 
 python3 - "$WORK" "$SESSIONS" "$storm_refresh" "$failed_validations" <<'PY' | tee "$WORK/table.md"
-import re, sys
+import sys
+sys.path.insert(0, "bench")
+import wrkparse
 work, sessions, refreshes, failed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 def parse(label):
-    text = open(f"{work}/wrk-{label}.txt").read()
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-    def ms(v):
-        n, u = re.match(r"([\d.]+)(us|ms|s)", v).groups(); return float(n) * {"us": .001, "ms": 1, "s": 1000}[u]
-    p99 = ms(re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1))
-    total = int(re.search(r"(\d+) requests in", text).group(1))
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    w = wrkparse.parse(f"{work}/wrk-{label}.txt")
     after, before = map(float, open(f"{work}/cpu-{label}.txt").read().split())
-    return rps, p99, (after - before) / total * 1e6, int(non2xx.group(1)) if non2xx else 0
+    return w["rps"], w["p99"], (after - before) / w["total"] * 1e6, w["non2xx"]
 calm, storm = parse("calm"), parse("storm")
 print("| phase | req/s | p99 ms | CPU µs/req | non-2xx | req/s vs calm | p99 vs calm |")
 print("|---|---|---|---|---|---|---|")

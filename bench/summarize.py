@@ -1,23 +1,15 @@
 """Reads the wrk outputs of bench/run.sh and prints a Markdown table of medians and ratios."""
-import re
 import statistics
 import sys
+
+import wrkparse
 
 work, connections, reps, rss_kb, duration = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 
 
-def ms(value):
-    number, unit = re.match(r"([\d.]+)(us|ms|s)", value).groups()
-    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
-
 def parse(path):
-    text = open(path).read()
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-    p50 = ms(re.search(r"^\s+50%\s+(\S+)", text, re.M).group(1))
-    p99 = ms(re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    return rps, p50, p99, int(errors.group(1)) if errors else 0
+    w = wrkparse.parse(path)
+    return w["rps"], w["p50"], w["p99"], w["non2xx"]
 
 
 def cpu_per_request(name, c, r, requests):
@@ -30,7 +22,7 @@ def cpu_per_request(name, c, r, requests):
 
 
 def total_requests(path):
-    return int(re.search(r"(\d+) requests in", open(path).read()).group(1))
+    return wrkparse.parse(path)["total"]
 
 
 print("| c | target | req/s (median) | p50 ms | p99 ms | CPU µs/req | req/s vs nginx | p99 − nginx p99 | CPU vs nginx |")

@@ -1,24 +1,16 @@
 """Reads bench/auth.sh's wrk outputs: medians per scenario and ratios to nginx proxy_pass."""
-import re
 import statistics
 import sys
+
+import wrkparse
 
 work, connections, reps, scenarios = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4].split()
 EXPECTED = {"nginx": "2xx", "cached": "2xx", "redis": "2xx", "no-cookie": "401", "forged": "401"}
 
 
-def ms(value):
-    number, unit = re.match(r"([\d.]+)(us|ms|s)", value).groups()
-    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
-
 def parse(path):
-    text = open(path).read()
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-    p99 = ms(re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1))
-    total = int(re.search(r"(\d+) requests in", text).group(1))
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    return rps, p99, total, int(non2xx.group(1)) if non2xx else 0
+    w = wrkparse.parse(path)
+    return w["rps"], w["p99"], w["total"], w["non2xx"]
 
 
 print("| c | scenario | answer | req/s (median) | p99 ms | CPU µs/req | req/s vs nginx | target |")

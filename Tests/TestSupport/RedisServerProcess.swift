@@ -28,21 +28,8 @@ public final class RedisServerProcess: @unchecked Sendable {
         posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
         posix_spawn_file_actions_addclose(&actions, fds[0])
         defer { posix_spawn_file_actions_destroy(&actions) }
-        // The test process may ignore SIGTERM (signal handling of other suites); children would
-        // inherit that. Spawn with default dispositions and nothing blocked.
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var defaults = sigset_t()
-        sigfillset(&defaults)
-        posix_spawnattr_setsigdefault(&attributes, &defaults)
-        var none = sigset_t()
-        sigemptyset(&none)
-        posix_spawnattr_setsigmask(&attributes, &none)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
-        var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        guard posix_spawn(&pid, "/usr/bin/redis-server", &actions, &attributes, &argv, environ) == 0 else { throw Failure.didNotStart("spawn") }
+        pid = spawnWithDefaultSignals("/usr/bin/redis-server", arguments, fileActions: &actions)
+        guard pid > 0 else { throw Failure.didNotStart("spawn") }
         Self.register(pid)
         close(fds[1])
         let reader = fds[0]
@@ -168,6 +155,17 @@ public func boundLoopbackSocket() -> (fd: Int32, port: Int) {
 /// Runs a program to completion (posix_spawn + waitpid: Foundation's Process can miss the exit
 /// of a child that daemonizes) with default signal dispositions; its exit status.
 public func runToCompletion(_ path: String, _ arguments: [String]) -> Int32 {
+    let pid = spawnWithDefaultSignals(path, [path] + arguments, fileActions: nil)
+    guard pid > 0 else { return -1 }
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    return (status >> 8) & 0xff
+}
+
+/// posix_spawn with default signal dispositions and nothing blocked: the test process may
+/// ignore SIGTERM (signal handling of other suites), and children would inherit that.
+/// `arguments` includes argv[0]. Returns the pid, or 0.
+func spawnWithDefaultSignals(_ path: String, _ arguments: [String], fileActions: UnsafePointer<posix_spawn_file_actions_t>?) -> pid_t {
     var attributes = posix_spawnattr_t()
     posix_spawnattr_init(&attributes)
     defer { posix_spawnattr_destroy(&attributes) }
@@ -178,11 +176,9 @@ public func runToCompletion(_ path: String, _ arguments: [String]) -> Int32 {
     sigemptyset(&none)
     posix_spawnattr_setsigmask(&attributes, &none)
     posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
-    var argv: [UnsafeMutablePointer<CChar>?] = ([path] + arguments).map { strdup($0) } + [nil]
+    var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
     var pid: pid_t = 0
-    guard posix_spawn(&pid, path, nil, &attributes, &argv, environ) == 0 else { return -1 }
-    var status: Int32 = 0
-    waitpid(pid, &status, 0)
-    return (status >> 8) & 0xff
+    guard posix_spawn(&pid, path, fileActions, &attributes, &argv, environ) == 0 else { return 0 }
+    return pid
 }
