@@ -128,6 +128,7 @@ let package = Package(
             name: "SessionsTests",
             dependencies: [
                 "Sessions", "Redis", "TestSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]

@@ -1,34 +1,9 @@
 # Shared by bench/auth.sh and bench/revalidation.sh: nginx (upstream + proxy_pass baseline),
 # Redis, the Apple ID simulator, and gateway instances sharing Redis and one session secret.
 # Set WORK_NAME before sourcing; `gateway NAME PORT ADMIN CACHE_TTL [EXTRA_APPLE_YAML]`.
-BIN=.build/release/sessiongate
-[ -x "$BIN" ] || { echo "build first: make release (make bench does)"; exit 1; }
-WORK=$(mktemp -d "/tmp/sessiongate-bench-${WORK_NAME:-auth}.XXXXXX")
+source bench/common.sh
 UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187
-PIDS=()
-cleanup() {
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-cat > "$WORK/nginx.conf" <<CONF
-worker_processes 1;
-daemon on;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  upstream app { server 127.0.0.1:$UPSTREAM; keepalive 256; }
-  server { listen 127.0.0.1:$UPSTREAM; location / { return 200 "$(printf '%0100d' 0)"; } }
-  server { listen 127.0.0.1:$NGINX; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-}
-CONF
-nginx -c "$WORK/nginx.conf" -p "$WORK"
+start_nginx $UPSTREAM $NGINX
 redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
 PIDS+=($!)
 "$BIN" apple-simulator --listen "127.0.0.1:$SIM" --out "$WORK" --web-client "com.example.web=http://localhost:$SG_A/_auth/callback" \

@@ -10,35 +10,10 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-"50 200"}
 REPS=${REPS:-3}
-BIN=.build/release/sessiongate
-[ -x "$BIN" ] || { echo "build first: swift build -c release (make bench does)"; exit 1; }
-WORK=$(mktemp -d /tmp/sessiongate-bench.XXXXXX)
+WORK_NAME=run
+source bench/common.sh
 UPSTREAM_PORT=18080; NGINX_PORT=18081; SG_PORT=18082; SG_ADMIN=18083
-
-cleanup() {
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
-  [ -n "${SG_PID:-}" ] && kill "$SG_PID" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# The upstream: nginx returning a 100-byte body. The baseline proxy: nginx, 1 worker, upstream keepalive.
-cat > "$WORK/nginx.conf" <<CONF
-worker_processes 1;
-daemon on;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 256; }
-  server { listen 127.0.0.1:$UPSTREAM_PORT; location / { return 200 "$(printf '%0100d' 0)"; } }
-  server { listen 127.0.0.1:$NGINX_PORT; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-}
-CONF
-nginx -c "$WORK/nginx.conf" -p "$WORK"
+start_nginx $UPSTREAM_PORT $NGINX_PORT
 
 cat > "$WORK/sessiongate.yaml" <<CONF
 server:
@@ -52,6 +27,7 @@ routes:
 CONF
 "$BIN" serve --config "$WORK/sessiongate.yaml" > "$WORK/sessiongate.log" 2>&1 &
 SG_PID=$!
+PIDS+=($SG_PID)
 for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
 grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
 

@@ -60,7 +60,8 @@ public struct IdentityTokenVerifier: Sendable {
             issuedAt: iat, expiresAt: exp)
     }
 
-    static func constantTimeEqual(_ a: String, _ b: String) -> Bool {
+    /// Equality whose time does not depend on where the strings differ.
+    public static func constantTimeEqual(_ a: String, _ b: String) -> Bool {
         let x = Array(a.utf8), y = Array(b.utf8)
         guard x.count == y.count else { return false }
         var difference: UInt8 = 0

@@ -95,7 +95,7 @@ struct AuthEndpointGuard: RequestGuard {
         let state = Self.randomToken()
         let nonce = Self.randomToken()
         let binding = Self.randomToken()
-        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: Self.sha256Hex(binding))
+        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding))
         let future = auth.withDeadline(auth.store.putLogin(state: state, login, ttl: 600_000, on: loop), on: loop).map { _ -> Verdict in
             let query = FormBody.encode([
                 ("client_id", apple.webClientID), ("redirect_uri", auth.publicURL + auth.prefix + "/callback"),
@@ -136,7 +136,7 @@ struct AuthEndpointGuard: RequestGuard {
         } catch {
             return fail(.serviceUnavailable, "Sign in is unavailable", "Your sign-in could not be completed just now. Please try again.", outcome: "store_unavailable")
         }
-        guard let login, Self.constantTimeEquals(login.binding, Self.sha256Hex(binding)) else {
+        guard let login, IdentityTokenVerifier.constantTimeEqual(login.binding, sha256Hex(binding)) else {
             return fail(.badRequest, "Sign in expired", "This sign-in took too long, was already used, or was started in another browser.", outcome: "rejected")
         }
         if let error = form["error"] {
@@ -442,18 +442,6 @@ struct AuthEndpointGuard: RequestGuard {
     static func randomToken() -> String {
         var rng = SystemRandomNumberGenerator()
         return Base64URL.encode((0..<32).map { _ in UInt8.random(in: .min ... .max, using: &rng) })
-    }
-
-    static func sha256Hex(_ text: String) -> String {
-        SHA256.hash(data: Array(text.utf8)).map { String(format: "%02x", $0) }.joined()
-    }
-
-    static func constantTimeEquals(_ a: String, _ b: String) -> Bool {
-        let x = Array(a.utf8), y = Array(b.utf8)
-        guard x.count == y.count else { return false }
-        var diff: UInt8 = 0
-        for i in 0..<x.count { diff |= x[i] ^ y[i] }
-        return diff == 0
     }
 
     static func iso8601(_ milliseconds: Int64) -> String {

@@ -350,9 +350,9 @@ final class Authenticator: Sendable {
         if let v = user.emailVerified { h.append((names.emailVerified, v ? "true" : "false")) }
         if let v = user.privateEmail { h.append((names.privateEmail, v ? "true" : "false")) }
         if let v = user.emailForwarding { h.append((names.emailForwarding, v)) }
-        if let v = user.name { h.append((names.name, percentEncodeUTF8(v))) }
+        if let v = user.name { h.append((names.name, FormBody.escape(v))) }  // UTF-8, percent-encoded
         if let v = user.realUserStatus { h.append((names.realUserStatus, String(v))) }
-        return h.filter { isSafeHeaderValue($0.1) }
+        return h.filter { HTTPWire.isSafeValue($0.1) }
     }
 
     /// The headers to forward for a session on a route (identity, plus an assertion when enabled;
@@ -367,15 +367,6 @@ final class Authenticator: Sendable {
         let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name), audience: route, now: t)
         cache.update(handle, on: loop) { $0.assertion = (route, token, t + assertion.ttl) }
         return cached.headers + [(names.assertion, token)]
-    }
-
-    static func isSafeHeaderValue(_ v: String) -> Bool {
-        v.utf8.allSatisfy { $0 != 0x0d && $0 != 0x0a && $0 != 0 }
-    }
-
-    /// UTF-8, percent-encoded except RFC 3986 unreserved characters and space (kept as `%20`).
-    static func percentEncodeUTF8(_ text: String) -> String {
-        FormBody.escape(text)
     }
 
     // MARK: ending sessions

@@ -1,3 +1,5 @@
+import HTTPProxy
+
 /// Where a user goes after signing in (`rd`), validated by the rules of `docs/security.md`
 /// "Redirects": a path on our own origin, or an https URL on an allow-listed host (exact, or
 /// a `.example.com` suffix). Everything else — `//x`, `/\x`, encoded variants, control
@@ -19,7 +21,7 @@ public struct ReturnURLPolicy: Sendable {
     public func validate(_ rd: String) -> String? {
         guard !rd.isEmpty, rd.utf8.count <= Self.maximumLength else { return nil }
         // Raw or encoded, no control character, space or backslash anywhere.
-        guard let decoded = FormDecoding.percentDecoded(rd), Self.isClean(rd), Self.isClean(decoded) else { return nil }
+        guard let decoded = FormBody.decode(Array(rd.utf8)[...], plusIsSpace: false), Self.isClean(rd), Self.isClean(decoded) else { return nil }
         if rd.hasPrefix("/") {
             return Self.isSafePath(rd) && Self.isSafePath(decoded) ? rd : nil
         }
@@ -58,23 +60,5 @@ public struct ReturnURLPolicy: Sendable {
         let segments = pathPart.split(separator: "/", omittingEmptySubsequences: false)
         // `/./` and `/../` reshape the path (`/.//x`); a return URL has no reason to hold them.
         return !segments.contains { $0 == "." || $0 == ".." }
-    }
-}
-
-enum FormDecoding {
-    /// Percent-decoding (no `+` rule: this is a URL, not a form); nil on a bad escape.
-    static func percentDecoded(_ text: String) -> String? {
-        var out: [UInt8] = []
-        var bytes = Array(text.utf8)[...]
-        while let b = bytes.popFirst() {
-            if b == UInt8(ascii: "%") {
-                guard bytes.count >= 2, let v = UInt8(String(decoding: bytes.prefix(2), as: UTF8.self), radix: 16) else { return nil }
-                out.append(v)
-                bytes = bytes.dropFirst(2)
-            } else {
-                out.append(b)
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 }

@@ -91,7 +91,7 @@ final class Revalidator: Sendable {
         guard let sealed = session.sealedRefreshToken, let token = keys.open(sealed, for: session.handle) else {
             return loop.makeSucceededFuture(.unknown)
         }
-        let tokenHash = SHA256.hash(data: Array(token.utf8)).map { String(format: "%02x", $0) }.joined()
+        let tokenHash = sha256Hex(token)
         let (future, isNew) = inFlight.withLockedValue { flights -> (EventLoopFuture<Outcome>, Bool) in
             if let running = flights[tokenHash] { return (running, false) }
             let promise = loop.makePromise(of: Outcome.self)

@@ -13,12 +13,13 @@ public enum FormBody {
         return fields
     }
 
-    public static func decode(_ bytes: ArraySlice<UInt8>) -> String? {
+    /// Percent-decoding; `+` is a space in form bodies (`plusIsSpace`), itself in a URL.
+    public static func decode(_ bytes: ArraySlice<UInt8>, plusIsSpace: Bool = true) -> String? {
         var out: [UInt8] = []
         var i = bytes.startIndex
         while i < bytes.endIndex {
             let b = bytes[i]
-            if b == UInt8(ascii: "+") {
+            if plusIsSpace, b == UInt8(ascii: "+") {
                 out.append(UInt8(ascii: " "))
             } else if b == UInt8(ascii: "%") {
                 guard bytes.endIndex - i >= 3,

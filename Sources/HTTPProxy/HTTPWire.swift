@@ -3,7 +3,7 @@ import NIOHTTP1
 
 /// Serializes responses to the client straight into one buffer: one write per head, no encoder
 /// hop, and framing decided by the proxy (it knows the request method; NIO's encoder does not).
-enum HTTPWire {
+public enum HTTPWire {
     static func writeStatusLine(_ status: HTTPResponseStatus, into buffer: inout ByteBuffer) {
         buffer.writeStaticString("HTTP/1.1 ")
         buffer.writeString(String(status.code))
@@ -23,7 +23,8 @@ enum HTTPWire {
     /// Whether a value may go on the wire: no CR, LF or NUL (names and emails come from tokens
     /// and users; `docs/security.md`, *Identity headers*).
     @inline(__always)
-    static func isSafeValue(_ value: String) -> Bool {
+    /// No CR, LF or NUL: the value cannot split or end a header.
+    public static func isSafeValue(_ value: String) -> Bool {
         !value.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 }
     }
 

@@ -93,11 +93,6 @@ public final class LocalSessionCache<Value>: Sendable {
         onEveryLoop { $0.entries.removeAll() }
     }
 
-    /// Entries cached on `loop` (tests, metrics).
-    public func count(on loop: any EventLoop) -> Int {
-        loops[ObjectIdentifier(loop)]?.value.entries.count ?? 0
-    }
-
     private func onEveryLoop(_ body: @escaping @Sendable (Storage) -> Void) {
         for (_, box) in loops {
             if box.eventLoop.inEventLoop { body(box.value) } else { box.eventLoop.execute { body(box.value) } }

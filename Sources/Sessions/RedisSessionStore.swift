@@ -171,7 +171,7 @@ public final class RedisSessionStore: SessionStore {
     public func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
         let key = validationKey(tokenHash)
         return transaction([["HSET", .string(key), "result", .string(record.result.rawValue), "at", RedisArgument(record.at)],
-                            ["PEXPIRE", .string(key), RedisArgument(max(ttl, 1))]], on: loop).map { _ in }
+                            ["PEXPIRE", .string(key), RedisArgument(max(ttl, 0))]], on: loop).map { _ in }  // 0: gone at once, as in memory
     }
 
     public func markValidated(_ handle: SessionHandle, at: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -8,7 +8,7 @@ import Crypto
 /// is checked in constant time before anything else, so a forged cookie never reaches a store.
 /// The store keys a session by SHA-256 of the id: a dump of the store yields no usable cookie.
 public struct SessionKeys: Sendable {
-    private let cookieKey: SymmetricKey
+    let cookieKey: SymmetricKey
     private let sealingKey: SymmetricKey
     /// HMAC-SHA256 (RFC 2104) with the key's padded blocks hashed once: checking a cookie costs
     /// two SHA-256 updates, no key setup.
@@ -52,9 +52,6 @@ public struct SessionKeys: Sendable {
         inner.finalize().withUnsafeBytes { outer.update(bufferPointer: $0) }
         return outer.finalize()
     }
-
-    /// For the test that the precomputed construction is HMAC-SHA256.
-    func referenceTag(_ id: [UInt8]) -> [UInt8] { Array(HMAC<SHA256>.authenticationCode(for: id, using: cookieKey)) }
 
     /// A fresh random secret (the memory store without `session.secret_file`).
     public static func randomSecret() -> [UInt8] {
@@ -101,6 +98,11 @@ public struct SessionKeys: Sendable {
               let plain = try? AES.GCM.open(box, using: sealingKey, authenticating: Array(handle.key.utf8)) else { return nil }
         return String(decoding: plain, as: UTF8.self)
     }
+}
+
+/// Lower-case hex SHA-256 of `text` (store keys for refresh tokens, login bindings).
+public func sha256Hex(_ text: String) -> String {
+    SessionHandle.hex(Array(SHA256.hash(data: Array(text.utf8))))
 }
 
 /// How a store names one session: the hex SHA-256 of its id. Never the id itself.

@@ -6,7 +6,9 @@ import Glibc
 /// A blocking TCP client with a receive timeout, for byte-exact HTTP/1.1 tests.
 /// Used by one thread at a time; tests hand it between threads explicitly.
 final class RawClient: @unchecked Sendable {
-    let fd: Int32
+    /// -1 once closed: a throwing class initializer still runs `deinit`, and a second close()
+    /// of a number another thread has reused (glibc's netlink socket) aborts the process.
+    private(set) var fd: Int32
     private var buffer: [UInt8] = []
     private(set) var eof = false
 
@@ -35,11 +37,12 @@ final class RawClient: @unchecked Sendable {
         if rc != 0 {
             let e = errno
             close(fd)
+            fd = -1
             throw Failure.connect(e)
         }
     }
 
-    deinit { close(fd) }
+    deinit { if fd >= 0 { close(fd) } }
 
     func send(_ text: String) throws { try send(Array(text.utf8)) }
 

@@ -116,12 +116,12 @@ struct RevalidationTests {
         defer { Task { await h.stop() } }
         let a = TestBrowser(gatewayOrigin: h.origin)
         _ = try await a.signIn(from: "/x", as: h.simulator.createUser())
-        h.simulator.setFaults { $0.latencyMilliseconds = 6000 }
+        h.simulator.setFaults { $0.latencyMilliseconds = 10_000 }
         h.clock.advance(by: .seconds(2 * 3600))
         let started = ContinuousClock.now
         #expect(try await a.request("/x").status == 200, "kept within outage_grace")
         // apple.timeout is 400 ms; the margin is for 2 loaded cores (AHC's deadline fires late there).
-        #expect(ContinuousClock.now - started < .milliseconds(4500), "bounded by apple.timeout, not Apple's 6 s")
+        #expect(ContinuousClock.now - started < .seconds(8), "bounded by apple.timeout, not Apple's 10 s")
     }
 
     @Test("Apple down: sessions kept, then denied once outage_grace has passed")

@@ -37,7 +37,7 @@ final class SignInHarness: @unchecked Sendable {
 
     enum Store { case memory, redis }
 
-    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .milliseconds(250),
+    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(1),  // the suites share 2 cores; tests of the timeout pass their own
                       localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
                       assertion: Bool = false, clock: TestClock = TestClock(), configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"

@@ -283,7 +283,8 @@ struct RedisSessionEndToEndTests {
         let dataDirectory = NSTemporaryDirectory() + "sg-redis-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
         let process = try RedisServerProcess(arguments: ["--appendonly", "yes", "--appendfsync", "always", "--dir", dataDirectory])
-        let h = try await SignInHarness.start(store: .redis, redis: TestRedis(host: "127.0.0.1", port: 0, database: 0, process: process), localCacheTTL: .zero)
+        let h = try await SignInHarness.start(store: .redis, redis: TestRedis(host: "127.0.0.1", port: 0, database: 0, process: process),
+                                              storeTimeout: .milliseconds(250), localCacheTTL: .zero)
         defer { Task { await h.stop(); try? FileManager.default.removeItem(atPath: dataDirectory) } }
         let sub = h.simulator.createUser()
         let b = TestBrowser(gatewayOrigin: h.origin)

@@ -1,0 +1,32 @@
+# Sourced by every bench script: the release binary, a work directory, processes stopped at exit
+# (append background pids to PIDS), and nginx as the upstream (100-byte answers) plus the
+# `proxy_pass` baseline (1 worker, upstream keep-alive). Set WORK_NAME before sourcing.
+BIN=.build/release/sessiongate
+[ -x "$BIN" ] || { echo "build first: make release (make bench does)"; exit 1; }
+WORK=$(mktemp -d "/tmp/sessiongate-bench-${WORK_NAME:-run}.XXXXXX")
+PIDS=()
+cleanup() {
+  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+start_nginx() {  # upstream_port proxy_port
+  cat > "$WORK/nginx.conf" <<CONF
+worker_processes 1;
+daemon on;
+pid $WORK/nginx.pid;
+error_log $WORK/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream app { server 127.0.0.1:$1; keepalive 256; }
+  server { listen 127.0.0.1:$1; location / { return 200 "$(printf '%0100d' 0)"; } }
+  server { listen 127.0.0.1:$2; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+CONF
+  nginx -c "$WORK/nginx.conf" -p "$WORK"
+}
