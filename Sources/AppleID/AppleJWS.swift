@@ -18,6 +18,7 @@ public enum AppleTokenRejection: String, Error, Sendable, CaseIterable {
     case nonceMismatch = "nonce does not match"
     case claimType = "a boolean claim is neither true nor false"
     case events = "events is neither a JSON object nor a JSON string of one"
+    case stale = "issued longer ago than a notification may be acted on"
 
     /// Transient: Apple's keys could not be fetched; the caller should answer 503, not 401.
     public var isTransient: Bool { self == .keysUnavailable }

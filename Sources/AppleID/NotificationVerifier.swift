@@ -26,11 +26,17 @@ public struct AppleNotification: Sendable, Equatable {
 /// Apple sends it, or an object as Apple documents it.
 public struct NotificationVerifier: Sendable {
     private let core: AppleJWSVerifier
+    private let now: @Sendable () -> Int64
     /// Bound on the request body.
     public static let maximumBodyBytes = 64 * 1024
+    /// A notification issued longer ago than this is refused (400), with or without `exp`: Apple
+    /// sets `exp` = `iat` + 24 h in live traffic, and the `jti` is remembered for 7 days, so a
+    /// captured notification can never be replayed once deduplication has forgotten it.
+    public static let maximumAge: Int64 = 86_400
 
     public init(keySet: AppleKeySet, clientIDs: [String], leeway: Int64 = 5, now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) {
         core = AppleJWSVerifier(keySet: keySet, clientIDs: clientIDs, leeway: leeway, now: now)
+        self.now = now
     }
 
     public func verify(body: [UInt8]) async throws(AppleTokenRejection) -> AppleNotification {
@@ -38,6 +44,8 @@ public struct NotificationVerifier: Sendable {
               let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any],
               let payload = object["payload"] as? String else { throw .malformed }
         let verified = try await core.verify(payload, requireExpiry: false)
+        // `iat` is present: the core requires it.
+        if let iat = AppleJWSVerifier.seconds(verified.claims["iat"]), now() - iat > Self.maximumAge + core.leeway { throw .stale }
         let events: [String: Any]
         if let text = verified.claims["events"] as? String {
             guard let parsed = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] else { throw .events }

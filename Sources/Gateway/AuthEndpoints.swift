@@ -14,26 +14,36 @@ struct AuthEndpointGuard: RequestGuard {
     let auth: Authenticator
 
     static let maxFormBytes = 64 * 1024
+    /// The state-changing endpoints a browser could be tricked into posting to. Not the
+    /// callback (Apple's own cross-site POST, bound by state and the pre-auth cookie) and not
+    /// Apple's notifications (server to server, signed).
+    static let crossOriginChecked: Set<Substring> = ["/logout", "/revoke", "/native"]
 
     func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
         let endpoint = request.target.path.dropFirst(auth.prefix.count)
         let method = request.head.method
         let query = request.target.query.flatMap { FormBody.parse(Array($0.utf8)) } ?? [:]
         let head = request.head
+        if method == .POST, Self.crossOriginChecked.contains(endpoint),
+           !auth.origins.admits(origin: head.headers.first(name: "origin"), host: request.host) {
+            // A page on another origin (a sibling subdomain is one) must not sign a user out,
+            // disconnect them, or sign them in as someone else.
+            return .verdict(.respond(.error(.forbidden, "cross-origin request refused", close: true)))
+        }
         switch (endpoint, method) {
         case ("/sign-in", .GET), ("/sign-in", .HEAD):
             let rd = query["rd"].flatMap(auth.returnPolicy.validate) ?? "/"
             let message = query["message"]
             return .verdict(.respond(AuthResponses.html(.ok, AuthPages.signIn(loginURL: "\(auth.prefix)/login?rd=\(FormBody.escape(rd))", message: message))))
         case ("/login", .GET):
-            return login(rd: query["rd"], on: loop)
+            return login(rd: query["rd"], head: head, on: loop)
         case ("/callback", .POST):
             return .verdict(.collectBody(maxBytes: Self.maxFormBytes) { body in
                 loop.makeFutureWithTask { await callback(form: body, head: head, on: loop) }
             })
         case ("/native", .POST):
             return .verdict(.collectBody(maxBytes: Self.maxFormBytes) { body in
-                loop.makeFutureWithTask { await native(body: body, on: loop) }
+                loop.makeFutureWithTask { await native(body: body, head: head, on: loop) }
             })
         case ("/logout", .GET):
             return .verdict(.respond(AuthResponses.html(.ok, AuthPages.confirmSignOut(action: "\(auth.prefix)/logout"))))
@@ -89,21 +99,24 @@ struct AuthEndpointGuard: RequestGuard {
 
     /// Stores state and nonce server-side (10 minutes, single use), binds them to this browser
     /// with the pre-auth cookie, and sends the browser to Apple with `response_mode=form_post`.
-    private func login(rd: String?, on loop: any EventLoop) -> GuardDecision {
+    private func login(rd: String?, head: HTTPRequestHead, on loop: any EventLoop) -> GuardDecision {
         guard let apple = auth.apple else { return .verdict(.respond(Self.notConfigured())) }
         let returnTo = rd.flatMap(auth.returnPolicy.validate) ?? "/"
         let state = Self.randomToken()
         let nonce = Self.randomToken()
         let binding = Self.randomToken()
-        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding))
+        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.key)
         let future = auth.withDeadline(auth.store.putLogin(state: state, login, ttl: 600_000, on: loop), on: loop).map { _ -> Verdict in
             let query = FormBody.encode([
                 ("client_id", apple.webClientID), ("redirect_uri", auth.publicURL + auth.prefix + "/callback"),
                 ("response_type", "code id_token"), ("response_mode", "form_post"), ("scope", apple.scopes.joined(separator: " ")),
                 ("state", state), ("nonce", nonce),
             ])
+            // Any session cookie the browser holds is cleared now: a cookie planted before the
+            // login (fixation) never survives it; a real one is ended at the callback.
             return .respond(AuthResponses.redirect(.found, to: apple.baseURL + "/auth/authorize?" + query, headers: [
                 ("set-cookie", "\(auth.loginCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=600"),
+                auth.clearCookie(auth.cookieName),
             ]))
         }.recover { _ in
             .respond(AuthResponses.html(.serviceUnavailable, AuthPages.message(
@@ -177,6 +190,7 @@ struct AuthEndpointGuard: RequestGuard {
         }
         do {
             let created = try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get()
+            await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
             auth.metrics.recordSignIn(flow: "web", outcome: "ok")
             auth.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
             return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: [auth.sessionCookie(created.cookie), clearLogin])
@@ -189,7 +203,7 @@ struct AuthEndpointGuard: RequestGuard {
     // MARK: native sign-in
 
     /// `{identity_token, authorization_code, nonce?, user?}` → `{token, expires_at, user}`.
-    private func native(body: ByteBuffer, on loop: any EventLoop) async -> LocalResponse {
+    private func native(body: ByteBuffer, head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
         func fail(_ status: HTTPResponseStatus, _ error: String, _ message: String, outcome: String) -> LocalResponse {
             auth.metrics.recordSignIn(flow: "native", outcome: outcome)
             return AuthResponses.json(status, ["error": error, "message": message])
@@ -234,6 +248,7 @@ struct AuthEndpointGuard: RequestGuard {
         }
         do {
             let created = try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get()
+            await endReplaced(presentedSession(head), on: loop)
             auth.metrics.recordSignIn(flow: "native", outcome: "ok")
             auth.logger.info("signed in", metadata: ["flow": "native", "sub": "\(identity.subject)"])
             return AuthResponses.json(.ok, ["token": created.cookie, "expires_at": Self.iso8601(created.expiresAt), "user": Self.userJSON(created.user)],
@@ -241,6 +256,27 @@ struct AuthEndpointGuard: RequestGuard {
         } catch {
             auth.logger.warning("sign-in could not save the session", metadata: ["flow": "native", "error": "\(error)"])
             return fail(.serviceUnavailable, "store_unavailable", "the session store did not answer; retry", outcome: "store_unavailable")
+        }
+    }
+
+    // MARK: the session a sign-in replaces
+
+    /// The session a request presents (cookie or bearer, signature valid), live or not.
+    private func presentedSession(_ head: HTTPRequestHead) -> SessionHandle? {
+        guard case .value(let value) = auth.credential(head.headers) else { return nil }
+        return auth.keys.handle(forCookie: value)
+    }
+
+    /// A new sign-in ends the session the browser or app had: one browser, one session. A
+    /// store failure here is logged and does not fail the sign-in that already succeeded.
+    private func endReplaced(_ handle: SessionHandle?, on loop: any EventLoop) async {
+        guard let handle else { return }
+        do {
+            guard let stored = try await auth.withDeadline(auth.store.load(handle, on: loop), on: loop).get() else { return }
+            try await auth.endSession(handle, sub: stored.session.sub, on: loop).get()
+            auth.metrics.recordSessionEnded(reason: "replaced")
+        } catch {
+            auth.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])
         }
     }
 

@@ -60,7 +60,14 @@ final class Authenticator: Sendable {
     let metrics: GatewayMetrics
     /// Daily re-validation with Apple (when `apple:` is configured).
     let revalidator: Revalidator?
-    private let weakSelf = NIOLockedValueBox(WeakAuthenticator())
+    private let weakSelf: NIOLockedValueBox<WeakAuthenticator>
+    /// Open WebSocket tunnels, ended when their session is.
+    let tunnels = TunnelRegistry()
+    /// Who may post to the state-changing endpoints (`server.public_url`, `server.allowed_origins`,
+    /// the request's own host).
+    let origins: OriginPolicy
+    /// Where background checks (tunnels after an invalidation) run.
+    private let backgroundLoop: any EventLoop
     let logger: Logger
     private let redis: RedisClient?
     private let httpClient: HTTPClient?
@@ -75,6 +82,10 @@ final class Authenticator: Sendable {
     /// Reads the secrets and connects nothing yet (Redis connects on first use).
     init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
          now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
+        let weak = NIOLockedValueBox(WeakAuthenticator())
+        weakSelf = weak
+        backgroundLoop = group.next()
+        origins = GatewayService.origins(c)
         let secret: [UInt8]
         if let reference = c.session.secretFile {
             secret = try reference.read(key: "session.secret_file")
@@ -94,7 +105,10 @@ final class Authenticator: Sendable {
             store = RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix)
             subscriber = try RedisSubscriber(
                 configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
-                onMessage: { _, payload in Self.applyInvalidation(payload, to: cache, metrics: metrics) },
+                onMessage: { _, payload in
+                    Self.applyInvalidation(payload, to: cache, metrics: metrics)
+                    weak.withLockedValue { $0.value }?.recheckTunnels(payload)
+                },
                 onConnected: {
                     // Messages may have been missed while disconnected.
                     cache.flush()
@@ -147,7 +161,6 @@ final class Authenticator: Sendable {
         self.metrics = metrics
         self.logger = logger
         if let apple, let a = c.apple {
-            let weak = weakSelf
             revalidator = Revalidator(
                 apple: apple, store: store, keys: keys, after: Self.milliseconds(a.revalidateAfter), grace: Self.milliseconds(a.revalidateGrace),
                 outageGrace: Self.milliseconds(a.outageGrace), appleTimeout: Self.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
@@ -199,6 +212,18 @@ final class Authenticator: Sendable {
             }
         }
         return found
+    }
+
+    /// Whether `Authorization: Bearer` carries one of our session tokens (signature valid): then it
+    /// is the gateway's credential and never reaches the app.
+    func carriesSessionBearer(_ headers: HTTPHeaders) -> Bool {
+        for (name, value) in headers where HeaderName.equals(name, "authorization") {
+            let v = value.drop { $0 == " " }
+            if v.utf8.count > 7, HeaderName.equals(String(v.prefix(7)), "bearer ") {
+                return keys.handle(forCookie: v.dropFirst(7).drop { $0 == " " }) != nil
+            }
+        }
+        return false
     }
 
     /// Calls `body` with the value of every `name=value` pair in a `Cookie` header whose name
@@ -383,6 +408,7 @@ final class Authenticator: Sendable {
         return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
             self.cache.invalidate(sub: sub)
             self.publish("user \(sub)", on: loop)
+            self.recheckTunnels(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source.rawValue)
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
             return count
@@ -400,6 +426,32 @@ final class Authenticator: Sendable {
         cache.invalidate(handle)
         return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
             self.publish("session \(handle.key)", on: loop)
+            self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
+        }
+    }
+
+    /// After an invalidation message: the tunnels it names are checked.
+    func recheckTunnels(_ payload: [UInt8]) {
+        guard tunnels.count > 0 else { return }
+        let text = String(decoding: payload, as: UTF8.self)
+        if text.hasPrefix("user ") {
+            recheckTunnels(tunnels.tunnels(of: String(text.dropFirst(5))))
+        } else if text.hasPrefix("session ") {
+            recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
+        }
+    }
+
+    /// Ends each tunnel whose session is gone, revoked or expired. A store that does not answer
+    /// ends nothing (a dependency failure never ends a session).
+    private func recheckTunnels(_ entries: [TunnelRegistry.Entry]) {
+        let loop = backgroundLoop
+        for entry in entries {
+            withDeadline(store.load(entry.handle, on: loop), on: loop).whenSuccess { stored in
+                guard let stored, self.isLive(stored, now: self.now()) else {
+                    self.logger.info("WebSocket tunnel closed: its session ended")
+                    return entry.lease.end()
+                }
+            }
         }
     }
 

@@ -58,7 +58,7 @@ public final class GatewayService: Service, Sendable {
             listen: c.server.listen,
             timeouts: .init(upstreamConnect: .init(c.server.timeouts.upstreamConnect),
                             upstreamResponse: .init(c.server.timeouts.upstreamResponse),
-                            idle: .init(c.server.timeouts.idle)),
+                            idle: .init(c.server.timeouts.idle), requestBody: .init(c.server.timeouts.requestBody)),
             limits: c.server.limits)
     }
 
@@ -80,7 +80,8 @@ public final class GatewayService: Service, Sendable {
                 throw UnresolvableUpstream(route: route.name, host: route.upstream.host)
             }
             return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
-                              requestGuard: SessionGuard(auth: auth, route: route))
+                              requestGuard: SessionGuard(auth: auth, route: route),
+                              maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace)
         }
         // The endpoints answer locally; their upstream address is never dialled.
         let endpoints = AuthEndpointGuard(auth: auth)
@@ -89,8 +90,14 @@ public final class GatewayService: Service, Sendable {
             ProxyRoute(name: "auth", host: host, pathPrefix: c.server.authPrefix + "/", upstream: UpstreamAddress(host: "127.0.0.1", port: 9),
                        requestGuard: endpoints)
         }
-        return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all, trustedProxies: c.server.trustedProxies,
-                               hiddenCookies: [auth.cookieName, auth.loginCookieName])
+        return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all, identityPrefix: c.identity.headerPrefix,
+                               trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName],
+                               origins: origins(c))
+    }
+
+    /// Who may open WebSockets and post to the gateway's endpoints besides the request's own host.
+    static func origins(_ c: GatewayConfiguration) -> OriginPolicy {
+        OriginPolicy(allowedOrigins: (c.server.publicURL.map { [$0] } ?? []) + c.server.allowedOrigins)
     }
 
     /// The bound public address once running (tests listen on port 0).

@@ -17,8 +17,13 @@ struct SessionGuard: RequestGuard {
         self.allow = AllowList(route.allow)
     }
 
+    /// `Authorization` when it carried our session token: a live credential in every app log.
+    private static let bearer = ["authorization"]
+
     func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
-        if route.auth == .public { return .verdict(.forward) }
+        if route.auth == .public {
+            return .verdict(auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
+        }
         switch auth.lookup(request.head.headers, on: loop) {
         case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
         case .later(let future): return .pending(future.map { verdict($0, request, on: loop) })
@@ -33,11 +38,13 @@ struct SessionGuard: RequestGuard {
                 return .respond(AuthResponses.forbidden(request.head, signOutURL: auth.prefix + "/logout"))
             }
             auth.metrics.recordAdmission(.session)
-            return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop))
+            return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop),
+                            removeHeaders: auth.carriesSessionBearer(request.head.headers) ? Self.bearer : [],
+                            tunnel: request.isWebSocketUpgrade ? auth.tunnels.open(handle: handle, sub: cached.stored.session.sub) : nil)
         case .anonymous, .invalid:
             if route.auth == .optional {
                 auth.metrics.recordAdmission(.anonymous)
-                return .forward
+                return auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
             }
             auth.metrics.recordAdmission(.unauthenticated)
             return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))

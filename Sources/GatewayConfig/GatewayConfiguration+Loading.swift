@@ -78,7 +78,8 @@ extension GatewayConfiguration {
 
     private mutating func readServer(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard let s = r.section(root.values["server"], path: "server", keys: [
-            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "allowed_redirect_hosts", "tls", "access_log", "timeouts", "limits",
+            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "allowed_redirect_hosts", "allowed_origins", "tls", "access_log", "timeouts",
+            "limits",
         ]) else { return }
         if let text = r.string(s, "listen") {
             if let v = ListenAddress.parse(text) { server.listen = v }
@@ -111,17 +112,22 @@ extension GatewayConfiguration {
                   !body.hasPrefix("."), !body.hasSuffix("."), !body.contains("..") else { return nil }
             return host
         }) { server.allowedRedirectHosts = v }
+        if let v = r.list(s, "allowed_origins", what: "an origin like https://app.example.com (scheme and host, no path)", parse: Self.parseOrigin) {
+            server.allowedOrigins = v
+        }
         if let tls = r.section(s.values["tls"], path: s.child("tls"), keys: ["certificate_file", "private_key_file"]), !tls.values.isEmpty {
             r.report(s.child("tls"), s.values["tls"]?.mark, "TLS termination is not available in this version; terminate TLS in front of SessionGate (load balancer, nginx) and remove server.tls")
         }
         if let v = r.enumeration(s, "access_log", as: AccessLogFormat.self) { server.accessLog = v }
-        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown"]) {
+        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown", "request_body"]) {
+            if let v = r.duration(t, "request_body") { server.timeouts.requestBody = v }
             if let v = r.duration(t, "upstream_connect") { server.timeouts.upstreamConnect = v }
             if let v = r.duration(t, "upstream_response") { server.timeouts.upstreamResponse = v }
             if let v = r.duration(t, "idle") { server.timeouts.idle = v }
             if let v = r.duration(t, "shutdown", atLeast: .zero) { server.timeouts.shutdown = v }
         }
-        if let l = r.section(s.values["limits"], path: s.child("limits"), keys: ["max_header_bytes", "max_header_count"]) {
+        if let l = r.section(s.values["limits"], path: s.child("limits"), keys: ["max_header_bytes", "max_header_count", "max_body_bytes"]) {
+            if let v = r.int(l, "max_body_bytes", range: 0...Int(Int64.max)) { server.limits.maxBodyBytes = v }
             if let v = r.int(l, "max_header_bytes", range: 1024...(1 << 20)) { server.limits.maxHeaderBytes = v }
             if let v = r.int(l, "max_header_count", range: 8...1000) { server.limits.maxHeaderCount = v }
         }
@@ -212,7 +218,12 @@ extension GatewayConfiguration {
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers"]) else { return }
+        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix"]) else { return }
+        if let v = r.string(s, "header_prefix") {
+            // A prefix of a header name: a token, and long enough not to swallow ordinary headers.
+            if v.isEmpty || (Self.isToken(v) && v.count >= 3) { identity.headerPrefix = v }
+            else { r.report(s.child("header_prefix"), r.mark(s, "header_prefix"), "'\(v)' is not a header-name prefix like X-Auth- (at least 3 characters; empty turns it off)") }
+        }
         if let a = r.section(s.values["assertion"], path: s.child("assertion"), keys: ["enabled", "key_file", "ttl"]) {
             if let v = r.bool(a, "enabled") { identity.assertion.enabled = v }
             if let v = r.string(a, "key_file") {
@@ -251,7 +262,9 @@ extension GatewayConfiguration {
         var seenMatches: [String: Int] = [:]
         for (index, node) in list.enumerated() {
             let path = "routes[\(index)]"
-            guard let s = r.section(node, path: path, keys: ["name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated"]) else { continue }
+            guard let s = r.section(node, path: path, keys: [
+                "name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated", "max_body_bytes", "allow_trace",
+            ]) else { continue }
             let name = r.string(s, "name") ?? ""
             if s.values["name"] == nil { r.report(s.child("name"), s.mark, "is required") }
             else if name.isEmpty || !name.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) {
@@ -262,8 +275,11 @@ extension GatewayConfiguration {
 
             var host: String? = nil
             if let v = r.string(s, "host") {
-                let lower = v.lowercased()
-                let ok = !lower.isEmpty && lower.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-") }
+                // Normalized as requests' hosts are: lower case, one trailing dot removed.
+                var lower = v.lowercased()
+                if lower.hasSuffix(".") { lower.removeLast() }
+                let ok = !lower.isEmpty && lower.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-" || $0 == "_") }
+                    && !lower.hasPrefix(".") && !lower.contains("..")
                 if ok { host = lower } else { r.report(s.child("host"), r.mark(s, "host"), "'\(v)' is not a host name (no port, no scheme)") }
             }
             var prefix = "/"
@@ -300,8 +316,13 @@ extension GatewayConfiguration {
             if let first = seenMatches[matchKey] {
                 r.report(s.child("path_prefix"), r.mark(s, "path_prefix"), "routes[\(first)] already matches host \(host ?? "(any)") and path_prefix \(prefix)")
             } else { seenMatches[matchKey] = index }
+            let maxBody = r.int(s, "max_body_bytes", range: 0...Int(Int64.max))
+            let allowTrace = r.bool(s, "allow_trace") ?? false
             if let upstream {
-                routes.append(Route(name: name, host: host, pathPrefix: prefix, upstream: upstream, auth: auth, allow: allow, unauthenticated: unauthenticated))
+                var route = Route(name: name, host: host, pathPrefix: prefix, upstream: upstream, auth: auth, allow: allow, unauthenticated: unauthenticated)
+                route.maxBodyBytes = maxBody
+                route.allowTrace = allowTrace
+                routes.append(route)
             }
         }
     }

@@ -30,6 +30,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Hosts `rd` may send users to after sign-in besides our own origin and the routes'
         /// hosts: exact names, or `.example.com` for any subdomain.
         public var allowedRedirectHosts: [String] = []
+        /// Origins besides `public_url` and the request's own host that may open WebSockets and
+        /// post to the gateway's state-changing endpoints (`https://app.example.com`).
+        public var allowedOrigins: [String] = []
         public var accessLog: AccessLogFormat = .text
         public var timeouts = Timeouts()
         public var limits = Limits()
@@ -49,6 +52,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var idle: Duration = .seconds(60)
         /// How long SIGTERM waits for in-flight requests.
         public var shutdown: Duration = .seconds(30)
+        /// A request body must arrive completely within this time of the request head; then
+        /// 408 (or the connection is aborted if the upstream already answered).
+        public var requestBody: Duration = .seconds(60)
         public init() {}
     }
 
@@ -57,6 +63,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var maxHeaderBytes = 16 * 1024
         /// Number of header fields; beyond it: 431.
         public var maxHeaderCount = 100
+        /// Largest request body forwarded to an upstream, in bytes; beyond it: 413. 0: no limit
+        /// (routes may set their own `max_body_bytes`).
+        public var maxBodyBytes = 0
         public init() {}
     }
 
@@ -94,6 +103,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
     public struct Identity: Sendable, Equatable {
         public var assertion = Assertion()
         public var headers = IdentityHeaderNames()
+        /// Every client header under this prefix is removed (any case, `_` or `-`), not only the
+        /// configured names. Empty: only the configured names.
+        public var headerPrefix = "X-Auth-"
         public init() {}
 
         public struct Assertion: Sendable, Equatable {
@@ -113,6 +125,10 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var auth: AuthMode
         public var allow: Allow
         public var unauthenticated: UnauthenticatedAction
+        /// Overrides `server.limits.max_body_bytes` for this route (0: no limit).
+        public var maxBodyBytes: Int? = nil
+        /// Forward `TRACE` (otherwise 405).
+        public var allowTrace = false
 
         public init(
             name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,

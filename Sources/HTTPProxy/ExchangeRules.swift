@@ -50,9 +50,13 @@ enum ExchangeRules {
     /// endpoints, until it is complete); once the request is complete, only
     /// until one pipelined part is queued (so buffering stays bounded by a single read, and the
     /// connection's read interest is not toggled per request).
-    static func shouldReadClient(phase: Phase, quiescing: Bool, requestEnded: Bool, pipelinedEmpty: Bool, upstreamWritable: Bool) -> Bool {
+    /// Between requests, only while the client takes our responses (`clientWritable`): the
+    /// gateway's own answers are not paced by an upstream, so a client pipelining requests
+    /// without reading would otherwise pile responses up in memory.
+    static func shouldReadClient(phase: Phase, quiescing: Bool, requestEnded: Bool, pipelinedEmpty: Bool, upstreamWritable: Bool,
+                                 clientWritable: Bool = true) -> Bool {
         switch phase {
-        case .idle: return !quiescing
+        case .idle: return !quiescing && clientWritable
         case .collecting: return !requestEnded
         case .awaitingVerdict, .connecting, .closed: return false
         case .forwarding: return requestEnded ? pipelinedEmpty : upstreamWritable

@@ -20,12 +20,12 @@ public enum HTTPWire {
         buffer.writeStaticString("\r\n")
     }
 
-    /// Whether a value may go on the wire: no CR, LF or NUL (names and emails come from tokens
-    /// and users; `docs/security.md`, *Identity headers*).
+    /// Whether a value may go on the wire: no control character but HTAB (RFC 9110 §5.5), so
+    /// it can neither split nor end a header, nor carry bytes an app's parser reads differently
+    /// (names and emails come from tokens and users; `docs/security.md`, *Identity headers*).
     @inline(__always)
-    /// No CR, LF or NUL: the value cannot split or end a header.
     public static func isSafeValue(_ value: String) -> Bool {
-        !value.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 }
+        !value.utf8.contains { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7f }
     }
 
     /// A complete response the gateway answers itself, as bytes.

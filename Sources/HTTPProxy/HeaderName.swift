@@ -15,6 +15,25 @@ public enum HeaderName {
         return true
     }
 
+    /// `equals` for a slice of a value (a trimmed token).
+    static func equals(_ name: Substring, _ lower: String) -> Bool {
+        guard name.utf8.count == lower.utf8.count else { return false }
+        return zip(name.utf8, lower.utf8).allSatisfy { ($0 | 0x20) == $1 }
+    }
+
+    /// Whether `name`, folded like `equalsNormalized`, starts with `normalizedLower`.
+    @inline(__always)
+    static func hasNormalizedPrefix(_ name: String, _ normalizedLower: String) -> Bool {
+        guard name.utf8.count >= normalizedLower.utf8.count else { return false }
+        var a = name.utf8.makeIterator()
+        for l in normalizedLower.utf8 {
+            guard let b = a.next() else { return false }
+            let folded = b == UInt8(ascii: "_") ? UInt8(ascii: "-") : b | 0x20
+            guard folded == l else { return false }
+        }
+        return true
+    }
+
     /// Equality after folding case and `_` to `-` (how identity-header spellings are compared).
     @inline(__always)
     static func equalsNormalized(_ name: String, _ normalizedLower: String) -> Bool {

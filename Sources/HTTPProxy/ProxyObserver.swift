@@ -8,6 +8,8 @@ public enum UpstreamErrorKind: String, Sendable, CaseIterable {
     case closedBeforeResponse = "closed_before_response"
     case resetDuringResponse = "reset_during_response"
     case idleTimeout = "idle_timeout"
+    /// A response head the gateway will not relay (ambiguous `Transfer-Encoding`): 502.
+    case invalidResponse = "invalid_response"
 }
 
 /// One completed (or abandoned) exchange, for the access log and metrics.

@@ -16,11 +16,16 @@ public struct ProxyConfiguration: Sendable {
         public var upstreamConnect: TimeAmount
         public var upstreamResponse: TimeAmount
         public var idle: TimeAmount
+        /// A request body must arrive completely within this time of its head (nginx's
+        /// `client_body_timeout` measures only gaps, so one byte per gap kept it open forever).
+        public var requestBody: TimeAmount
 
-        public init(upstreamConnect: TimeAmount = .seconds(5), upstreamResponse: TimeAmount = .seconds(60), idle: TimeAmount = .seconds(60)) {
+        public init(upstreamConnect: TimeAmount = .seconds(5), upstreamResponse: TimeAmount = .seconds(60), idle: TimeAmount = .seconds(60),
+                    requestBody: TimeAmount = .seconds(60)) {
             self.upstreamConnect = upstreamConnect
             self.upstreamResponse = upstreamResponse
             self.idle = idle
+            self.requestBody = requestBody
         }
     }
 
@@ -36,15 +41,21 @@ public final class RoutingSnapshot: Sendable {
     public let table: RouteTable
     let rules: RequestHeaderRules
     let trustedProxies: [CIDR]
+    let origins: OriginPolicy
 
     /// - Parameters:
     ///   - identityHeaders: header names removed from every client request, in any spelling.
+    ///   - identityPrefix: every client header under this prefix is removed too (`X-Auth-`).
     ///   - trustedProxies: peers whose `X-Forwarded-*` and `X-Request-Id` are kept.
-    ///   - hiddenCookies: cookie names removed from every `Cookie` header sent upstream.
-    public init(routes: [ProxyRoute], identityHeaders: [String], trustedProxies: [CIDR], hiddenCookies: [String] = []) {
+    ///   - hiddenCookies: cookie names removed from every `Cookie` header sent upstream and
+    ///     from every upstream `Set-Cookie`.
+    ///   - origins: who may open a WebSocket.
+    public init(routes: [ProxyRoute], identityHeaders: [String], identityPrefix: String = "", trustedProxies: [CIDR], hiddenCookies: [String] = [],
+                origins: OriginPolicy = .sameHost) {
         self.table = RouteTable(routes)
-        self.rules = RequestHeaderRules(identityHeaders: identityHeaders, hiddenCookies: hiddenCookies)
+        self.rules = RequestHeaderRules(identityHeaders: identityHeaders, identityPrefix: identityPrefix, hiddenCookies: hiddenCookies)
         self.trustedProxies = trustedProxies
+        self.origins = origins
     }
 }
 

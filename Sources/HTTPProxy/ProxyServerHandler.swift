@@ -42,6 +42,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var retried = false
         /// The request went to the upstream (not answered by the gateway itself).
         var forwarded = false
+        /// Request body bytes received so far, and the route's bound on them (0: none).
+        var bodyBytes = 0
+        var maxBodyBytes = 0
+        /// The rules of the routing snapshot this request was admitted under.
+        var rules: RequestHeaderRules? = nil
+        /// A WebSocket handshake's lease: attached on upgrade, finished otherwise.
+        var tunnel: TunnelLease? = nil
     }
 
     private let shared: ProxyShared
@@ -63,6 +70,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var idSeed: UInt64 = 0
     private var lastActivity: NIODeadline = .now()
     private var responseDeadline: NIODeadline? = nil
+    /// While a request body is arriving: when it must be complete (`timeouts.request_body`).
+    private var bodyDeadline: NIODeadline? = nil
+    /// A decoder error behind a request still being answered: answered (400/431, close) once
+    /// everything before it has been (a valid request followed by junk gets its own response).
+    private var deferredError: LocalResponse? = nil
     private var timer: Scheduled<Void>? = nil
     private var timerDeadline: NIODeadline = .distantFuture
     private var inReadBurst = false
@@ -109,6 +121,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         phase = .closed
         generation &+= 1
         timer?.cancel()
+        exchange.tunnel?.finish()
         shared.observer.clientConnectionClosed()
         context.fireChannelInactive()
     }
@@ -127,7 +140,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { upstream?.clientBecameWritable() }
+        if context.channel.isWritable {
+            upstream?.clientBecameWritable()
+            resumeReading()
+        }
         context.fireChannelWritabilityChanged()
     }
 
@@ -142,11 +158,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             context.close(promise: nil)
             return
         }
-        if phase == .idle {
-            exchange = Exchange()
-            exchange.requestID = nextRequestID()
-        }
-        if let upstream { upstream.close(); self.upstream = nil }
         let status: HTTPResponseStatus
         let reason: String
         if (error as? HTTPParserError) == .headerOverflow || error is ByteToMessageDecoderError.PayloadTooLargeError {
@@ -156,8 +167,20 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             status = .badRequest
             reason = "malformed HTTP request"
         }
+        let response = LocalResponse.error(status, reason, close: true)
+        if status == .badRequest, phase != .idle, exchange.requestEnded {
+            // The junk follows a complete request: that request is answered first (the decoder
+            // delivers nothing more, so nothing else can come in between).
+            if deferredError == nil { deferredError = response }
+            return
+        }
+        if phase == .idle {
+            exchange = Exchange()
+            exchange.requestID = nextRequestID()
+        }
+        if let upstream { upstream.close(); self.upstream = nil }
         generation &+= 1
-        respondLocal(.error(status, reason, close: true))
+        respondLocal(response)
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -182,8 +205,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private var wantsRead: Bool {
-        ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: exchange.requestEnded,
-                                       pipelinedEmpty: pipelined.isEmpty, upstreamWritable: upstream?.isWritable ?? false)
+        // After a decoder error nothing more can be parsed: stop reading.
+        deferredError == nil && ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: exchange.requestEnded,
+                                       pipelinedEmpty: pipelined.isEmpty, upstreamWritable: upstream?.isWritable ?? false,
+                                       clientWritable: context.channel.isWritable)
     }
 
     private func resumeReading() {
@@ -207,7 +232,17 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private func requestPart(_ part: HTTPServerRequestPart) {
-        if case .end = part { exchange.requestEnded = true }
+        switch part {
+        case .end:
+            exchange.requestEnded = true
+            bodyDeadline = nil
+        case .body(let buffer):
+            exchange.bodyBytes += buffer.readableBytes
+            if exchange.maxBodyBytes > 0, exchange.bodyBytes > exchange.maxBodyBytes {
+                return requestFailed(.payloadTooLarge, "request body larger than \(exchange.maxBodyBytes) bytes")
+            }
+        case .head: break
+        }
         switch phase {
         case .awaitingVerdict, .connecting:
             buffered.append(part)
@@ -217,8 +252,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             guard let upstream else { return }
             switch part {
             case .body(let buffer): upstream.write(.body(.byteBuffer(buffer)))
-            case .end(let trailers):
-                upstream.write(.end(trailers))
+            case .end:
+                // Request trailers are dropped: servers that merge them into the headers would
+                // see fields (an identity header) the rules never checked.
+                upstream.write(.end(nil))
                 startResponseDeadline()
             case .head: break
             }
@@ -229,6 +266,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func startExchange(_ head: HTTPRequestHead) {
         generation &+= 1
+        bodyDeadline = nil
         // Parts of the previous request that arrived while its verdict was pending and that
         // request was answered locally: they must never be replayed into this one.
         buffered.removeAll(keepingCapacity: true)
@@ -247,6 +285,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         switch snapshot.rules.inspect(head, peerTrusted: trusted) {
         case .success(let value): inbound = value
         case .failure(.badRequest(let reason)): return respondLocal(.error(.badRequest, reason, close: true))
+        case .failure(.expectationFailed): return respondLocal(.error(.expectationFailed, "only Expect: 100-continue is supported", close: true))
         }
         exchange.requestHasBody = inbound.framing != .none
         exchange.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
@@ -267,12 +306,26 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard let route = snapshot.table.match(host: inbound.host, path: target.path) else {
             return respondLocal(.error(.notFound, "no route for this host and path"))
         }
+        if head.method == .TRACE, !route.allowTrace {
+            return respondLocal(LocalResponse(status: .methodNotAllowed, headers: [("content-type", "text/plain; charset=utf-8")],
+                                              body: ByteBuffer(string: "405 Method Not Allowed: TRACE is not forwarded on this route\n")))
+        }
+        if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.headers.first(name: "origin"), host: inbound.host) {
+            return respondLocal(.error(.forbidden, "cross-origin WebSocket handshake refused", close: true))
+        }
+        exchange.maxBodyBytes = route.maxBodyBytes
+        if route.maxBodyBytes > 0, case .contentLength(let length) = inbound.framing, length > route.maxBodyBytes {
+            return respondLocal(.error(.payloadTooLarge, "request body larger than \(route.maxBodyBytes) bytes", close: true))
+        }
+        if exchange.requestHasBody, !exchange.requestEnded { startBodyDeadline() }
         exchange.route = route
         exchange.inbound = inbound
         exchange.target = target
+        exchange.rules = snapshot.rules
         phase = .awaitingVerdict
         let decision = route.requestGuard.admit(
-            GuardRequest(head: head, target: target, routeName: route.name, clientAddress: remoteAddress), on: context.eventLoop)
+            GuardRequest(head: head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
+                         isWebSocketUpgrade: inbound.isWebSocketUpgrade), on: context.eventLoop)
         switch decision {
         case .verdict(let verdict):
             apply(verdict)
@@ -302,16 +355,18 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             buffered.removeAll()
             for part in parts where phase == .collecting { collect(part) }
             resumeReading()
-        case .forward(let addHeaders):
+        case .forward(let addHeaders, let removeHeaders, let tunnel):
             guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
+            exchange.tunnel = tunnel
             exchange.forwarded = true
             // Hold the header list in one place only, so adding to it does not copy it.
             exchange.inbound = nil
             var headers = inbound.upstreamHeaders
             inbound.upstreamHeaders = [:]
+            for name in removeHeaders { headers.remove(name: name) }
             headers.add(name: "X-Forwarded-For", value: inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString)
             headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? "http")
-            if let host = inbound.forwardedHost ?? inbound.host { headers.add(name: "X-Forwarded-Host", value: host) }
+            if let host = inbound.host?.authority { headers.add(name: "X-Forwarded-Host", value: host) }
             if inbound.host == nil { headers.add(name: "Host", value: route.upstream.description) }
             headers.add(name: "X-Request-Id", value: exchange.requestID)
             for (name, value) in addHeaders where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
@@ -397,8 +452,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         while let part = buffered.popFirst() {
             switch part {
             case .body(let buffer): connection.write(.body(.byteBuffer(buffer)))
-            case .end(let trailers):
-                connection.write(.end(trailers))
+            case .end:
+                connection.write(.end(nil))
                 startResponseDeadline()
             case .head: break
             }
@@ -406,6 +461,22 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         // Inside a read burst, channelReadComplete flushes once for the whole burst.
         if !inReadBurst { connection.flush() }
         resumeReading()
+    }
+
+    /// The request failed while its body was arriving (too large, too slow): answered with
+    /// `status` and closed if no response byte went out yet; otherwise the connection is aborted.
+    private func requestFailed(_ status: HTTPResponseStatus, _ reason: String) {
+        bodyDeadline = nil
+        collector = nil
+        if let upstream { upstream.close(); self.upstream = nil }
+        generation &+= 1
+        guard !exchange.responseStarted else {
+            record(aborted: true)
+            phase = .closed
+            context.close(promise: nil)
+            return
+        }
+        respondLocal(.error(status, reason, close: true))
     }
 
     private func upstreamFailure(_ kind: UpstreamErrorKind, _ status: HTTPResponseStatus, _ reason: String) {
@@ -466,6 +537,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             upstream = nil
             return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream switched protocols unasked")
         }
+        if head.status.code < 100 || head.status.code > 599 {
+            // Not a status HTTP defines: the gateway cannot know how the message is framed.
+            upstream?.close()
+            upstream = nil
+            return upstreamFailure(.invalidResponse, .badGateway, "upstream answered with an invalid status")
+        }
         if head.status.code < 200 {
             // Interim (100 Continue, 103): pass on to HTTP/1.1 clients.
             guard exchange.clientVersion.minor >= 1 else { return }
@@ -475,20 +552,34 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             context.write(wrapOutboundOut(buffer), promise: nil)
             return
         }
-        responseDeadline = nil
-        exchange.responseStarted = true
-        exchange.status = Int(head.status.code)
         var hasContentLength = false
         var connectionTokens: [String] = []
         var hasRequestID = false
+        var transferEncodings = 0
+        var dropsCookie = false
         for (name, value) in head.headers {
             switch RequestHeaderRules.classify(name) {
             case .connection: connectionTokens += HeaderName.tokens(value)
             case .contentLength: hasContentLength = true
             case .requestID: hasRequestID = true
+            case .transferEncoding:
+                transferEncodings += 1
+                if !HeaderName.equals(value, "chunked") { transferEncodings += 1 }
+            case .other:
+                if HeaderName.equals(name, "set-cookie"), exchange.rules?.setsHiddenCookie(value) == true { dropsCookie = true }
             default: break
             }
         }
+        if transferEncodings > 1 || (transferEncodings > 0 && hasContentLength) {
+            // A response framing the gateway would relay differently than the app meant (nginx
+            // answers 502 too): the connection is not reused.
+            upstream?.close()
+            upstream = nil
+            return upstreamFailure(.invalidResponse, .badGateway, "upstream response framing is ambiguous")
+        }
+        responseDeadline = nil
+        exchange.responseStarted = true
+        exchange.status = Int(head.status.code)
         exchange.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: head.version, connectionTokens: connectionTokens)
         exchange.framing = ExchangeRules.responseFraming(requestMethod: exchange.method, status: exchange.status,
                                                          hasContentLength: hasContentLength, clientVersion: exchange.clientVersion)
@@ -502,7 +593,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             switch RequestHeaderRules.classify(name) {
             case .connection, .upgrade, .hopByHop, .transferEncoding: continue
             case .contentLength: if exchange.status == 204 { continue }
-            case .other: if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
+            case .other:
+                if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
+                // The app may not set the gateway's own cookies (session fixation).
+                if dropsCookie, HeaderName.equals(name, "set-cookie"), exchange.rules?.setsHiddenCookie(value) == true { continue }
             default: break
             }
             HTTPWire.writeHeader(name, value, into: &buffer)
@@ -587,6 +681,14 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         // Parts replayed from the queue were written outside a client read burst.
         if phase == .forwarding, !inReadBurst { upstream?.flush() }
+        if phase == .idle, pipelined.isEmpty, let error = deferredError {
+            // Everything before the junk is answered: now the junk.
+            deferredError = nil
+            exchange = Exchange()
+            exchange.requestID = nextRequestID()
+            drainingPipeline = false
+            respondLocal(error)
+        }
     }
 
     // MARK: local responses
@@ -652,11 +754,14 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         for (name, value) in head.headers {
             switch RequestHeaderRules.classify(name) {
             case .hopByHop, .transferEncoding, .contentLength: continue
+            case .other where HeaderName.equals(name, "set-cookie") && exchange.rules?.setsHiddenCookie(value) == true: continue
             default: HTTPWire.writeHeader(name, value, into: &buffer)
             }
         }
         buffer.writeStaticString("\r\n")
         context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        let tunnel = exchange.tunnel
+        exchange.tunnel = nil
         record(aborted: false)
         phase = .closed
         upstream = nil
@@ -678,6 +783,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             // glue takes over reading on both sides from here.
             clientChannel.read()
             upstreamChannel.read()
+            tunnel?.attach([clientChannel, upstreamChannel])
         } catch {
             upstreamChannel.close(promise: nil)
             context.close(promise: nil)
@@ -687,6 +793,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     // MARK: bookkeeping
 
     private func record(aborted: Bool) {
+        if let tunnel = exchange.tunnel {
+            // The exchange ended without becoming a tunnel.
+            exchange.tunnel = nil
+            tunnel.finish()
+        }
         let duration = NIODeadline.now().uptimeNanoseconds - exchange.start.uptimeNanoseconds
         shared.observer.exchangeCompleted(ExchangeRecord(
             method: exchange.method.rawValue, path: exchange.path, status: exchange.status,
@@ -715,6 +826,16 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         timer = context.eventLoop.scheduleTask(deadline: timerDeadline) { this.value.timerFired() }
     }
 
+    /// A request body is expected: it has `request_body` to arrive completely.
+    private func startBodyDeadline() {
+        let deadline = NIODeadline.now() + shared.timeouts.requestBody
+        bodyDeadline = deadline
+        if deadline < timerDeadline {
+            timer?.cancel()
+            armTimer(in: shared.timeouts.requestBody)
+        }
+    }
+
     /// The request is fully sent: the upstream now has `upstream_response` to answer.
     private func startResponseDeadline() {
         let deadline = NIODeadline.now() + shared.timeouts.upstreamResponse
@@ -734,6 +855,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             upstream = nil
             upstreamFailure(.responseTimeout, .gatewayTimeout, "upstream did not respond in time")
             if phase == .closed { return }
+        }
+        if let deadline = bodyDeadline, deadline <= now, !exchange.requestEnded {
+            return requestFailed(.requestTimeout, "the request body did not arrive within server.timeouts.request_body")
         }
         let idleDeadline = lastActivity + shared.timeouts.idle
         if idleDeadline <= now {
@@ -768,6 +892,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         var next = idleDeadline
         if let deadline = responseDeadline, deadline < next { next = deadline }
+        if let deadline = bodyDeadline, deadline < next { next = deadline }
         let wait = next - now
         armTimer(in: wait > .milliseconds(1) ? wait : .milliseconds(1))
     }

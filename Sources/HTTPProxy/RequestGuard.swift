@@ -16,6 +16,20 @@ public struct GuardRequest {
     public var target: RequestTarget
     public var routeName: String
     public var clientAddress: SocketAddress?
+    /// The normalized `Host` (nil for an HTTP/1.0 request without one).
+    public var host: RequestHost?
+    /// A WebSocket handshake (`Connection: upgrade`, `Upgrade: websocket`).
+    public var isWebSocketUpgrade: Bool
+
+    public init(head: HTTPRequestHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress? = nil, host: RequestHost? = nil,
+                isWebSocketUpgrade: Bool = false) {
+        self.head = head
+        self.target = target
+        self.routeName = routeName
+        self.clientAddress = clientAddress
+        self.host = host
+        self.isWebSocketUpgrade = isWebSocketUpgrade
+    }
 }
 
 public enum GuardDecision {
@@ -24,8 +38,10 @@ public enum GuardDecision {
 }
 
 public enum Verdict: Sendable {
-    /// Forward upstream, adding these headers (after every identity header was stripped).
-    case forward(addHeaders: [(String, String)])
+    /// Forward upstream, adding these headers (after every identity header was stripped) and
+    /// removing `removeHeaders` (e.g. `Authorization` when it carried the gateway's own session
+    /// token). `tunnel`: for a WebSocket handshake, a lease the guard can end later.
+    case forward(addHeaders: [(String, String)], removeHeaders: [String] = [], tunnel: TunnelLease? = nil)
     /// Answer the client directly; the upstream sees nothing.
     case respond(LocalResponse)
     /// Read the request body (at most `maxBytes`, else 413), then answer with what `respond`

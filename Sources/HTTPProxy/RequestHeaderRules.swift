@@ -10,7 +10,8 @@ enum BodyFraming: Equatable {
 /// What the one pass over a request's headers found (`docs/security.md`: framing, hop-by-hop,
 /// identity headers, forwarding headers).
 struct InboundRequest {
-    var host: String?
+    /// The normalized `Host` (`RequestHost`); the upstream receives it in this form.
+    var host: RequestHost?
     var framing: BodyFraming
     /// The client wants the connection kept after this exchange.
     var keepAlive: Bool
@@ -22,27 +23,53 @@ struct InboundRequest {
     /// A trusted proxy's `X-Forwarded-For` chain, to append the peer to.
     var forwardedFor: String?
     var forwardedProto: String?
-    var forwardedHost: String?
     var requestID: String?
 }
 
 enum RequestRejection: Error, Equatable {
     /// 400 and close: framing in doubt.
     case badRequest(String)
+    /// 417: an `Expect` other than `100-continue` (RFC 9110 §10.1.1).
+    case expectationFailed
 }
 
 /// The header rules of the proxy, fixed per route table.
 struct RequestHeaderRules: Sendable {
     /// Identity header names, lower-case with `_` folded to `-`.
     let strippedNames: [String]
-    /// The gateway's own cookies: removed from the `Cookie` header sent upstream.
+    /// Every client header whose name starts with this (folded like `strippedNames`) is removed:
+    /// `x-auth-` by default, so an identity header the gateway does not set (`X-Auth-Role`)
+    /// cannot be spoofed either. Empty: no prefix rule.
+    let strippedPrefix: String
+    /// The gateway's own cookies: removed from the `Cookie` header sent upstream, and from the
+    /// upstream's `Set-Cookie` (an app must not fix a browser onto a session it chose).
     let hiddenCookies: [String]
     private let hiddenCookieMarkers: [String]
+    private let maxIdentityNameLength: Int
 
-    init(identityHeaders: [String], hiddenCookies: [String] = []) {
+    init(identityHeaders: [String], identityPrefix: String = "", hiddenCookies: [String] = []) {
         self.strippedNames = identityHeaders.map(HeaderName.normalize)
+        self.strippedPrefix = HeaderName.normalize(identityPrefix)
         self.hiddenCookies = hiddenCookies
         self.hiddenCookieMarkers = hiddenCookies.map { $0 + "=" }
+        self.maxIdentityNameLength = strippedNames.map(\.utf8.count).max() ?? 0
+    }
+
+    /// Whether a client header is an identity header: a configured name or under the prefix,
+    /// in any case, `_` or `-`.
+    @inline(__always)
+    func isIdentityHeader(_ name: String) -> Bool {
+        if !strippedPrefix.isEmpty, HeaderName.hasNormalizedPrefix(name, strippedPrefix) { return true }
+        return name.utf8.count <= maxIdentityNameLength && strippedNames.contains { HeaderName.equalsNormalized(name, $0) }
+    }
+
+    /// Whether an upstream `Set-Cookie` value sets one of the gateway's cookies. Cookie names
+    /// compare exactly, except that browsers treat the `__Host-`/`__Secure-` prefixes without
+    /// regard to case: the whole name is compared without case, which covers both.
+    func setsHiddenCookie(_ value: String) -> Bool {
+        guard !hiddenCookies.isEmpty else { return false }
+        let name = Substring(value).trimmingSpaces.prefix { $0 != "=" }.trimmingSpaces
+        return hiddenCookies.contains { name.utf8.count == $0.utf8.count && name.lowercased() == $0.lowercased() }
     }
 
     /// A `Cookie` value without the hidden cookies; nil when nothing is left.
@@ -60,8 +87,9 @@ struct RequestHeaderRules: Sendable {
 
     /// One pass over the request head: validates framing and builds the upstream header list.
     func inspect(_ head: HTTPRequestHead, peerTrusted: Bool) -> Result<InboundRequest, RequestRejection> {
-        var host: String? = nil
+        var rawHost: String? = nil
         var hostCount = 0
+        var expectation: String? = nil
         var contentLength: Int? = nil
         var contentLengthCount = 0
         var transferEncodingCount = 0
@@ -71,14 +99,15 @@ struct RequestHeaderRules: Sendable {
         var drop = false
         var forwardedFor: String? = nil
         var forwardedProto: String? = nil
-        var forwardedHost: String? = nil
         var requestID: String? = nil
 
         for (name, value) in head.headers {
             switch Self.classify(name) {
             case .host:
                 hostCount += 1
-                host = value
+                rawHost = value
+            case .expect:
+                expectation = value
             case .contentLength:
                 contentLengthCount += 1
                 guard !value.isEmpty, value.utf8.count <= 18, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value) else {
@@ -89,20 +118,22 @@ struct RequestHeaderRules: Sendable {
                 transferEncodingCount += 1
                 chunked = HeaderName.equals(value, "chunked")
                 if !chunked { return .failure(.badRequest("unsupported Transfer-Encoding")) }
+                // NIO's encoder frames the upstream body only for exactly `chunked`: any other
+                // spelling would send the decoded chunks raw (request smuggling). Written anew.
+                if value != "chunked" { drop = true }
             case .connection:
                 connectionTokens += HeaderName.tokens(value)
                 drop = true
             case .upgrade:
                 upgradeValue = value
                 drop = true
-            case .hopByHop:
+            case .hopByHop, .lookalike:
                 drop = true
             case .forwarding(let which):
                 if peerTrusted {
                     switch which {
                     case .forwardedFor: forwardedFor = forwardedFor.map { "\($0), \(value)" } ?? value
                     case .forwardedProto: forwardedProto = value
-                    case .forwardedHost: forwardedHost = value
                     case .other: break
                     }
                 }
@@ -114,9 +145,7 @@ struct RequestHeaderRules: Sendable {
             case .cookie:
                 if hiddenCookieMarkers.contains(where: { HeaderName.contains(value, $0) }) { drop = true }
             case .other:
-                if name.utf8.count <= maxIdentityNameLength, strippedNames.contains(where: { HeaderName.equalsNormalized(name, $0) }) {
-                    drop = true
-                }
+                if isIdentityHeader(name) { drop = true }
             }
         }
         if hostCount > 1 { return .failure(.badRequest("duplicate Host")) }
@@ -125,9 +154,18 @@ struct RequestHeaderRules: Sendable {
         if transferEncodingCount > 1 { return .failure(.badRequest("duplicate Transfer-Encoding")) }
         if transferEncodingCount > 0, contentLengthCount > 0 { return .failure(.badRequest("both Content-Length and Transfer-Encoding")) }
         if transferEncodingCount > 0, head.version.minor == 0 { return .failure(.badRequest("Transfer-Encoding in HTTP/1.0")) }
-        if let host, host.isEmpty || host.utf8.contains(where: { $0 <= 0x20 || $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "@") || $0 == 0x7f }) {
-            return .failure(.badRequest("invalid Host"))
+        var host: RequestHost? = nil
+        if let rawHost {
+            switch RequestHost.parse(rawHost) {
+            case .success(let parsed): host = parsed
+            case .failure(let rejection): return .failure(.badRequest("invalid Host: \(rejection.rawValue)"))
+            }
         }
+        // RFC 9110 §10.1.1: only 100-continue is defined; HTTP/1.0 clients' Expect is ignored.
+        if let expectation, head.version.minor >= 1, !HeaderName.equals(Substring(expectation).trimmingSpaces, "100-continue") {
+            return .failure(.expectationFailed)
+        }
+        let rewriteHost = host.map { $0.authority != rawHost } ?? false
 
         let framing: BodyFraming = chunked ? .chunked : (contentLength.map { $0 > 0 ? .contentLength($0) : .none } ?? .none)
         var keepAlive = head.version.minor >= 1
@@ -136,21 +174,26 @@ struct RequestHeaderRules: Sendable {
         let isWebSocket = connectionTokens.contains("upgrade") && upgradeValue.map { HeaderName.equals($0, "websocket") } == true
 
         var headers: HTTPHeaders
-        if drop {
+        if drop || rewriteHost {
             // Remove hop-by-hop, Connection-named, identity and forwarding headers, then (for
             // a WebSocket handshake) put back exactly the hop-by-hop pair it needs.
             let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" && $0 != "upgrade" }
             headers = HTTPHeaders()
             for (name, value) in head.headers {
                 switch Self.classify(name) {
-                case .connection, .upgrade, .hopByHop, .forwarding, .requestID: continue
+                case .connection, .upgrade, .hopByHop, .forwarding, .requestID, .lookalike: continue
+                case .host:
+                    if let host, rewriteHost { headers.add(name: name, value: host.authority); continue }
                 case .other:
-                    if name.utf8.count <= maxIdentityNameLength, strippedNames.contains(where: { HeaderName.equalsNormalized(name, $0) }) { continue }
+                    if isIdentityHeader(name) { continue }
                     if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
                 case .cookie:
                     if let kept = cookieWithoutHidden(value) { headers.add(name: name, value: kept) }
                     continue
-                case .host, .contentLength, .transferEncoding: break
+                case .transferEncoding:
+                    headers.add(name: "Transfer-Encoding", value: "chunked")
+                    continue
+                case .contentLength, .expect: break
                 }
                 headers.add(name: name, value: value)
             }
@@ -164,51 +207,82 @@ struct RequestHeaderRules: Sendable {
         return .success(InboundRequest(
             host: host, framing: framing, keepAlive: keepAlive, isWebSocketUpgrade: isWebSocket,
             upstreamHeaders: headers, forwardedFor: forwardedFor, forwardedProto: forwardedProto,
-            forwardedHost: forwardedHost, requestID: requestID))
+            requestID: requestID))
     }
 
-    private var maxIdentityNameLength: Int { strippedNames.map(\.utf8.count).max() ?? 0 }
-
-    enum Forwarding { case forwardedFor, forwardedProto, forwardedHost, other }
+    /// The two forwarding headers a trusted proxy's value is kept for. `X-Forwarded-Host` is
+    /// not one: the app always receives the host the request was routed by (a load balancer
+    /// passing a client's `X-Forwarded-Host` through must not make the app serve another
+    /// virtual host than the one that was checked).
+    enum Forwarding { case forwardedFor, forwardedProto, other }
 
     enum Kind {
-        case host, contentLength, transferEncoding, connection, upgrade, hopByHop, requestID, cookie, other
+        case host, contentLength, transferEncoding, connection, upgrade, hopByHop, requestID, cookie, expect, other
         case forwarding(Forwarding)
+        /// A spelling with `_` of a header the proxy interprets (`Content_Length`, `X_Request_Id`):
+        /// never interpreted, always removed, because CGI-style apps read it as the real one.
+        case lookalike
     }
 
-    /// RFC 9110 §7.6.1 hop-by-hop fields, plus the forwarding fields only trusted proxies set.
+    /// Forwarding headers outside `X-Forwarded-*` and `X-Original-*`: only `server.trusted_proxies`
+    /// may send them, and even theirs are removed (the proxy writes its own `X-Forwarded-For`,
+    /// `-Proto` and `-Host`). Apps and frameworks read each of these as the client's address,
+    /// scheme, host or path. The README's "What the proxy does to every request" lists them.
+    static let forwardingNames = [
+        "forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip",
+        "x-originating-ip", "x-remote-ip", "x-remote-addr", "x-proxyuser-ip", "x-rewrite-url", "x-http-destinationurl", "front-end-https",
+    ]
+    /// Whole families of forwarding headers (`X-Forwarded-Uri`, `-Prefix`, `-Ssl`, `-Scheme`,
+    /// `-Server`, `-Port`; `X-Original-URL`, `-URI`, `-Host`; Envoy's internal headers).
+    static let forwardingPrefixes = ["x-forwarded-", "x-original-", "x-envoy-"]
+
+    /// RFC 9110 §7.6.1 hop-by-hop fields, the framing and routing fields, and the forwarding
+    /// family, compared without case and with `_` as `-`. Only the `-` spelling is interpreted.
     static func classify(_ name: String) -> Kind {
+        let kind = classifyFolded(name)
+        switch kind {
+        case .other:
+            return isForwardingFamily(name) ? .forwarding(.other) : .other
+        case .forwarding:
+            return name.utf8.contains(UInt8(ascii: "_")) ? .forwarding(.other) : kind
+        default:
+            return name.utf8.contains(UInt8(ascii: "_")) ? .lookalike : kind
+        }
+    }
+
+    private static func isForwardingFamily(_ name: String) -> Bool {
+        let count = name.utf8.count
+        guard count >= 9 else { return false }
+        for prefix in forwardingPrefixes where count > prefix.utf8.count && HeaderName.hasNormalizedPrefix(name, prefix) { return true }
+        for known in forwardingNames where HeaderName.equalsNormalized(name, known) { return true }
+        return false
+    }
+
+    private static func classifyFolded(_ name: String) -> Kind {
+        @inline(__always) func eq(_ literal: String) -> Bool { HeaderName.equalsNormalized(name, literal) }
         switch name.utf8.count {
-        case 2: if HeaderName.equals(name, "te") { return .hopByHop }
-        case 4: if HeaderName.equals(name, "host") { return .host }
-        case 6: if HeaderName.equals(name, "cookie") { return .cookie }
+        case 2: if eq("te") { return .hopByHop }
+        case 4: if eq("host") { return .host }
+        case 6:
+            if eq("cookie") { return .cookie }
+            if eq("expect") { return .expect }
         case 7:
-            if HeaderName.equals(name, "upgrade") { return .upgrade }
-            if HeaderName.equals(name, "trailer") { return .hopByHop }
-        case 9:
-            if HeaderName.equals(name, "forwarded") { return .forwarding(.other) }
-            if HeaderName.equals(name, "x-real-ip") { return .forwarding(.other) }
+            if eq("upgrade") { return .upgrade }
+            if eq("trailer") { return .hopByHop }
         case 10:
-            if HeaderName.equals(name, "connection") { return .connection }
-            if HeaderName.equals(name, "keep-alive") { return .hopByHop }
-        case 12: if HeaderName.equals(name, "x-request-id") { return .requestID }
-        case 13:
-            if HeaderName.equals(name, "x-rewrite-url") { return .forwarding(.other) }
-        case 14:
-            if HeaderName.equals(name, "content-length") { return .contentLength }
-            if HeaderName.equals(name, "x-original-url") { return .forwarding(.other) }
-            if HeaderName.equals(name, "x-original-uri") { return .forwarding(.other) }
-        case 15:
-            if HeaderName.equals(name, "x-forwarded-for") { return .forwarding(.forwardedFor) }
+            if eq("connection") { return .connection }
+            if eq("keep-alive") { return .hopByHop }
+        case 12: if eq("x-request-id") { return .requestID }
+        case 14: if eq("content-length") { return .contentLength }
+        case 15: if eq("x-forwarded-for") { return .forwarding(.forwardedFor) }
         case 16:
-            if HeaderName.equals(name, "proxy-connection") { return .hopByHop }
-            if HeaderName.equals(name, "x-forwarded-host") { return .forwarding(.forwardedHost) }
-            if HeaderName.equals(name, "x-forwarded-port") { return .forwarding(.other) }
+            if eq("proxy-connection") { return .hopByHop }
+            if eq("x-forwarded-host") { return .forwarding(.other) }
         case 17:
-            if HeaderName.equals(name, "transfer-encoding") { return .transferEncoding }
-            if HeaderName.equals(name, "x-forwarded-proto") { return .forwarding(.forwardedProto) }
-        case 18: if HeaderName.equals(name, "proxy-authenticate") { return .hopByHop }
-        case 19: if HeaderName.equals(name, "proxy-authorization") { return .hopByHop }
+            if eq("transfer-encoding") { return .transferEncoding }
+            if eq("x-forwarded-proto") { return .forwarding(.forwardedProto) }
+        case 18: if eq("proxy-authenticate") { return .hopByHop }
+        case 19: if eq("proxy-authorization") { return .hopByHop }
         default: break
         }
         return .other

@@ -4,7 +4,7 @@
 /// Canonical form: origin-form; unreserved percent-escapes decoded (`%2e` → `.`, `%41` → `A`);
 /// other escapes upper-cased; dot segments resolved (RFC 3986 §5.2.4); runs of `/` merged;
 /// printable characters outside RFC 3986 `pchar` percent-encoded. Rejected (400): encoded `/`,
-/// `\`, `#` or NUL; a raw `\`, `#` or `;`; control characters; malformed escapes; asterisk,
+/// `\`, `#`, `;`, `?` or NUL; a raw `\`, `#` or `;`; control characters; malformed escapes; asterisk,
 /// authority and opaque forms; an absolute-form target whose authority differs from `Host`.
 public struct RequestTarget: Sendable, Equatable {
     /// Canonical path, always starting with `/`.
@@ -24,6 +24,9 @@ public struct RequestTarget: Sendable, Equatable {
         case notOriginForm = "request target must be a path"
         case foreignAuthority = "absolute-form target names another host"
         case encodedSeparator = "encoded '/', '\\\\', '#' or NUL in path"
+        /// `%3B` and `%3F`: an app that decodes before splitting sees `;` parameters or a query
+        /// that routing did not (`/admin%3Bx` is `/admin` to a Tomcat, `/admin;x` to routing).
+        case encodedDelimiter = "encoded ';' or '?' in path"
         case backslash = "'\\\\' in path"
         case fragment = "'#' in request target"
         case semicolon = "';' parameters in path"
@@ -31,8 +34,9 @@ public struct RequestTarget: Sendable, Equatable {
         case badEscape = "malformed percent-escape"
     }
 
-    /// Parses `uri` from the request line. `host` is the request's `Host` header (for absolute-form).
-    public static func parse(_ uri: String, host: String?) -> Result<RequestTarget, Rejection> {
+    /// Parses `uri` from the request line. `host` is the request's normalized `Host` (for
+    /// absolute-form, whose authority must normalize to the same host and port).
+    public static func parse(_ uri: String, host: RequestHost?) -> Result<RequestTarget, Rejection> {
         var utf8 = Substring(uri).utf8
         if utf8.first != UInt8(ascii: "/") {
             // absolute-form: only http(s)://authority/... naming our own Host.
@@ -42,7 +46,7 @@ public struct RequestTarget: Sendable, Equatable {
             let afterScheme = Substring(uri).utf8.dropFirst(schemeLength)
             let slash = afterScheme.firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }) ?? afterScheme.endIndex
             let authority = Substring(afterScheme[afterScheme.startIndex..<slash])
-            guard let host, !authority.isEmpty, authority.lowercased() == host.lowercased() else { return .failure(.foreignAuthority) }
+            guard let host, case .success(let named) = RequestHost.parse(String(authority)), named == host else { return .failure(.foreignAuthority) }
             utf8 = afterScheme[slash...]
             if utf8.first != UInt8(ascii: "/") {
                 if utf8.isEmpty { return .success(RequestTarget(path: "/", query: nil)) }
@@ -98,6 +102,7 @@ public struct RequestTarget: Sendable, Equatable {
                 if value == UInt8(ascii: "/") || value == UInt8(ascii: "\\") || value == UInt8(ascii: "#") || value == 0 {
                     return .failure(.encodedSeparator)
                 }
+                if value == UInt8(ascii: ";") || value == UInt8(ascii: "?") { return .failure(.encodedDelimiter) }
                 if isUnreserved(value) { decoded.append(value) } else { appendEscape(value, to: &decoded) }
                 i = pathBytes.index(after: h2)
                 continue

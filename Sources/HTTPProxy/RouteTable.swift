@@ -77,13 +77,20 @@ public struct ProxyRoute: Sendable {
     public var pathPrefix: String
     public var upstream: UpstreamAddress
     public var requestGuard: any RequestGuard
+    /// Largest request body forwarded, in bytes (0: unlimited); beyond it: 413.
+    public var maxBodyBytes: Int
+    /// `TRACE` is forwarded only when a route opts in (otherwise 405, as nginx answers).
+    public var allowTrace: Bool
 
-    public init(name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamAddress, requestGuard: any RequestGuard = PublicGuard()) {
+    public init(name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamAddress, requestGuard: any RequestGuard = PublicGuard(),
+                maxBodyBytes: Int = 0, allowTrace: Bool = false) {
         self.name = name
         self.host = host
         self.pathPrefix = pathPrefix
         self.upstream = upstream
         self.requestGuard = requestGuard
+        self.maxBodyBytes = maxBodyBytes
+        self.allowTrace = allowTrace
     }
 
     /// Whether `path` (canonical) is under this route's prefix, on a segment boundary:
@@ -114,23 +121,12 @@ public final class RouteTable: Sendable {
         self.anyHost = longestFirst.filter { $0.host == nil }
     }
 
-    /// `host` is the raw `Host` header value (any case, optional port).
-    public func match(host: String?, path: String) -> ProxyRoute? {
-        if !byHost.isEmpty, let host, let candidates = byHost[Self.hostName(host)] {
+    /// `host` is the request's normalized host (`RequestHost`): a route's host matches its name
+    /// whatever the port.
+    public func match(host: RequestHost?, path: String) -> ProxyRoute? {
+        if !byHost.isEmpty, let host, let candidates = byHost[host.name] {
             return candidates.first { $0.covers(path) }
         }
         return anyHost.first { $0.covers(path) }
-    }
-
-    /// `Example.COM:8080` → `example.com`; `[::1]:80` → `::1`.
-    static func hostName(_ value: String) -> String {
-        var name = Substring(value)
-        if name.hasPrefix("[") {
-            if let close = name.firstIndex(of: "]") { name = name[name.index(after: name.startIndex)..<close] }
-        } else if let colon = name.lastIndex(of: ":") {
-            name = name[..<colon]
-        }
-        if name.utf8.contains(where: { $0 >= 0x41 && $0 <= 0x5a }) { return name.lowercased() }
-        return String(name)
     }
 }

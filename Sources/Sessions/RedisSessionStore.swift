@@ -135,8 +135,10 @@ public final class RedisSessionStore: SessionStore {
 
     public func putLogin(state: String, _ login: LoginState, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
         let key = loginKey(state)
+        var fields: [RedisArgument] = ["HSET", .string(key), "nonce", .string(login.nonce), "rd", .string(login.returnTo), "binding", .string(login.binding)]
+        if let previous = login.previousSession { fields += ["previous", .string(previous)] }
         return transaction([
-            ["HSET", .string(key), "nonce", .string(login.nonce), "rd", .string(login.returnTo), "binding", .string(login.binding)],
+            fields,
             ["PEXPIRE", .string(key), RedisArgument(ttl)],
         ], on: loop).map { _ in }
     }
@@ -145,7 +147,7 @@ public final class RedisSessionStore: SessionStore {
         let key = loginKey(state)
         return transaction([["HGETALL", .string(key)], ["DEL", .string(key)]], on: loop).map { replies in
             guard let f = Self.hash(replies[0]), let nonce = f["nonce"], let rd = f["rd"], let binding = f["binding"] else { return nil }
-            return LoginState(nonce: nonce, returnTo: rd, binding: binding)
+            return LoginState(nonce: nonce, returnTo: rd, binding: binding, previousSession: f["previous"])
         }
     }
 

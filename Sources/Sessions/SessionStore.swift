@@ -113,11 +113,16 @@ public struct LoginState: Sendable, Equatable {
     public var returnTo: String
     /// SHA-256 (hex) of the pre-auth cookie's value: binds the login to one browser.
     public var binding: String
+    /// The store key of the session this browser presented when the login started: ended
+    /// when the new one is created (Apple's callback is a cross-site POST, so the `Lax` session
+    /// cookie does not arrive with it).
+    public var previousSession: String?
 
-    public init(nonce: String, returnTo: String, binding: String) {
+    public init(nonce: String, returnTo: String, binding: String, previousSession: String? = nil) {
         self.nonce = nonce
         self.returnTo = returnTo
         self.binding = binding
+        self.previousSession = previousSession
     }
 }
 

@@ -18,13 +18,19 @@ struct ProxyHarness {
         upstreamPort: Int? = nil,
         upstreamHost: String = "127.0.0.1",
         extraAddressesFirst: [SocketAddress] = [],
-        guard requestGuard: any RequestGuard = PublicGuard()
+        guard requestGuard: any RequestGuard = PublicGuard(),
+        maxBodyBytes: Int = 0,
+        hiddenCookies: [String] = [],
+        origins: OriginPolicy = .sameHost,
+        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil
     ) async throws -> ProxyHarness {
         let upstream = try await TestUpstream.start()
-        let routes = [
-            ProxyRoute(name: "test", pathPrefix: "/", upstream: try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst), requestGuard: requestGuard),
+        let address = try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst)
+        let routes = makeRoutes?(address) ?? [
+            ProxyRoute(name: "test", pathPrefix: "/", upstream: address, requestGuard: requestGuard, maxBodyBytes: maxBodyBytes),
         ]
-        let snapshot = RoutingSnapshot(routes: routes, identityHeaders: IdentityHeaderNames().all, trustedProxies: trustedProxies)
+        let snapshot = RoutingSnapshot(routes: routes, identityHeaders: IdentityHeaderNames().all, identityPrefix: "X-Auth-", trustedProxies: trustedProxies,
+                                       hiddenCookies: hiddenCookies, origins: origins)
         let proxy = ProxyServer(
             configuration: ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: timeouts, limits: limits),
             routing: snapshot, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))

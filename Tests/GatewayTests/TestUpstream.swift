@@ -14,6 +14,7 @@ import NIOPosix
 /// - `/switch`: 101 to a request that did not ask to upgrade. `/continue`: 100, then 200.
 /// - `/flaky`: answers the first request of a connection; closes on any later one unanswered.
 /// - `/ws`: WebSocket handshake (101), then echoes bytes.
+/// - `/setcookie`: sets the gateway's cookies (and one of its own).
 final class TestUpstream: Sendable {
     let channel: any Channel
     let stats = NIOLockedValueBox(Stats())
@@ -24,6 +25,8 @@ final class TestUpstream: Sendable {
         var requests = 0
         var paths: [String] = []
         var lastHeaders: HTTPHeaders = [:]
+        /// The trailer section of the last request, as the upstream received it.
+        var lastTrailers: HTTPHeaders? = nil
     }
 
     var port: Int { channel.localAddress!.port! }
@@ -100,8 +103,9 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
             if head?.uri.contains("sum") == true {
                 buffer.withUnsafeReadableBytes { raw in for b in raw { checksum = checksum &* 31 &+ UInt32(b) } }
             }
-        case .end:
+        case .end(let trailers):
             guard let head else { return }
+            upstream.stats.withLockedValue { $0.lastTrailers = trailers }
             if head.uri.hasPrefix("/ws") { return upgrade(context: context, head: head) }
             respond(context: context, head: head)
         }
@@ -164,6 +168,12 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
             send(context: context, "after interim")
         case "/flaky":
             if requestsOnConnection > 1 { context.close(promise: nil) } else { send(context: context, "flaky ok") }
+        case "/setcookie":
+            // An app trying to set the gateway's own cookies, next to its own.
+            send(context: context, "cookies", extra: [
+                ("set-cookie", "__Host-sessiongate=chosen-by-app; Path=/; Secure"), ("set-cookie", "theme=dark; Path=/"),
+                ("set-cookie", "__Host-sessiongate-login=x; Path=/"),
+            ])
         case "/close":
             send(context: context, "closing", extra: [("connection", "close")])
             context.close(promise: nil)
@@ -199,7 +209,8 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
 
     private func upgrade(context: ChannelHandlerContext, head: HTTPRequestHead) {
         guard head.headers["upgrade"].first?.lowercased() == "websocket" else { return }
-        let headers = HTTPHeaders([("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Accept", "test")])
+        let headers = HTTPHeaders([("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Accept", "test"),
+                                   ("Set-Cookie", "__Host-sessiongate=chosen-by-app; Path=/")])
         context.writeAndFlush(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .switchingProtocols, headers: headers))), promise: nil)
         let sync = context.pipeline.syncOperations
         do {

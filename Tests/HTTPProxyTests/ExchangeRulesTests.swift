@@ -58,6 +58,14 @@ struct ExchangeRulesTests {
         #expect(ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: ended, pipelinedEmpty: pipelinedEmpty, upstreamWritable: writable) == expected, "\(name)")
     }
 
+    @Test("between requests, the client is read only while it takes our responses", arguments: [
+        (ExchangeRules.Phase.idle, true, true), (.idle, false, false), (.forwarding, false, true),
+    ])
+    func readingPacedByClient(phase: ExchangeRules.Phase, clientWritable: Bool, expected: Bool) {
+        #expect(ExchangeRules.shouldReadClient(phase: phase, quiescing: false, requestEnded: false, pipelinedEmpty: true, upstreamWritable: true,
+                                               clientWritable: clientWritable) == expected)
+    }
+
     @Test("client keep-alive after an exchange", arguments: [
         (true, true, false, false, true), (false, true, false, false, false), (true, false, false, false, false),
         (true, true, true, false, false), (true, true, false, true, false),

@@ -5,7 +5,7 @@ import Testing
 
 @Suite("Request header rules")
 struct RequestHeaderRulesTests {
-    let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User", "X-Auth-Email", "X-Auth-Name"])
+    let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User", "X-Auth-Email", "X-Auth-Name", "X-User"], identityPrefix: "X-Auth-")
 
     func head(_ headers: [(String, String)], version: HTTPVersion = .http1_1) -> HTTPRequestHead {
         HTTPRequestHead(version: version, method: .POST, uri: "/", headers: HTTPHeaders(headers))
@@ -23,6 +23,10 @@ struct RequestHeaderRulesTests {
         ("missing Host in HTTP/1.1", [("Accept", "*/*")]),
         ("Host with a path", [("Host", "a/b")]),
         ("Host with userinfo", [("Host", "user@a")]),
+        ("Host a lone dot", [("Host", ".")]),
+        ("Host with two colons", [("Host", "a:b:c")]),
+        ("Host with a dotted port", [("Host", "example.com.:1.2")]),
+        ("Host with an empty label", [("Host", "a..b")]),
     ])
     func framingRejected(name: String, headers: [(String, String)]) {
         let result = rules.inspect(head(headers), peerTrusted: false)
@@ -40,8 +44,9 @@ struct RequestHeaderRulesTests {
         }
     }
 
-    @Test("identity headers are removed in every spelling", arguments: [
+    @Test("identity headers are removed in every spelling, and everything under the prefix", arguments: [
         "X-Auth-User", "x-auth-user", "X-AUTH-USER", "X_Auth_User", "x_auth-user", "X-Auth_Email", "x-auth-name",
+        "X-Auth-Role", "X-Auth-Groups", "x_auth_admin", "X-AUTH-ANYTHING", "X-User", "x_user",
     ])
     func identityStripped(name: String) throws {
         let inbound = try rules.inspect(head([("Host", "a"), (name, "mallory")]), peerTrusted: true).get()
@@ -74,9 +79,53 @@ struct RequestHeaderRulesTests {
         ]), peerTrusted: false).get()
         #expect(inbound.forwardedFor == nil)
         #expect(inbound.forwardedProto == nil)
-        #expect(inbound.forwardedHost == nil)
         #expect(inbound.requestID == nil)
         #expect(Array(inbound.upstreamHeaders.map(\.name)) == ["Host"])
+    }
+
+    @Test("the whole forwarding family, in every spelling, is dropped from untrusted peers", arguments: [
+        "X_Forwarded_For", "X_Forwarded_Host", "X_Forwarded_Proto", "X_Real_IP", "X_Original_URL", "x-forwarded_for",
+        "X-Forwarded-Uri", "X-Forwarded-Prefix", "X-Forwarded-Ssl", "X-Forwarded-Scheme", "X-Forwarded-Server", "X-Forwarded-Port",
+        "X-Forwarded-Path", "X-Client-IP", "True-Client-IP", "X-Original-Host", "X-Original-Method", "X-Envoy-Original-Path",
+        "X-Envoy-External-Address", "X-Cluster-Client-IP", "CF-Connecting-IP", "Fastly-Client-IP", "Forwarded", "X-Rewrite-URL",
+        "Front-End-Https", "X-Originating-IP",
+    ])
+    func forwardingFamily(name: String) throws {
+        for trusted in [false, true] {
+            let inbound = try rules.inspect(head([("Host", "a"), (name, "spoofed"), ("Accept", "*/*")]), peerTrusted: trusted).get()
+            #expect(!inbound.upstreamHeaders.contains { $0.value == "spoofed" }, "\(name), trusted: \(trusted)")
+            #expect(inbound.forwardedFor == nil && inbound.forwardedProto == nil, "\(name): an underscore spelling is never trusted")
+        }
+    }
+
+    @Test("spellings with '_' of the headers the proxy interprets are removed, never interpreted", arguments: [
+        "Content_Length", "Transfer_Encoding", "X_Request_Id", "Proxy_Connection", "Keep_Alive", "Proxy_Authorization",
+    ])
+    func lookalikes(name: String) throws {
+        let inbound = try rules.inspect(head([("Host", "a"), (name, "5"), ("Accept", "*/*")]), peerTrusted: true).get()
+        #expect(!inbound.upstreamHeaders.contains { $0.name == name })
+        #expect(inbound.framing == .none, "a lookalike never frames the body")
+        #expect(inbound.requestID == nil)
+    }
+
+    @Test("Expect: only 100-continue; anything else is 417 (RFC 9110 §10.1.1)", arguments: [
+        ("100-continue", true), ("100-Continue", true), (" 100-continue ", true), ("200-ok", false), ("", false), ("100-continue, x", false),
+    ])
+    func expect(value: String, accepted: Bool) {
+        let result = rules.inspect(head([("Host", "a"), ("Expect", value), ("Content-Length", "1")]), peerTrusted: false)
+        switch result {
+        case .success: #expect(accepted, "\(value) was accepted")
+        case .failure(let rejection): #expect(!accepted && rejection == .expectationFailed, "\(value): \(rejection)")
+        }
+    }
+
+    @Test("the upstream receives the normalized Host", arguments: [
+        ("Secure.Example.Test.", "secure.example.test"), ("a.test.:8080", "a.test:8080"), ("a.test", "a.test"),
+    ])
+    func normalizedHost(raw: String, sent: String) throws {
+        let inbound = try rules.inspect(head([("Host", raw), ("Accept", "*/*")]), peerTrusted: false).get()
+        #expect(inbound.upstreamHeaders["host"] == [sent])
+        #expect(inbound.host?.authority == sent)
     }
 
     @Test("forwarding headers from trusted peers are kept for the proxy to extend")
@@ -147,18 +196,34 @@ struct RouteTableTests {
         ("app.example.com", "/api/v2/x", "api-v2"),
         ("admin.example.com", "/api", "admin-host"),
         ("ADMIN.example.com:8443", "/static/a.css", "admin-host-static"),
+        ("admin.example.com.", "/api", "admin-host"),
+        ("Admin.Example.Com.:80", "/api", "admin-host"),
         ("admin.example.com", "/staticfile", "admin-host"),
         ("api.example.com", "/v1/x", "only-api-host"),
         ("api.example.com", "/v2", nil),
         (nil, "/api", "api"),
     ] as [(String?, String, String?)])
-    func routing(host: String?, path: String, expected: String?) {
-        #expect(table.match(host: host, path: path)?.name == expected)
+    func routing(host: String?, path: String, expected: String?) throws {
+        #expect(table.match(host: try host.map { try RequestHost.parse($0).get() }, path: path)?.name == expected)
     }
 }
 
 @Suite("The gateway's cookie is hidden from the upstream")
 struct HiddenCookieTests {
+    @Test("the upstream cannot set the gateway's cookies", arguments: [
+        ("__Host-sessiongate=evil; Path=/; Secure", true),
+        ("__Host-sessiongate-login=x; Path=/", true),
+        (" __Host-sessiongate =evil", true),
+        ("__host-sessiongate=evil; Path=/", true),
+        ("__HOST-SESSIONGATE-LOGIN=x", true),
+        ("theme=dark; Path=/", false),
+        ("__Host-sessiongate-other=x", false),
+        ("x__Host-sessiongate=x", false),
+    ] as [(String, Bool)])
+    func setCookie(value: String, hidden: Bool) {
+        #expect(rules.setsHiddenCookie(value) == hidden)
+    }
+
     let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User"], hiddenCookies: ["__Host-sessiongate", "__Host-sessiongate-login"])
 
     @Test(arguments: [

@@ -41,9 +41,10 @@ struct RequestTargetTests {
         Case("/a..b", "/a..b"),
         Case("http://example.com/x/../y?q", "/y", query: "q"),
         Case("http://EXAMPLE.com", "/"),
+        Case("http://example.com./x", "/x"),
     ])
     func canonical(_ c: Case) throws {
-        let target = try RequestTarget.parse(c.uri, host: "example.com").get()
+        let target = try RequestTarget.parse(c.uri, host: RequestHost(name: "example.com")).get()
         #expect(target.path == c.path)
         #expect(target.query == c.query)
     }
@@ -59,6 +60,9 @@ struct RequestTargetTests {
         ("/a?x#frag", .fragment),
         ("/admin;jsessionid=1", .semicolon),
         ("/public;/../admin", .semicolon),
+        ("/admin%3Bx", .encodedDelimiter),
+        ("/admin%3bx", .encodedDelimiter),
+        ("/admin%3F/x", .encodedDelimiter),
         ("/a%zz", .badEscape),
         ("/a%2", .badEscape),
         ("*", .notOriginForm),
@@ -66,10 +70,12 @@ struct RequestTargetTests {
         ("http:http://x/admin", .notOriginForm),
         ("http://evil.com/admin", .foreignAuthority),
         ("http://example.com@evil.com/", .foreignAuthority),
+        ("http://example.com:8080/", .foreignAuthority),
+        ("http://example.com../", .foreignAuthority),
         ("/a\u{7f}", .controlCharacter),
     ])
     func rejected(uri: String, rejection: RequestTarget.Rejection) {
-        #expect(throws: rejection) { try RequestTarget.parse(uri, host: "example.com").get() }
+        #expect(throws: rejection) { try RequestTarget.parse(uri, host: RequestHost(name: "example.com")).get() }
     }
 
     @Test("the forwarded target is path plus the untouched query")

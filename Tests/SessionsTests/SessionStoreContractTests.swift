@@ -145,6 +145,10 @@ struct SessionStoreContractTests {
         #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == login)
         #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == nil)
         #expect(try await f.store.takeLogin(state: "never-issued", on: f.loop).get() == nil)
+        // The session the browser presented at login start travels with the login.
+        let relogin = LoginState(nonce: "n-0", returnTo: "/", binding: "b-0", previousSession: "abc123")
+        try await f.store.putLogin(state: "state-0", relogin, ttl: 600_000, on: f.loop).get()
+        #expect(try await f.store.takeLogin(state: "state-0", on: f.loop).get() == relogin)
 
         // Two callbacks racing for one state: exactly one wins.
         try await f.store.putLogin(state: "state-2", login, ttl: 600_000, on: f.loop).get()

@@ -1,0 +1,41 @@
+import HTTPProxy
+import NIOConcurrencyHelpers
+import Sessions
+
+/// The WebSocket tunnels open on this instance, by user: when a user's or a session's
+/// invalidation arrives (revocation, logout, Apple's notification — locally or over pub/sub),
+/// each tunnel of that user is checked against the store and ended if its session is gone.
+/// An open socket must not outlive the session that admitted it.
+final class TunnelRegistry: Sendable {
+    struct Entry {
+        let lease: TunnelLease
+        let handle: SessionHandle
+    }
+
+    private let bySub = NIOLockedValueBox<[String: [ObjectIdentifier: Entry]]>([:])
+
+    /// A lease for a tunnel about to be opened for this session; it leaves the registry when
+    /// the tunnel closes (or never opens).
+    func open(handle: SessionHandle, sub: String) -> TunnelLease {
+        let lease = TunnelLease { [weak self] lease in
+            self?.bySub.withLockedValue { map in
+                map[sub]?[ObjectIdentifier(lease)] = nil
+                if map[sub]?.isEmpty == true { map[sub] = nil }
+            }
+        }
+        bySub.withLockedValue { $0[sub, default: [:]][ObjectIdentifier(lease)] = Entry(lease: lease, handle: handle) }
+        return lease
+    }
+
+    /// The tunnels of a user.
+    func tunnels(of sub: String) -> [Entry] {
+        bySub.withLockedValue { map in map[sub].map { Array($0.values) } ?? [] }
+    }
+
+    /// The tunnels of one session (by its store key).
+    func tunnels(ofSession key: String) -> [Entry] {
+        bySub.withLockedValue { map in map.values.flatMap { $0.values.filter { $0.handle.key == key } } }
+    }
+
+    var count: Int { bySub.withLockedValue { $0.values.reduce(0) { $0 + $1.count } } }
+}

@@ -1,0 +1,210 @@
+import HTTPProxy
+import NIOCore
+import TestSupport
+import Testing
+
+/// The holes a red-team replay of peer advisories found at the edge (issue 9), each on a raw
+/// socket against a real proxy and a real upstream: the client, the gateway and the app must
+/// see the same request.
+@Suite("Edge hardening (raw sockets)", .serialized, .timeLimit(.minutes(3)))
+struct EdgeHardeningTests {
+    /// Answers 401 itself: stands for `auth: required` without a session.
+    struct DenyGuard: RequestGuard {
+        func admit(_ request: GuardRequest, on eventLoop: any EventLoop) -> GuardDecision {
+            .verdict(.respond(.error(.unauthorized, "sign in first")))
+        }
+    }
+
+    static func hostRoutes(_ upstream: UpstreamAddress) -> [ProxyRoute] {
+        [
+            ProxyRoute(name: "secure", host: "secure.example.test", pathPrefix: "/", upstream: upstream, requestGuard: DenyGuard()),
+            ProxyRoute(name: "public", pathPrefix: "/", upstream: upstream),
+        ]
+    }
+
+    @Test("a host route's authentication cannot be skipped by spelling the host differently", arguments: [
+        "secure.example.test.", "SECURE.example.test", "Secure.Example.Test.:8080", "secure.example.test:80",
+    ])
+    func hostSpellings(host: String) async throws {
+        let h = try await ProxyHarness.start(routes: Self.hostRoutes)
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /private HTTP/1.1\r\nHost: \(host)\r\n\r\n")
+        #expect(response.status == 401)
+        #expect(h.upstream.stats.withLockedValue { $0.requests } == 0)
+    }
+
+    @Test("malformed hosts are refused with 400 and never routed", arguments: [
+        ".", "a:b:c", "example.com.:1.2", "a..b", "[::1", "secure.example.test:", "secure.example.test:99999",
+    ])
+    func malformedHosts(host: String) async throws {
+        let h = try await ProxyHarness.start(routes: Self.hostRoutes)
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET / HTTP/1.1\r\nHost: \(host)\r\n\r\n")
+        #expect(response.status == 400)
+        #expect(h.upstream.stats.withLockedValue { $0.requests } == 0)
+    }
+
+    @Test("the upstream receives the normalized host it was routed by")
+    func upstreamHost() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /echo HTTP/1.1\r\nHost: App.Example.TEST.:8080\r\n\r\n")
+        #expect(response.status == 200)
+        let seen = h.upstream.stats.withLockedValue { $0.lastHeaders }
+        #expect(seen["host"] == ["app.example.test:8080"])
+        #expect(seen["x-forwarded-host"] == ["app.example.test:8080"])
+    }
+
+    @Test("Transfer-Encoding in any case is re-framed: chunk data never becomes a request", arguments: ["CHUNKED", "Chunked"])
+    func transferEncodingCase(spelling: String) async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let smuggled = "0\r\n\r\nGET /admin HTTP/1.1\r\nHost: a\r\nX-Auth-User: admin\r\n\r\n"
+        let chunk = String(smuggled.utf8.count, radix: 16)
+        let response = try await h.request("POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: \(spelling)\r\n\r\n\(chunk)\r\n\(smuggled)\r\n0\r\n\r\n")
+        #expect(response.status == 200)
+        #expect(response.text.contains("body-bytes: \(smuggled.utf8.count)"))
+        let stats = h.upstream.stats.withLockedValue { $0 }
+        #expect(stats.paths == ["/echo"], "the chunk data must stay a body")
+    }
+
+    @Test("request trailers never reach the upstream")
+    func trailersDropped() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let response = try await h.request("POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Auth-User: admin\r\nX-Other: 1\r\n\r\n")
+        #expect(response.status == 200)
+        let trailers = h.upstream.stats.withLockedValue { $0.lastTrailers }
+        #expect(trailers == nil || trailers?.isEmpty == true, "trailers reached the upstream: \(String(describing: trailers))")
+        #expect(response.text.contains("body-bytes: 3"))
+    }
+
+    @Test("the upstream cannot set the gateway's cookies")
+    func upstreamSetCookie() async throws {
+        let h = try await ProxyHarness.start(hiddenCookies: ["__Host-sessiongate", "__Host-sessiongate-login"])
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET /setcookie HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(response.status == 200)
+        let cookies = response.headers.filter { $0.0.lowercased() == "set-cookie" }.map(\.1)
+        #expect(cookies == ["theme=dark; Path=/"])
+    }
+
+    @Test("forwarding headers outside the canonical three, and '_' spellings, never reach the app")
+    func forwardingFamily() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let spoofed = ["X_Forwarded_For", "X_Forwarded_Host", "X_Forwarded_Proto", "X_Real_IP", "X_Original_URL", "X-Forwarded-Uri",
+                       "X-Forwarded-Prefix", "X-Forwarded-Ssl", "X-Forwarded-Scheme", "X-Forwarded-Server", "X-Client-IP", "True-Client-IP",
+                       "X-Original-Host", "X-Envoy-Original-Path", "X-Auth-Role", "X_Auth_Groups"]
+        let raw = "GET /echo HTTP/1.1\r\nHost: a\r\n" + spoofed.map { "\($0): spoofed\r\n" }.joined() + "\r\n"
+        let response = try await h.request(raw)
+        #expect(response.status == 200)
+        let seen = h.upstream.stats.withLockedValue { $0.lastHeaders }
+        #expect(!seen.contains { $0.value.contains("spoofed") }, "\(seen.filter { $0.value.contains("spoofed") }.map(\.name))")
+        #expect(seen["x-forwarded-for"] == ["127.0.0.1"])
+    }
+
+    @Test("ambiguous upstream framing is answered 502, never relayed", arguments: [
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nsecret",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "HTTP/1.1 099 Odd\r\nContent-Length: 5\r\n\r\nhello",
+    ])
+    func upstreamFraming(raw: String) async throws {
+        let upstream = try await RawUpstream.start(response: raw)
+        defer { Task { await upstream.close() } }
+        let h = try await ProxyHarness.start(upstreamPort: upstream.port)
+        defer { Task { await h.stop() } }
+        let response = try await h.request("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(response.status == 502)
+        #expect(!response.text.contains("secret") && !response.text.contains("hello"))
+    }
+
+    @Test("WebSocket handshakes: foreign origins refused, the request's own host and listed origins admitted")
+    func websocketOrigin() async throws {
+        let h = try await ProxyHarness.start(hiddenCookies: ["__Host-sessiongate"], origins: OriginPolicy(allowedOrigins: ["https://app.example.com"]))
+        defer { Task { await h.stop() } }
+        let handshake = "GET /ws HTTP/1.1\r\nHost: gw.example.com\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n"
+        for origin in ["https://evil.example.com", "null", "https://gw.example.com.evil.org"] {
+            let refused = try await h.request(handshake + "Origin: \(origin)\r\n\r\n")
+            #expect(refused.status == 403, "\(origin)")
+        }
+        #expect(h.upstream.stats.withLockedValue { $0.requests } == 0)
+        for origin in ["https://gw.example.com", "https://app.example.com", nil] as [String?] {
+            let admitted = try await h.request(handshake + (origin.map { "Origin: \($0)\r\n" } ?? "") + "\r\n")
+            #expect(admitted.status == 101, "\(origin ?? "no origin")")
+            #expect(admitted.header("set-cookie") == nil, "the app's 101 may not set the gateway's cookie")
+        }
+    }
+
+    @Test("a request body trickling in is cut off at server.timeouts.request_body")
+    func slowBody() async throws {
+        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(30), idle: .seconds(30), requestBody: .seconds(1)))
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (status, closed) = try await blocking { () -> (Int, Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 20)
+            try client.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nx")
+            // One byte every 200 ms: each resets the idle timer, none completes the body. The
+            // proxy may cut the connection while we are still sending.
+            for _ in 0..<15 {
+                Thread.sleep(forTimeInterval: 0.2)
+                if (try? client.send("x")) == nil { break }
+            }
+            let response = try client.readResponse()
+            return (response.status, client.waitForClose())
+        }
+        #expect(status == 408)
+        #expect(closed)
+    }
+
+    @Test("request bodies over the route's max_body_bytes: 413, declared or streamed")
+    func bodyLimit() async throws {
+        let h = try await ProxyHarness.start(maxBodyBytes: 10)
+        defer { Task { await h.stop() } }
+        let declared = try await h.request("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n01234567890")
+        #expect(declared.status == 413)
+        #expect(h.upstream.stats.withLockedValue { $0.requests } == 0, "a declared oversize body is refused before the upstream")
+        let streamed = try await h.request("POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n6\r\n012345\r\n6\r\n678901\r\n0\r\n\r\n")
+        #expect(streamed.status == 413)
+        let fits = try await h.request("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n0123456789")
+        #expect(fits.status == 200 && fits.text.hasPrefix("n=10"))
+    }
+
+    @Test("TRACE is 405 unless the route opts in; Expect other than 100-continue is 417")
+    func traceAndExpect() async throws {
+        let h = try await ProxyHarness.start(routes: { upstream in
+            [ProxyRoute(name: "diag", pathPrefix: "/diag", upstream: upstream, allowTrace: true), ProxyRoute(name: "app", pathPrefix: "/", upstream: upstream)]
+        })
+        defer { Task { await h.stop() } }
+        let trace = try await h.request("TRACE /echo HTTP/1.1\r\nHost: a\r\nCookie: secret=1\r\n\r\n")
+        #expect(trace.status == 405)
+        #expect(h.upstream.stats.withLockedValue { $0.requests } == 0)
+        let optedIn = try await h.request("TRACE /diag HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(optedIn.status == 200)
+        let expect = try await h.request("POST /echo HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx")
+        #expect(expect.status == 417)
+        let continued = try await h.request("POST /echo HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx")
+        #expect(continued.status == 200)
+    }
+
+    @Test("a valid request followed by junk in the same read gets its own response, then 400 and close")
+    func junkAfterValid() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (first, second, closed) = try await blocking { () -> (Int, Int, Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 10)
+            try client.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\nJUNK JUNK\r\n\r\n")
+            let a = try client.readResponse()
+            let b = try client.readResponse()
+            return (a.status, b.status, client.waitForClose())
+        }
+        #expect(first == 200)
+        #expect(second == 400)
+        #expect(closed)
+        #expect(h.upstream.stats.withLockedValue { $0.paths } == ["/echo"])
+    }
+}
+
+import Foundation
