@@ -157,7 +157,9 @@ struct AuthEndpointGuard: RequestGuard {
                 auth.metrics.recordSignIn(flow: "web", outcome: "cancelled")
                 return AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=cancelled&rd=" + FormBody.escape(login.returnTo), headers: [clearLogin])
             }
-            auth.logger.warning("Apple answered the authorization with an error", metadata: ["error": "\(error.prefix(64))"])
+            // Attacker-controlled form data: only the characters Apple's error codes use reach the log.
+            let code = String(error.prefix(64).filter { $0.isASCII && ($0.isLetter || $0 == "_") })
+            auth.logger.warning("Apple answered the authorization with an error", metadata: ["error": "\(code)"])
             return fail(.badRequest, "Sign in failed", "Apple did not complete the sign-in.", outcome: "rejected", retry: login.returnTo)
         }
         guard let code = form["code"], !code.isEmpty else {
@@ -209,6 +211,11 @@ struct AuthEndpointGuard: RequestGuard {
             return AuthResponses.json(status, ["error": error, "message": message])
         }
         guard let apple = auth.apple else { return Self.notConfigured() }
+        // A cross-site form can post `text/plain` that parses as JSON (login CSRF); a form
+        // cannot send `application/json` without a CORS preflight.
+        guard let type = head.headers.first(name: "content-type"), type.lowercased().hasPrefix("application/json") else {
+            return fail(.unsupportedMediaType, "invalid_request", "the body must be JSON (Content-Type: application/json)", outcome: "rejected")
+        }
         guard let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any] else {
             return fail(.badRequest, "invalid_request", "the body must be a JSON object", outcome: "rejected")
         }
@@ -226,13 +233,6 @@ struct AuthEndpointGuard: RequestGuard {
             if error.isTransient { return fail(.badGateway, "apple_unavailable", "Apple's keys could not be fetched; retry", outcome: "apple_unavailable") }
             return fail(.unauthorized, "invalid_identity_token", "the identity token was rejected: \(error.rawValue)", outcome: "rejected")
         }
-        if let name {
-            do {
-                try await auth.withDeadline(auth.store.saveProfile(UserProfile(sub: early.subject, name: name), on: loop), on: loop).get()
-            } catch {
-                return fail(.serviceUnavailable, "store_unavailable", "the session store did not answer; retry", outcome: "store_unavailable")
-            }
-        }
         // The code was issued to the app's own client id (the token's audience), no redirect_uri.
         let identity: AppleIdentity
         let refreshToken: String?
@@ -246,6 +246,9 @@ struct AuthEndpointGuard: RequestGuard {
         guard identity.subject == early.subject else {
             return fail(.unauthorized, "invalid_grant", "the authorization code belongs to another user", outcome: "rejected")
         }
+        // The unsigned name is stored with the session, only once Apple exchanged this user's
+        // own code: a replayed identity token alone cannot rename its owner. (An app whose
+        // exchange failed still holds the name and sends it with its retry.)
         do {
             let created = try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get()
             await endReplaced(presentedSession(head), on: loop)

@@ -193,25 +193,39 @@ final class Authenticator: Sendable {
 
     enum Credential {
         case none
-        /// The cookie sent twice, or malformed: treated as unauthenticated (security.md).
+        /// The cookie or the bearer token sent twice, a cookie and a bearer token naming
+        /// different sessions: treated as unauthenticated (security.md), whichever is valid.
         case ambiguous
         case value(Substring)
     }
 
-    /// `Authorization: Bearer`, else the session cookie. No allocation on the way.
+    /// `Authorization: Bearer` or the session cookie; both only if they carry the same token (a
+    /// native app may send its cookie jar too). No allocation on the way.
     func credential(_ headers: HTTPHeaders) -> Credential {
-        var found: Credential = .none
+        var bearer: Substring? = nil
+        var cookie: Substring? = nil
+        var doubled = false
         for (name, value) in headers {
             if HeaderName.equals(name, "authorization") {
                 let v = value.drop { $0 == " " }
-                if v.utf8.count > 7, HeaderName.equals(String(v.prefix(7)), "bearer ") { return .value(v.dropFirst(7).drop { $0 == " " }) }
+                if v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") {
+                    if bearer != nil { doubled = true }
+                    bearer = v.dropFirst(7).drop { $0 == " " }
+                }
             } else if HeaderName.equals(name, "cookie") {
                 Self.forEachCookie(named: cookieMarker, in: value) { v in
-                    if case .none = found { found = .value(v) } else { found = .ambiguous }
+                    if cookie != nil { doubled = true }
+                    cookie = v
                 }
             }
         }
-        return found
+        if doubled { return .ambiguous }
+        switch (bearer, cookie) {
+        case (nil, nil): return .none
+        case (let b?, nil): return .value(b)
+        case (nil, let c?): return .value(c)
+        case (let b?, let c?): return b == c ? .value(b) : .ambiguous
+        }
     }
 
     /// Whether `Authorization: Bearer` carries one of our session tokens (signature valid): then it
@@ -219,7 +233,7 @@ final class Authenticator: Sendable {
     func carriesSessionBearer(_ headers: HTTPHeaders) -> Bool {
         for (name, value) in headers where HeaderName.equals(name, "authorization") {
             let v = value.drop { $0 == " " }
-            if v.utf8.count > 7, HeaderName.equals(String(v.prefix(7)), "bearer ") {
+            if v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") {
                 return keys.handle(forCookie: v.dropFirst(7).drop { $0 == " " }) != nil
             }
         }

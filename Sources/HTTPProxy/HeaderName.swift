@@ -16,7 +16,7 @@ public enum HeaderName {
     }
 
     /// `equals` for a slice of a value (a trimmed token).
-    static func equals(_ name: Substring, _ lower: String) -> Bool {
+    public static func equals(_ name: Substring, _ lower: String) -> Bool {
         guard name.utf8.count == lower.utf8.count else { return false }
         return zip(name.utf8, lower.utf8).allSatisfy { ($0 | 0x20) == $1 }
     }

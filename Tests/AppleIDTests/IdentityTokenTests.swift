@@ -211,6 +211,15 @@ struct NotificationVerifierTests {
         }
     }
 
+    @Test("a notification just inside the age bound is accepted, without exp")
+    func freshEnough() async throws {
+        try await VerifierFixture.with { f in
+            let events = #"{"type":"consent-revoked","sub":"s1"}"#
+            let body = Self.body(try f.sign(Self.claims(events: events, overrides: ["exp": nil, "iat": VerifierFixture.now - NotificationVerifier.maximumAge + 60])))
+            #expect(try await f.notificationVerifier.verify(body: body).kind == .consentRevoked)
+        }
+    }
+
     @Test("both spellings of account deletion, and unknown types", arguments: [
         ("account-delete", AppleNotification.Kind.accountDeleted), ("account-deleted", .accountDeleted),
         ("email-enabled", .emailEnabled), ("something-new", .unknown("something-new")),
@@ -225,6 +234,7 @@ struct NotificationVerifierTests {
 
     @Test("unverifiable notifications are rejected", arguments: [
         ("not JSON", AppleTokenRejection.malformed), ("wrong aud", .audience), ("events garbage", .events), ("expired", .expired), ("forged signature", .signature),
+        ("30 days old, no exp", .stale), ("25 hours old, exp far ahead", .stale),
     ])
     func rejected(name: String, expected: AppleTokenRejection) async throws {
         try await VerifierFixture.with { f in
@@ -235,6 +245,9 @@ struct NotificationVerifierTests {
             case "wrong aud": body = Self.body(try f.sign(Self.claims(events: events, overrides: ["aud": "com.other"])))
             case "events garbage": body = Self.body(try f.sign(Self.claims(events: "{not json")))
             case "expired": body = Self.body(try f.sign(Self.claims(events: events, overrides: ["exp": VerifierFixture.now - 60])))
+            case "30 days old, no exp": body = Self.body(try f.sign(Self.claims(events: events, overrides: ["exp": nil, "iat": VerifierFixture.now - 30 * 86_400])))
+            case "25 hours old, exp far ahead":
+                body = Self.body(try f.sign(Self.claims(events: events, overrides: ["iat": VerifierFixture.now - 25 * 3600, "exp": VerifierFixture.now + 86_400])))
             default:
                 let good = try f.sign(Self.claims(events: events)).split(separator: ".")
                 body = Self.body("\(good[0]).\(good[1]).\(CompactJWS.encodeBase64URL(Data(repeating: 7, count: 256)))")

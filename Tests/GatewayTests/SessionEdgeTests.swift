@@ -1,0 +1,117 @@
+import AppleIDSimulator
+import Foundation
+import Gateway
+import NIOCore
+import TestSupport
+import Testing
+
+/// Issue 9's holes between the gateway's sessions and the app: the bearer token leaking
+/// upstream, cross-origin posts to the gateway, sessions a new sign-in should end, cookies
+/// planted before a login, and WebSocket tunnels outliving their session.
+@Suite("Sessions at the edge", .serialized, .timeLimit(.minutes(3)))
+struct SessionEdgeTests {
+    /// A native sign-in: the session token.
+    static func nativeToken(_ h: SignInHarness, sub: String, nonce: String, bearer: String? = nil) async throws -> String {
+        let credential = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nonce)
+        let app = TestBrowser(gatewayOrigin: h.origin)
+        let body = #"{"identity_token":"\#(credential.identityToken)","authorization_code":"\#(credential.authorizationCode)","nonce":"\#(nonce)"}"#
+        var headers = [("accept", "application/json")]
+        if let bearer { headers.append(("authorization", "Bearer \(bearer)")) }
+        let response = try await app.request("/_auth/native", method: .POST, headers: headers, json: body)
+        #expect(response.status == 200, "\(response.body)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(response.body.utf8)) as? [String: Any])
+        return try #require(object["token"] as? String)
+    }
+
+    @Test("the session's bearer token never reaches the app; other Authorization schemes do")
+    func bearerStripped() async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let token = try await Self.nativeToken(h, sub: h.simulator.createUser(), nonce: "n-1")
+        let api = TestBrowser(gatewayOrigin: h.origin)
+        for path in ["/api/items", "/public/page", "/maybe/page"] {
+            let call = try await api.request(path, headers: [("accept", "application/json"), ("authorization", "Bearer \(token)")])
+            #expect(call.status == 200, "\(path)")
+            #expect(h.upstream.stats.withLockedValue { $0.lastHeaders }["authorization"].isEmpty, "\(path): the session token reached the app")
+        }
+        // The app's own credentials pass untouched.
+        for value in ["Basic YWxhZGRpbjpvcGVuc2VzYW1l", "Bearer app-own-jwt"] {
+            _ = try await api.request("/public/page", headers: [("authorization", value)])
+            #expect(h.upstream.stats.withLockedValue { $0.lastHeaders }["authorization"] == [value])
+        }
+        // A cookie and a bearer token naming different sessions: neither counts.
+        let other = try await Self.nativeToken(h, sub: h.simulator.createUser(), nonce: "n-2")
+        let mixed = try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(token)"),
+                                                                  ("cookie", "__Host-sessiongate=\(other)")], sendCookies: false)
+        #expect(mixed.status == 401)
+    }
+
+    @Test("cross-origin posts to the gateway's state-changing endpoints are refused; Apple's callback is not")
+    func crossOriginPosts() async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        for (path, origin) in [("/_auth/revoke", "https://evil.example"), ("/_auth/logout", "http://sibling.localhost:\(h.gatewayPort)"),
+                               ("/_auth/revoke", "null"), ("/_auth/native", "https://evil.example")] {
+            let answer = try await browser.request(path, method: .POST, headers: [("accept", "text/html"), ("origin", origin)], form: [])
+            #expect(answer.status == 403, "\(path) from \(origin)")
+        }
+        #expect(try await browser.request("/x").status == 200, "the refused posts changed nothing")
+        // A form body (all a cross-site form can send without a preflight) is refused for its type.
+        let plain = try await browser.request("/_auth/native", method: .POST, form: [("identity_token", "x")])
+        #expect(plain.status == 415)
+        // The gateway's own origin may post.
+        let out = try await browser.request("/_auth/logout", method: .POST, headers: [("accept", "text/html"), ("origin", h.origin)], form: [])
+        #expect(out.status == 303)
+        #expect(try await browser.request("/x").status == 302)
+    }
+
+    @Test("a new sign-in ends the session the browser or app had; the login start clears the session cookie")
+    func reloginEndsPrevious() async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: sub)
+        let first = try #require(browser.cookies["__Host-sessiongate"])
+        browser.setCookies = []
+        _ = try await browser.signIn(from: "/x", as: sub)
+        #expect(browser.setCookies.contains { $0.hasPrefix("__Host-sessiongate=;") && $0.contains("Max-Age=0") }, "the login start clears the session cookie")
+        let second = try #require(browser.cookies["__Host-sessiongate"])
+        #expect(second != first)
+        let old = TestBrowser(gatewayOrigin: h.origin)
+        old.cookies["__Host-sessiongate"] = first
+        #expect(try await old.request("/x").status == 302, "the replaced session still works")
+        #expect(try await browser.request("/x").status == 200)
+
+        // Native: signing in again with the old token presented ends it.
+        let a = try await Self.nativeToken(h, sub: sub, nonce: "n-a")
+        let b = try await Self.nativeToken(h, sub: sub, nonce: "n-b", bearer: a)
+        let api = TestBrowser(gatewayOrigin: h.origin)
+        #expect(try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(a)")]).status == 401)
+        #expect(try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(b)")]).status == 200)
+    }
+
+    @Test("a WebSocket tunnel closes when its session is revoked or logged out", arguments: ["revoke", "logout"])
+    func tunnelClosesWithSession(how: String) async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let port = h.gatewayPort
+        let client = try await blocking { () -> RawClient in
+            let client = try RawClient(port: port, timeoutSeconds: 20)
+            try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n")
+            #expect(try client.readResponse().status == 101)
+            try client.send("ping")
+            #expect(try client.read(count: 4) == Array("ping".utf8))
+            return client
+        }
+        let ended = try await browser.request("/_auth/\(how)", method: .POST, form: [])
+        #expect(ended.status == 303)
+        let closed = try await blocking { client.waitForClose() }
+        #expect(closed, "the tunnel outlived its session")
+    }
+}
