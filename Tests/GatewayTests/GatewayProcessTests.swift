@@ -153,8 +153,9 @@ struct GatewayProcessTests {
 
     @Test("upstream errors are counted by kind")
     func upstreamErrorMetric() async throws {
-        let dead = try closedPort()
-        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: dead, extraServer: "  access_log: off"))
+        let dead = RefusingPort()
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: dead.port, extraServer: "  access_log: off"))
+        defer { withExtendedLifetime(dead) {} }
         defer { gateway.stop() }
         let ports = try await gateway.ports()
         let (status, metrics) = try await blocking {

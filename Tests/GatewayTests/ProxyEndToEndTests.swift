@@ -64,11 +64,13 @@ struct ProxyEndToEndTests {
 
     @Test("an upstream with several addresses: a refused one is skipped for the next")
     func upstreamAddressFallback() async throws {
-        let refusing = try SocketAddress(ipAddress: "127.0.0.1", port: try closedPort())
+        let dead = RefusingPort()
+        let refusing = try SocketAddress(ipAddress: "127.0.0.1", port: dead.port)
         let h = try await ProxyHarness.start(extraAddressesFirst: [refusing])
         defer { Task { await h.stop() } }
         let response = try await h.request("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(response.status == 200)
+        withExtendedLifetime(dead) {}
     }
 
     @Test("keep-alive: consecutive requests reuse one upstream connection")
@@ -171,8 +173,8 @@ struct ProxyEndToEndTests {
 
     @Test("refused upstream: 502 quickly, and the connection stays usable")
     func refused() async throws {
-        let dead = try closedPort()
-        let h = try await ProxyHarness.start(upstreamPort: dead)
+        let dead = RefusingPort()
+        let h = try await ProxyHarness.start(upstreamPort: dead.port)
         defer { Task { await h.stop() } }
         let port = h.port
         let (first, second) = try await blocking {
@@ -185,6 +187,7 @@ struct ProxyEndToEndTests {
         #expect(first.status == 502)
         #expect(first.text.contains("refused"))
         #expect(second.status == 502)
+        withExtendedLifetime(dead) {}
     }
 
     @Test("upstream response timeout: 504")

@@ -139,6 +139,18 @@ public func closedPort() throws -> Int {
     return port
 }
 
+/// A loopback port that refuses connections for as long as the value lives: a socket bound to
+/// it and never listening holds the port, so no other test's server can take it meanwhile (a
+/// `closedPort()` was seen answering as another test's listener in a full run).
+public final class RefusingPort: @unchecked Sendable {
+    public let port: Int
+    private let fd: Int32
+    public init() {
+        (fd, port) = boundLoopbackSocket()
+    }
+    deinit { close(fd) }
+}
+
 /// A TCP socket bound to a free loopback port (not listening yet): its descriptor and port.
 public func boundLoopbackSocket() -> (fd: Int32, port: Int) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
