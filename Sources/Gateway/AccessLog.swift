@@ -121,7 +121,7 @@ public struct LineLogHandler: LogHandler {
             case "\r": out += "\\r"
             case "\t": out += "\\t"
             default:
-                if scalar.value < 0x20 || scalar.value == 0x7f {
+                if Self.isControl(scalar) {
                     let hex = String(scalar.value, radix: 16)
                     out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
                 } else {
@@ -133,7 +133,13 @@ public struct LineLogHandler: LogHandler {
     }
 
     static func textValue(_ value: String) -> String {
-        let needsQuotes = value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || $0.value < 0x20 || $0.value == 0x7f }
+        let needsQuotes = value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || isControl($0) }
         return needsQuotes ? jsonString(value) : value
+    }
+
+    /// C0, DEL, C1 (NEL, 0x85, ends a line for some log tools) and the Unicode line and paragraph
+    /// separators: escaped, so a hostile path cannot forge a line for any reader.
+    static func isControl(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.value < 0x20 || (scalar.value >= 0x7f && scalar.value <= 0x9f) || scalar.value == 0x2028 || scalar.value == 0x2029
     }
 }

@@ -4,7 +4,7 @@
 /// Canonical form: origin-form; unreserved percent-escapes decoded (`%2e` → `.`, `%41` → `A`);
 /// other escapes upper-cased; dot segments resolved (RFC 3986 §5.2.4); runs of `/` merged;
 /// printable characters outside RFC 3986 `pchar` percent-encoded. Rejected (400): encoded `/`,
-/// `\`, `#`, `;`, `?` or NUL; a raw `\`, `#` or `;`; control characters; malformed escapes; asterisk,
+/// `\`, `#`, `;`, `?` or NUL; a raw `\`, `#` or `;`; control characters, raw or encoded; malformed escapes; asterisk,
 /// authority and opaque forms; an absolute-form target whose authority differs from `Host`.
 public struct RequestTarget: Sendable, Equatable {
     /// Canonical path, always starting with `/`.
@@ -103,6 +103,8 @@ public struct RequestTarget: Sendable, Equatable {
                     return .failure(.encodedSeparator)
                 }
                 if value == UInt8(ascii: ";") || value == UInt8(ascii: "?") { return .failure(.encodedDelimiter) }
+                // An encoded control character is one to an app that decodes (`/admin%09`).
+                if value < 0x20 || value == 0x7f { return .failure(.controlCharacter) }
                 if isUnreserved(value) { decoded.append(value) } else { appendEscape(value, to: &decoded) }
                 i = pathBytes.index(after: h2)
                 continue

@@ -22,6 +22,21 @@ struct AdmissionRulesTests {
         #expect(byName["X-Auth-Email-Verified"] == "true" && byName["X-Auth-Private-Email"] == "false" && byName["X-Auth-Real-User-Status"] == "2")
     }
 
+    @Test("every control character keeps an identity value off the wire, not only CR, LF and NUL", arguments: [
+        "a\u{0B}b", "a\u{0C}b", "a\u{1B}[2Jb", "a\u{7F}b", "a\u{1F}b",
+    ])
+    func controlCharacters(email: String) {
+        let headers = Authenticator.identityHeaders(UserProfile(sub: "001.abc", email: email), names: IdentityHeaderNames())
+        #expect(!headers.contains { $0.0 == "X-Auth-Email" })
+    }
+
+    @Test("log values escape C0, DEL, C1 and the Unicode line separators", arguments: [
+        ("a\nb", "\"a\\nb\""), ("a\u{85}b", "\"a\\u0085b\""), ("a\u{2028}b", "\"a\\u2028b\""), ("a\u{9B}b", "\"a\\u009bb\""), ("plain", "plain"),
+    ])
+    func logEscaping(value: String, logged: String) {
+        #expect(LineLogHandler.textValue(value) == logged)
+    }
+
     @Test("allow lists", arguments: [
         // users, emails, domains, sub, email, verified, expected
         ([], [], [], "u1", "a@example.com", true, true),
