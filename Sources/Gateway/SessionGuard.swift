@@ -30,6 +30,12 @@ struct SessionGuard: RequestGuard {
         }
     }
 
+    /// A lease for a WebSocket this session opens: ended with the session, or at its absolute expiry.
+    private func openTunnel(_ handle: SessionHandle, _ cached: CachedSession, on loop: any EventLoop) -> TunnelLease {
+        let remaining = cached.stored.session.created + auth.absoluteTimeout - auth.now()
+        return auth.tunnels.open(handle: handle, sub: cached.stored.session.sub, endsIn: .milliseconds(max(0, remaining)), on: loop)
+    }
+
     private func verdict(_ resolution: Resolution, _ request: GuardRequest, on loop: any EventLoop) -> Verdict {
         switch resolution {
         case .session(let handle, let cached):
@@ -40,7 +46,7 @@ struct SessionGuard: RequestGuard {
             auth.metrics.recordAdmission(.session)
             return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop),
                             removeHeaders: auth.carriesSessionBearer(request.head.headers) ? Self.bearer : [],
-                            tunnel: request.isWebSocketUpgrade ? auth.tunnels.open(handle: handle, sub: cached.stored.session.sub) : nil)
+                            tunnel: request.isWebSocketUpgrade ? openTunnel(handle, cached, on: loop) : nil)
         case .anonymous, .invalid:
             if route.auth == .optional {
                 auth.metrics.recordAdmission(.anonymous)

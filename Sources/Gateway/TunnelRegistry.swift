@@ -1,4 +1,5 @@
 import HTTPProxy
+import NIOCore
 import NIOConcurrencyHelpers
 import Sessions
 
@@ -15,8 +16,9 @@ final class TunnelRegistry: Sendable {
     private let bySub = NIOLockedValueBox<[String: [ObjectIdentifier: Entry]]>([:])
 
     /// A lease for a tunnel about to be opened for this session; it leaves the registry when
-    /// the tunnel closes (or never opens).
-    func open(handle: SessionHandle, sub: String) -> TunnelLease {
+    /// the tunnel closes (or never opens), and ends at `endsIn` at the latest (the session's
+    /// absolute expiry: no tunnel outlives its session).
+    func open(handle: SessionHandle, sub: String, endsIn: TimeAmount, on loop: any EventLoop) -> TunnelLease {
         let lease = TunnelLease { [weak self] lease in
             self?.bySub.withLockedValue { map in
                 map[sub]?[ObjectIdentifier(lease)] = nil
@@ -24,6 +26,7 @@ final class TunnelRegistry: Sendable {
             }
         }
         bySub.withLockedValue { $0[sub, default: [:]][ObjectIdentifier(lease)] = Entry(lease: lease, handle: handle) }
+        loop.scheduleTask(in: endsIn) { [weak lease] in lease?.end() }
         return lease
     }
 

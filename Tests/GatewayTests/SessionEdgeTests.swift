@@ -51,7 +51,10 @@ struct SessionEdgeTests {
         let h = try await SignInHarness.start()
         defer { Task { await h.stop() } }
         let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        // Apple's form_post arrives cross-site, with Apple's Origin: accepted.
+        let (_, post) = try await browser.signIn(from: "/x", as: h.simulator.createUser(), stopBeforeCallback: true)
+        let callback = try await browser.request(post.action, method: .POST, headers: [("accept", "text/html"), ("origin", h.simulator.baseURL)], form: post.fields)
+        #expect(callback.status == 303)
         for (path, origin) in [("/_auth/revoke", "https://evil.example"), ("/_auth/logout", "http://sibling.localhost:\(h.gatewayPort)"),
                                ("/_auth/revoke", "null"), ("/_auth/native", "https://evil.example")] {
             let answer = try await browser.request(path, method: .POST, headers: [("accept", "text/html"), ("origin", origin)], form: [])
@@ -91,6 +94,23 @@ struct SessionEdgeTests {
         let api = TestBrowser(gatewayOrigin: h.origin)
         #expect(try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(a)")]).status == 401)
         #expect(try await api.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(b)")]).status == 200)
+    }
+
+    @Test("a WebSocket tunnel closes at its session's absolute expiry")
+    func tunnelClosesAtExpiry() async throws {
+        let h = try await SignInHarness.start(configure: { $0.session.absoluteTimeout = .seconds(3) })
+        defer { Task { await h.stop() } }
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let port = h.gatewayPort
+        let closed = try await blocking { () -> Bool in
+            let client = try RawClient(port: port, timeoutSeconds: 20)
+            try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            guard try client.readResponse().status == 101 else { return false }
+            return client.waitForClose()
+        }
+        #expect(closed, "the tunnel outlived its session's absolute expiry")
     }
 
     @Test("a WebSocket tunnel closes when its session is revoked or logged out", arguments: ["revoke", "logout"])
