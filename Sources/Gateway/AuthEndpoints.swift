@@ -12,6 +12,9 @@ import Sessions
 /// for every host before any upstream route.
 struct AuthEndpointGuard: RequestGuard {
     let auth: Authenticator
+    /// Who may post to the state-changing endpoints (`server.public_url`,
+    /// `server.allowed_origins`, the request's own host); from the running configuration.
+    let origins: OriginPolicy
 
     static let maxFormBytes = 64 * 1024
     /// The state-changing endpoints a browser could be tricked into posting to. Not the
@@ -25,7 +28,7 @@ struct AuthEndpointGuard: RequestGuard {
         let query = request.target.query.flatMap { FormBody.parse(Array($0.utf8)) } ?? [:]
         let head = request.head
         if method == .POST, Self.crossOriginChecked.contains(endpoint),
-           !auth.origins.admits(origin: head.headers.first(name: "origin"), host: request.host) {
+           !origins.admits(origin: head.headers.first(name: "origin"), host: request.host) {
             // A page on another origin (a sibling subdomain is one) must not sign a user out,
             // disconnect them, or sign them in as someone else.
             return .verdict(.respond(.error(.forbidden, "cross-origin request refused", close: true)))

@@ -63,9 +63,6 @@ final class Authenticator: Sendable {
     private let weakSelf: NIOLockedValueBox<WeakAuthenticator>
     /// Open WebSocket tunnels, ended when their session is.
     let tunnels = TunnelRegistry()
-    /// Who may post to the state-changing endpoints (`server.public_url`, `server.allowed_origins`,
-    /// the request's own host).
-    let origins: OriginPolicy
     /// Where background checks (tunnels after an invalidation) run.
     private let backgroundLoop: any EventLoop
     let logger: Logger
@@ -85,7 +82,6 @@ final class Authenticator: Sendable {
         let weak = NIOLockedValueBox(WeakAuthenticator())
         weakSelf = weak
         backgroundLoop = group.next()
-        origins = GatewayService.origins(c)
         let secret: [UInt8]
         if let reference = c.session.secretFile {
             secret = try reference.read(key: "session.secret_file")
@@ -207,10 +203,9 @@ final class Authenticator: Sendable {
         var doubled = false
         for (name, value) in headers {
             if HeaderName.equals(name, "authorization") {
-                let v = value.drop { $0 == " " }
-                if v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") {
+                if let token = Self.bearerToken(value) {
                     if bearer != nil { doubled = true }
-                    bearer = v.dropFirst(7).drop { $0 == " " }
+                    bearer = token
                 }
             } else if HeaderName.equals(name, "cookie") {
                 Self.forEachCookie(named: cookieMarker, in: value) { v in
@@ -230,14 +225,19 @@ final class Authenticator: Sendable {
 
     /// Whether `Authorization: Bearer` carries one of our session tokens (signature valid): then it
     /// is the gateway's credential and never reaches the app.
+    /// Every `Authorization` header is looked at: a junk bearer first must not hide ours.
     func carriesSessionBearer(_ headers: HTTPHeaders) -> Bool {
         for (name, value) in headers where HeaderName.equals(name, "authorization") {
-            let v = value.drop { $0 == " " }
-            if v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") {
-                return keys.handle(forCookie: v.dropFirst(7).drop { $0 == " " }) != nil
-            }
+            if let token = Self.bearerToken(value), keys.handle(forCookie: token) != nil { return true }
         }
         return false
+    }
+
+    /// The token of an `Authorization: Bearer <token>` value (scheme without case).
+    static func bearerToken(_ value: String) -> Substring? {
+        let v = value.drop { $0 == " " }
+        guard v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") else { return nil }
+        return v.dropFirst(7).drop { $0 == " " }
     }
 
     /// Calls `body` with the value of every `name=value` pair in a `Cookie` header whose name

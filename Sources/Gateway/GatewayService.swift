@@ -84,7 +84,7 @@ public final class GatewayService: Service, Sendable {
                               maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace)
         }
         // The endpoints answer locally; their upstream address is never dialled.
-        let endpoints = AuthEndpointGuard(auth: auth)
+        let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c))
         let hosts = Set(c.routes.map(\.host))
         let authRoutes = hosts.map { host in
             ProxyRoute(name: "auth", host: host, pathPrefix: c.server.authPrefix + "/", upstream: UpstreamAddress(host: "127.0.0.1", port: 9),
@@ -205,9 +205,10 @@ public final class GatewayService: Service, Sendable {
         }
         let previous = current.withLockedValue { old in defer { old = next }; return old }
         if previous.server.listen != next.server.listen || previous.server.adminListen != next.server.adminListen
-            || previous.server.timeouts != next.server.timeouts || previous.server.limits != next.server.limits
+            || previous.server.timeouts != next.server.timeouts || previous.server.limits.maxHeaderBytes != next.server.limits.maxHeaderBytes
+            || previous.server.limits.maxHeaderCount != next.server.limits.maxHeaderCount
             || previous.server.accessLog != next.server.accessLog {
-            logger.warning("listen addresses, timeouts, limits and access_log apply at the next restart")
+            logger.warning("listen addresses, timeouts, header limits and access_log apply at the next restart")
         }
         if previous.apple != next.apple || previous.session != next.session || previous.store != next.store || previous.identity != next.identity
             || previous.server.publicURL != next.server.publicURL || previous.server.authPrefix != next.server.authPrefix {

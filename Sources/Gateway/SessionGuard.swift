@@ -22,7 +22,7 @@ struct SessionGuard: RequestGuard {
 
     func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
         if route.auth == .public {
-            return .verdict(auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
+            return .verdict(request.hasBearer && auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
         }
         switch auth.lookup(request.head.headers, on: loop) {
         case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
@@ -45,12 +45,14 @@ struct SessionGuard: RequestGuard {
             }
             auth.metrics.recordAdmission(.session)
             return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop),
-                            removeHeaders: auth.carriesSessionBearer(request.head.headers) ? Self.bearer : [],
+                            // A bearer beside a live session is that session's token (a cookie
+                            // naming another session would have made the credential ambiguous).
+                            removeHeaders: request.hasBearer ? Self.bearer : [],
                             tunnel: request.isWebSocketUpgrade ? openTunnel(handle, cached, on: loop) : nil)
         case .anonymous, .invalid:
             if route.auth == .optional {
                 auth.metrics.recordAdmission(.anonymous)
-                return auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
+                return request.hasBearer && auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
             }
             auth.metrics.recordAdmission(.unauthenticated)
             return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))

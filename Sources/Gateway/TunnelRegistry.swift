@@ -26,7 +26,7 @@ final class TunnelRegistry: Sendable {
             }
         }
         bySub.withLockedValue { $0[sub, default: [:]][ObjectIdentifier(lease)] = Entry(lease: lease, handle: handle) }
-        loop.scheduleTask(in: endsIn) { [weak lease] in lease?.end() }
+        lease.expire(after: endsIn, on: loop)
         return lease
     }
 

@@ -1,3 +1,4 @@
+import NIOCore
 import NIOHTTP1
 
 /// The decisions the proxy handler takes for each exchange, as pure functions (tested without
@@ -61,6 +62,54 @@ enum ExchangeRules {
         case .awaitingVerdict, .connecting, .closed: return false
         case .forwarding: return requestEnded ? pipelinedEmpty : upstreamWritable
         }
+    }
+
+    /// What a decoder error (bytes that do not parse) does to the exchange in flight.
+    enum DecoderErrorAction: Equatable {
+        /// Answer 400/431 now and close (nothing else is in flight, or the request itself broke
+        /// before any response byte).
+        case answerNow
+        /// The junk follows a complete request: that request (and any complete pipelined ones
+        /// before the junk) is answered first, then the error, then the connection closes.
+        case answerAfterCurrent
+        /// The request broke while its response was streaming: abort the connection.
+        case abort
+    }
+
+    /// Bytes after a WebSocket handshake are the tunnel's, not HTTP: a flood there is answered
+    /// at once (the decoder only buffers them).
+    static func onDecoderError(phase: Phase, requestEnded: Bool, responseStarted: Bool, upgradeRequested: Bool) -> DecoderErrorAction {
+        if phase == .idle { return .answerNow }
+        if requestEnded, !upgradeRequested { return .answerAfterCurrent }
+        return responseStarted ? .abort : .answerNow
+    }
+
+    /// Whether a response head from the app can be relayed (else 502, as nginx answers).
+    enum ResponseHeadVerdict: Equatable {
+        case relay
+        /// A status outside 100–599: nobody can say how the message is framed.
+        case invalidStatus
+        /// `Transfer-Encoding` other than one `chunked`, or with `Content-Length`: the gateway
+        /// would frame the body differently from what the app meant.
+        case ambiguousFraming
+    }
+
+    static func responseHead(status: Int, transferEncodings: Int, onlyChunked: Bool, hasContentLength: Bool) -> ResponseHeadVerdict {
+        guard (100...599).contains(status) else { return .invalidStatus }
+        if transferEncodings > 1 || (transferEncodings == 1 && (!onlyChunked || hasContentLength)) { return .ambiguousFraming }
+        return .relay
+    }
+
+    /// Every KiB of request body received earns the client one more second beyond
+    /// `timeouts.request_body` (a minimum rate, as Apache's `mod_reqtimeout`): a large upload
+    /// at a honest pace is never cut off, one byte every few seconds always is.
+    static let bodyBytesPerSecond = 1024
+
+    /// When a request body must be complete: its allowance from the head, plus the time the
+    /// gateway itself held the client back (verdict, connect, a slow upstream), plus the rate
+    /// credit for what already arrived.
+    static func bodyDeadline(start: NIODeadline, allowance: TimeAmount, held: TimeAmount, bytesReceived: Int) -> NIODeadline {
+        start + allowance + held + .seconds(Int64(bytesReceived / bodyBytesPerSecond))
     }
 
     /// Whether the client connection stays open for another request after this exchange.

@@ -21,6 +21,13 @@ public enum HeaderName {
         return zip(name.utf8, lower.utf8).allSatisfy { ($0 | 0x20) == $1 }
     }
 
+    /// ASCII case-insensitive equality for any bytes (only `A`–`Z` fold): cookie names, which
+    /// may hold `_` and other characters the `| 0x20` shortcut of `equals` would change.
+    static func equalsIgnoringCase(_ text: Substring, _ lower: String) -> Bool {
+        guard text.utf8.count == lower.utf8.count else { return false }
+        return zip(text.utf8, lower.utf8).allSatisfy { ($0 >= 0x41 && $0 <= 0x5a ? $0 | 0x20 : $0) == $1 }
+    }
+
     /// Whether `name`, folded like `equalsNormalized`, starts with `normalizedLower`.
     @inline(__always)
     static func hasNormalizedPrefix(_ name: String, _ normalizedLower: String) -> Bool {

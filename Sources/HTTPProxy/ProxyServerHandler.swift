@@ -70,8 +70,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var idSeed: UInt64 = 0
     private var lastActivity: NIODeadline = .now()
     private var responseDeadline: NIODeadline? = nil
-    /// While a request body is arriving: when it must be complete (`timeouts.request_body`).
-    private var bodyDeadline: NIODeadline? = nil
+    /// While a request body is arriving: when its head came (`ExchangeRules.bodyDeadline`), and
+    /// how long the gateway held the client back meanwhile (not the client's time).
+    private var bodyStart: NIODeadline? = nil
+    private var bodyHeld: TimeAmount = .zero
+    private var heldSince: NIODeadline? = nil
     /// A decoder error behind a request still being answered: answered (400/431, close) once
     /// everything before it has been (a valid request followed by junk gets its own response).
     private var deferredError: LocalResponse? = nil
@@ -150,14 +153,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         // Decoder errors: framing is in doubt, so answer (if nothing was answered yet) and close.
         guard phase != .closed else { return }
-        if phase == .forwarding, exchange.responseStarted {
-            record(aborted: true)
-            phase = .closed
-            upstream?.close()
-            upstream = nil
-            context.close(promise: nil)
-            return
-        }
         let status: HTTPResponseStatus
         let reason: String
         if (error as? HTTPParserError) == .headerOverflow || error is ByteToMessageDecoderError.PayloadTooLargeError {
@@ -168,11 +163,21 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             reason = "malformed HTTP request"
         }
         let response = LocalResponse.error(status, reason, close: true)
-        if status == .badRequest, phase != .idle, exchange.requestEnded {
-            // The junk follows a complete request: that request is answered first (the decoder
-            // delivers nothing more, so nothing else can come in between).
+        switch ExchangeRules.onDecoderError(phase: phase, requestEnded: exchange.requestEnded, responseStarted: exchange.responseStarted,
+                                            upgradeRequested: exchange.isWebSocket) {
+        case .answerAfterCurrent:
+            // The decoder delivers nothing more, so nothing else can come in between.
             if deferredError == nil { deferredError = response }
             return
+        case .abort:
+            record(aborted: true)
+            phase = .closed
+            upstream?.close()
+            upstream = nil
+            context.close(promise: nil)
+            return
+        case .answerNow:
+            break
         }
         if phase == .idle {
             exchange = Exchange()
@@ -201,7 +206,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func read(context: ChannelHandlerContext) {
-        if lingering || wantsRead { context.read() } else { readPending = true }
+        if lingering || wantsRead {
+            releaseHold()
+            context.read()
+        } else {
+            readPending = true
+            if bodyStart != nil, heldSince == nil { heldSince = .now() }
+        }
     }
 
     private var wantsRead: Bool {
@@ -213,8 +224,17 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func resumeReading() {
         if readPending, wantsRead {
-            readPending = false
+            releaseHold()
             context.read()
+        }
+    }
+
+    /// Reading resumes: the time the client was held back is not counted against its body.
+    private func releaseHold() {
+        readPending = false
+        if let since = heldSince {
+            bodyHeld = bodyHeld + (.now() - since)
+            heldSince = nil
         }
     }
 
@@ -235,7 +255,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         switch part {
         case .end:
             exchange.requestEnded = true
-            bodyDeadline = nil
+            bodyStart = nil
         case .body(let buffer):
             exchange.bodyBytes += buffer.readableBytes
             if exchange.maxBodyBytes > 0, exchange.bodyBytes > exchange.maxBodyBytes {
@@ -266,7 +286,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func startExchange(_ head: HTTPRequestHead) {
         generation &+= 1
-        bodyDeadline = nil
+        bodyStart = nil
         // Parts of the previous request that arrived while its verdict was pending and that
         // request was answered locally: they must never be replayed into this one.
         buffered.removeAll(keepingCapacity: true)
@@ -307,8 +327,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             return respondLocal(.error(.notFound, "no route for this host and path"))
         }
         if head.method == .TRACE, !route.allowTrace {
-            return respondLocal(LocalResponse(status: .methodNotAllowed, headers: [("content-type", "text/plain; charset=utf-8")],
-                                              body: ByteBuffer(string: "405 Method Not Allowed: TRACE is not forwarded on this route\n")))
+            var response = LocalResponse.error(.methodNotAllowed, "TRACE is not forwarded on this route")
+            response.headers.append(("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"))  // RFC 9110 §15.5.6
+            return respondLocal(response)
         }
         if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.headers.first(name: "origin"), host: inbound.host) {
             return respondLocal(.error(.forbidden, "cross-origin WebSocket handshake refused", close: true))
@@ -325,7 +346,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         phase = .awaitingVerdict
         let decision = route.requestGuard.admit(
             GuardRequest(head: head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
-                         isWebSocketUpgrade: inbound.isWebSocketUpgrade), on: context.eventLoop)
+                         isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer), on: context.eventLoop)
         switch decision {
         case .verdict(let verdict):
             apply(verdict)
@@ -334,7 +355,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             let this = NIOLoopBound(self, eventLoop: context.eventLoop)
             future.hop(to: context.eventLoop).whenComplete { result in
                 let handler = this.value
-                guard handler.generation == gen, handler.phase == .awaitingVerdict else { return }
+                guard handler.generation == gen, handler.phase == .awaitingVerdict else {
+                    // Too late (the client left, or the request was answered meanwhile).
+                    if case .success(let verdict) = result { Self.discard(verdict) }
+                    return
+                }
                 switch result {
                 case .success(let verdict): handler.apply(verdict)
                 case .failure: handler.respondLocal(.error(.serviceUnavailable, "admission could not be decided"))
@@ -356,7 +381,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             for part in parts where phase == .collecting { collect(part) }
             resumeReading()
         case .forward(let addHeaders, let removeHeaders, let tunnel):
-            guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return }
+            guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return Self.discard(verdict) }
             exchange.tunnel = tunnel
             exchange.forwarded = true
             // Hold the header list in one place only, so adding to it does not copy it.
@@ -375,6 +400,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: target.forwarded, headers: headers)
             acquireUpstream()
         }
+    }
+
+    /// A verdict nobody will apply: a tunnel lease it carries is finished (it leaves its registry).
+    private static func discard(_ verdict: Verdict) {
+        if case .forward(_, _, let tunnel?) = verdict { tunnel.finish() }
     }
 
     /// A body part for one of the gateway's own endpoints.
@@ -466,7 +496,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     /// The request failed while its body was arriving (too large, too slow): answered with
     /// `status` and closed if no response byte went out yet; otherwise the connection is aborted.
     private func requestFailed(_ status: HTTPResponseStatus, _ reason: String) {
-        bodyDeadline = nil
+        bodyStart = nil
         collector = nil
         if let upstream { upstream.close(); self.upstream = nil }
         generation &+= 1
@@ -537,12 +567,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             upstream = nil
             return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream switched protocols unasked")
         }
-        if head.status.code < 100 || head.status.code > 599 {
-            // Not a status HTTP defines: the gateway cannot know how the message is framed.
-            upstream?.close()
-            upstream = nil
-            return upstreamFailure(.invalidResponse, .badGateway, "upstream answered with an invalid status")
-        }
+        if head.status.code < 100 || head.status.code > 599 { return refuseResponse("upstream answered with an invalid status") }
         if head.status.code < 200 {
             // Interim (100 Continue, 103): pass on to HTTP/1.1 clients.
             guard exchange.clientVersion.minor >= 1 else { return }
@@ -556,7 +581,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var connectionTokens: [String] = []
         var hasRequestID = false
         var transferEncodings = 0
-        var dropsCookie = false
+        var onlyChunked = true
         for (name, value) in head.headers {
             switch RequestHeaderRules.classify(name) {
             case .connection: connectionTokens += HeaderName.tokens(value)
@@ -564,18 +589,15 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             case .requestID: hasRequestID = true
             case .transferEncoding:
                 transferEncodings += 1
-                if !HeaderName.equals(value, "chunked") { transferEncodings += 1 }
-            case .other:
-                if HeaderName.equals(name, "set-cookie"), exchange.rules?.setsHiddenCookie(value) == true { dropsCookie = true }
+                if !HeaderName.equals(value, "chunked") { onlyChunked = false }
             default: break
             }
         }
-        if transferEncodings > 1 || (transferEncodings > 0 && hasContentLength) {
-            // A response framing the gateway would relay differently than the app meant (nginx
-            // answers 502 too): the connection is not reused.
-            upstream?.close()
-            upstream = nil
-            return upstreamFailure(.invalidResponse, .badGateway, "upstream response framing is ambiguous")
+        switch ExchangeRules.responseHead(status: Int(head.status.code), transferEncodings: transferEncodings, onlyChunked: onlyChunked,
+                                          hasContentLength: hasContentLength) {
+        case .relay: break
+        case .invalidStatus: return refuseResponse("upstream answered with an invalid status")
+        case .ambiguousFraming: return refuseResponse("upstream response framing is ambiguous")
         }
         responseDeadline = nil
         exchange.responseStarted = true
@@ -595,8 +617,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             case .contentLength: if exchange.status == 204 { continue }
             case .other:
                 if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
-                // The app may not set the gateway's own cookies (session fixation).
-                if dropsCookie, HeaderName.equals(name, "set-cookie"), exchange.rules?.setsHiddenCookie(value) == true { continue }
+                if exchange.rules?.withholdsResponseHeader(name, value) == true { continue }
             default: break
             }
             HTTPWire.writeHeader(name, value, into: &buffer)
@@ -610,6 +631,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         buffer.writeStaticString("\r\n")
         context.write(wrapOutboundOut(buffer), promise: nil)
+    }
+
+    /// A response head the gateway will not relay: 502, and the connection is not reused.
+    private func refuseResponse(_ reason: String) {
+        upstream?.close()
+        upstream = nil
+        upstreamFailure(.invalidResponse, .badGateway, reason)
     }
 
     func upstreamClosed(_ error: (any Error)?) {
@@ -672,6 +700,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         drainingPipeline = true
         defer { drainingPipeline = false }
         while phase != .closed, let part = pipelined.first {
+            if phase == .idle, deferredError != nil, !pipelined.contains(where: { if case .end = $0 { return true } else { return false } }) {
+                // A request cut short by the junk: its end will never come; only the error is left.
+                pipelined.removeAll()
+                break
+            }
             if phase == .idle || !exchange.requestEnded {
                 pipelined.removeFirst()
                 receive(part)
@@ -754,7 +787,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         for (name, value) in head.headers {
             switch RequestHeaderRules.classify(name) {
             case .hopByHop, .transferEncoding, .contentLength: continue
-            case .other where HeaderName.equals(name, "set-cookie") && exchange.rules?.setsHiddenCookie(value) == true: continue
+            case .other where exchange.rules?.withholdsResponseHeader(name, value) == true: continue
             default: HTTPWire.writeHeader(name, value, into: &buffer)
             }
         }
@@ -785,6 +818,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             upstreamChannel.read()
             tunnel?.attach([clientChannel, upstreamChannel])
         } catch {
+            tunnel?.finish()
             upstreamChannel.close(promise: nil)
             context.close(promise: nil)
         }
@@ -826,14 +860,21 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         timer = context.eventLoop.scheduleTask(deadline: timerDeadline) { this.value.timerFired() }
     }
 
-    /// A request body is expected: it has `request_body` to arrive completely.
+    /// A request body is expected: it has `request_body` (and its rate credit) to arrive.
     private func startBodyDeadline() {
-        let deadline = NIODeadline.now() + shared.timeouts.requestBody
-        bodyDeadline = deadline
-        if deadline < timerDeadline {
+        bodyStart = .now()
+        bodyHeld = .zero
+        heldSince = nil
+        if let deadline = currentBodyDeadline, deadline < timerDeadline {
             timer?.cancel()
             armTimer(in: shared.timeouts.requestBody)
         }
+    }
+
+    /// nil while no body is arriving, or while the gateway holds the client back.
+    private var currentBodyDeadline: NIODeadline? {
+        guard let start = bodyStart, heldSince == nil, !exchange.requestEnded else { return nil }
+        return ExchangeRules.bodyDeadline(start: start, allowance: shared.timeouts.requestBody, held: bodyHeld, bytesReceived: exchange.bodyBytes)
     }
 
     /// The request is fully sent: the upstream now has `upstream_response` to answer.
@@ -856,7 +897,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             upstreamFailure(.responseTimeout, .gatewayTimeout, "upstream did not respond in time")
             if phase == .closed { return }
         }
-        if let deadline = bodyDeadline, deadline <= now, !exchange.requestEnded {
+        if let deadline = currentBodyDeadline, deadline <= now {
             return requestFailed(.requestTimeout, "the request body did not arrive within server.timeouts.request_body")
         }
         let idleDeadline = lastActivity + shared.timeouts.idle
@@ -892,7 +933,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         var next = idleDeadline
         if let deadline = responseDeadline, deadline < next { next = deadline }
-        if let deadline = bodyDeadline, deadline < next { next = deadline }
+        if let deadline = currentBodyDeadline, deadline < next { next = deadline }
         let wait = next - now
         armTimer(in: wait > .milliseconds(1) ? wait : .milliseconds(1))
     }

@@ -20,15 +20,18 @@ public struct GuardRequest {
     public var host: RequestHost?
     /// A WebSocket handshake (`Connection: upgrade`, `Upgrade: websocket`).
     public var isWebSocketUpgrade: Bool
+    /// `Authorization: Bearer …` was sent (found in the proxy's one pass over the headers).
+    public var hasBearer: Bool
 
     public init(head: HTTPRequestHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress? = nil, host: RequestHost? = nil,
-                isWebSocketUpgrade: Bool = false) {
+                isWebSocketUpgrade: Bool = false, hasBearer: Bool = false) {
         self.head = head
         self.target = target
         self.routeName = routeName
         self.clientAddress = clientAddress
         self.host = host
         self.isWebSocketUpgrade = isWebSocketUpgrade
+        self.hasBearer = hasBearer
     }
 }
 

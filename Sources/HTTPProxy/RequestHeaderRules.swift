@@ -17,6 +17,8 @@ struct InboundRequest {
     var keepAlive: Bool
     /// `Upgrade: websocket` with `Connection: upgrade`.
     var isWebSocketUpgrade: Bool
+    /// An `Authorization: Bearer` credential was sent (the guard decides whose it is).
+    var hasBearer: Bool = false
     /// Headers for the upstream: hop-by-hop, Connection-named, identity and untrusted forwarding
     /// headers removed; forwarding headers and the request id not yet added.
     var upstreamHeaders: HTTPHeaders
@@ -45,6 +47,7 @@ struct RequestHeaderRules: Sendable {
     /// upstream's `Set-Cookie` (an app must not fix a browser onto a session it chose).
     let hiddenCookies: [String]
     private let hiddenCookieMarkers: [String]
+    private let hiddenCookiesLower: [String]
     private let maxIdentityNameLength: Int
 
     init(identityHeaders: [String], identityPrefix: String = "", hiddenCookies: [String] = []) {
@@ -52,6 +55,7 @@ struct RequestHeaderRules: Sendable {
         self.strippedPrefix = HeaderName.normalize(identityPrefix)
         self.hiddenCookies = hiddenCookies
         self.hiddenCookieMarkers = hiddenCookies.map { $0 + "=" }
+        self.hiddenCookiesLower = hiddenCookies.map { $0.lowercased() }
         self.maxIdentityNameLength = strippedNames.map(\.utf8.count).max() ?? 0
     }
 
@@ -69,7 +73,14 @@ struct RequestHeaderRules: Sendable {
     func setsHiddenCookie(_ value: String) -> Bool {
         guard !hiddenCookies.isEmpty else { return false }
         let name = Substring(value).trimmingSpaces.prefix { $0 != "=" }.trimmingSpaces
-        return hiddenCookies.contains { name.utf8.count == $0.utf8.count && name.lowercased() == $0.lowercased() }
+        return hiddenCookiesLower.contains { HeaderName.equalsIgnoringCase(name, $0) }
+    }
+
+    /// Whether a response header from the app is withheld from the client: a `Set-Cookie` for
+    /// one of the gateway's own cookies (no app may fix a browser onto a session it chose).
+    @inline(__always)
+    func withholdsResponseHeader(_ name: String, _ value: String) -> Bool {
+        !hiddenCookies.isEmpty && HeaderName.equals(name, "set-cookie") && setsHiddenCookie(value)
     }
 
     /// A `Cookie` value without the hidden cookies; nil when nothing is left.
@@ -89,7 +100,8 @@ struct RequestHeaderRules: Sendable {
     func inspect(_ head: HTTPRequestHead, peerTrusted: Bool) -> Result<InboundRequest, RequestRejection> {
         var rawHost: String? = nil
         var hostCount = 0
-        var expectation: String? = nil
+        var unknownExpectation = false
+        var hasBearer = false
         var contentLength: Int? = nil
         var contentLengthCount = 0
         var transferEncodingCount = 0
@@ -102,12 +114,16 @@ struct RequestHeaderRules: Sendable {
         var requestID: String? = nil
 
         for (name, value) in head.headers {
-            switch Self.classify(name) {
+            switch Self.classifyRequest(name) {
             case .host:
                 hostCount += 1
                 rawHost = value
             case .expect:
-                expectation = value
+                // RFC 9110 §10.1.1: only 100-continue is defined; every Expect must be it.
+                if !HeaderName.equals(Substring(value).trimmingSpaces, "100-continue") { unknownExpectation = true }
+            case .authorization:
+                let v = Substring(value).trimmingSpaces
+                if v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") { hasBearer = true }
             case .contentLength:
                 contentLengthCount += 1
                 guard !value.isEmpty, value.utf8.count <= 18, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value) else {
@@ -161,10 +177,8 @@ struct RequestHeaderRules: Sendable {
             case .failure(let rejection): return .failure(.badRequest("invalid Host: \(rejection.rawValue)"))
             }
         }
-        // RFC 9110 §10.1.1: only 100-continue is defined; HTTP/1.0 clients' Expect is ignored.
-        if let expectation, head.version.minor >= 1, !HeaderName.equals(Substring(expectation).trimmingSpaces, "100-continue") {
-            return .failure(.expectationFailed)
-        }
+        // An HTTP/1.0 client's Expect is ignored (RFC 9110 §10.1.1).
+        if unknownExpectation, head.version.minor >= 1 { return .failure(.expectationFailed) }
         let rewriteHost = host.map { $0.authority != rawHost } ?? false
 
         let framing: BodyFraming = chunked ? .chunked : (contentLength.map { $0 > 0 ? .contentLength($0) : .none } ?? .none)
@@ -180,7 +194,7 @@ struct RequestHeaderRules: Sendable {
             let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" && $0 != "upgrade" }
             headers = HTTPHeaders()
             for (name, value) in head.headers {
-                switch Self.classify(name) {
+                switch Self.classifyRequest(name) {
                 case .connection, .upgrade, .hopByHop, .forwarding, .requestID, .lookalike: continue
                 case .host:
                     if let host, rewriteHost { headers.add(name: name, value: host.authority); continue }
@@ -193,7 +207,7 @@ struct RequestHeaderRules: Sendable {
                 case .transferEncoding:
                     headers.add(name: "Transfer-Encoding", value: "chunked")
                     continue
-                case .contentLength, .expect: break
+                case .contentLength, .expect, .authorization: break
                 }
                 headers.add(name: name, value: value)
             }
@@ -205,7 +219,7 @@ struct RequestHeaderRules: Sendable {
             headers = head.headers
         }
         return .success(InboundRequest(
-            host: host, framing: framing, keepAlive: keepAlive, isWebSocketUpgrade: isWebSocket,
+            host: host, framing: framing, keepAlive: keepAlive, isWebSocketUpgrade: isWebSocket, hasBearer: hasBearer,
             upstreamHeaders: headers, forwardedFor: forwardedFor, forwardedProto: forwardedProto,
             requestID: requestID))
     }
@@ -217,7 +231,7 @@ struct RequestHeaderRules: Sendable {
     enum Forwarding { case forwardedFor, forwardedProto, other }
 
     enum Kind {
-        case host, contentLength, transferEncoding, connection, upgrade, hopByHop, requestID, cookie, expect, other
+        case host, contentLength, transferEncoding, connection, upgrade, hopByHop, requestID, cookie, expect, authorization, other
         case forwarding(Forwarding)
         /// A spelling with `_` of a header the proxy interprets (`Content_Length`, `X_Request_Id`):
         /// never interpreted, always removed, because CGI-style apps read it as the real one.
@@ -231,28 +245,36 @@ struct RequestHeaderRules: Sendable {
     static let forwardingNames = [
         "forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "x-cluster-client-ip", "cf-connecting-ip", "fastly-client-ip",
         "x-originating-ip", "x-remote-ip", "x-remote-addr", "x-proxyuser-ip", "x-rewrite-url", "x-http-destinationurl", "front-end-https",
+        "x-scheme", "x-url-scheme", "x-host",
     ]
     /// Whole families of forwarding headers (`X-Forwarded-Uri`, `-Prefix`, `-Ssl`, `-Scheme`,
     /// `-Server`, `-Port`; `X-Original-URL`, `-URI`, `-Host`; Envoy's internal headers).
     static let forwardingPrefixes = ["x-forwarded-", "x-original-", "x-envoy-"]
 
-    /// RFC 9110 §7.6.1 hop-by-hop fields, the framing and routing fields, and the forwarding
-    /// family, compared without case and with `_` as `-`. Only the `-` spelling is interpreted.
+    /// RFC 9110 §7.6.1 hop-by-hop fields and the framing and routing fields, compared without
+    /// case and with `_` as `-`. Only the `-` spelling is interpreted.
     static func classify(_ name: String) -> Kind {
         let kind = classifyFolded(name)
         switch kind {
-        case .other:
-            return isForwardingFamily(name) ? .forwarding(.other) : .other
-        case .forwarding:
-            return name.utf8.contains(UInt8(ascii: "_")) ? .forwarding(.other) : kind
-        default:
-            return name.utf8.contains(UInt8(ascii: "_")) ? .lookalike : kind
+        case .other: return kind
+        case .forwarding: return name.utf8.contains(UInt8(ascii: "_")) ? .forwarding(.other) : kind
+        default: return name.utf8.contains(UInt8(ascii: "_")) ? .lookalike : kind
         }
+    }
+
+    /// `classify` plus the whole forwarding family (a request's headers only: responses never
+    /// need the family checked).
+    static func classifyRequest(_ name: String) -> Kind {
+        let kind = classify(name)
+        if case .other = kind, isForwardingFamily(name) { return .forwarding(.other) }
+        return kind
     }
 
     private static func isForwardingFamily(_ name: String) -> Bool {
         let count = name.utf8.count
-        guard count >= 9 else { return false }
+        // Every name in the family starts with x, f, t or c (any case).
+        guard count >= 6, let first = name.utf8.first.map({ $0 | 0x20 }),
+              first == UInt8(ascii: "x") || first == UInt8(ascii: "f") || first == UInt8(ascii: "t") || first == UInt8(ascii: "c") else { return false }
         for prefix in forwardingPrefixes where count > prefix.utf8.count && HeaderName.hasNormalizedPrefix(name, prefix) { return true }
         for known in forwardingNames where HeaderName.equalsNormalized(name, known) { return true }
         return false
@@ -273,6 +295,7 @@ struct RequestHeaderRules: Sendable {
             if eq("connection") { return .connection }
             if eq("keep-alive") { return .hopByHop }
         case 12: if eq("x-request-id") { return .requestID }
+        case 13: if eq("authorization") { return .authorization }
         case 14: if eq("content-length") { return .contentLength }
         case 15: if eq("x-forwarded-for") { return .forwarding(.forwardedFor) }
         case 16:

@@ -9,16 +9,28 @@
 /// `:` outside brackets, an empty or non-numeric port.
 public struct RequestHost: Sendable, Hashable {
     /// Lower-case name without a trailing dot, or a bracketed IPv6 literal (`[::1]`).
-    public var name: String
-    public var port: Int?
+    public let name: String
+    public let port: Int?
+    /// `name[:port]`, as the upstream receives it in `Host`.
+    public let authority: String
 
     public init(name: String, port: Int? = nil) {
         self.name = name
         self.port = port
+        self.authority = port.map { "\(name):\($0)" } ?? name
     }
 
-    /// `name[:port]`, as the upstream receives it in `Host`.
-    public var authority: String { port.map { "\(name):\($0)" } ?? name }
+    private init(name: String, port: Int?, authority: String) {
+        self.name = name
+        self.port = port
+        self.authority = authority
+    }
+
+    public static func == (a: RequestHost, b: RequestHost) -> Bool { a.name == b.name && a.port == b.port }
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(name)
+        hasher.combine(port)
+    }
 
     public enum Rejection: String, Error, Sendable {
         case emptyName = "empty host name"
@@ -28,66 +40,79 @@ public struct RequestHost: Sendable, Hashable {
         case badPort = "invalid port"
     }
 
-    /// Parses a `Host` header value (or the authority of an absolute-form target).
+    /// Parses a `Host` header value (or the authority of an absolute-form target). A value that
+    /// is already in normal form (the common case) is kept as it is: no allocation.
     public static func parse(_ value: String) -> Result<RequestHost, Rejection> {
-        let bytes = Array(value.utf8)
-        var nameEnd = bytes.count
-        var portStart: Int? = nil
+        let bytes = value.utf8
+        var nameEnd = bytes.endIndex
+        var port: Int? = nil
         if bytes.first == UInt8(ascii: "[") {
-            guard let close = bytes.firstIndex(of: UInt8(ascii: "]")), close > 1 else { return .failure(.badIPv6) }
-            let inside = bytes[1..<close]
-            guard inside.contains(UInt8(ascii: ":")), inside.allSatisfy({ isHex($0) || $0 == UInt8(ascii: ":") || $0 == UInt8(ascii: ".") }) else {
-                return .failure(.badIPv6)
-            }
-            nameEnd = close + 1
-            if nameEnd < bytes.count {
+            guard let close = bytes.firstIndex(of: UInt8(ascii: "]")) else { return .failure(.badIPv6) }
+            let inside = bytes[bytes.index(after: bytes.startIndex)..<close]
+            guard !inside.isEmpty, inside.contains(UInt8(ascii: ":")),
+                  inside.allSatisfy({ isHex($0) || $0 == UInt8(ascii: ":") || $0 == UInt8(ascii: ".") }) else { return .failure(.badIPv6) }
+            nameEnd = bytes.index(after: close)
+            if nameEnd < bytes.endIndex {
                 guard bytes[nameEnd] == UInt8(ascii: ":") else { return .failure(.badIPv6) }
-                portStart = nameEnd + 1
+                switch parsePort(bytes[bytes.index(after: nameEnd)...]) {
+                case .success(let p): port = p
+                case .failure(let r): return .failure(r)
+                }
             }
-            let port: Int?
-            switch parsePort(bytes, from: portStart) {
-            case .success(let p): port = p
-            case .failure(let r): return .failure(r)
-            }
-            return .success(RequestHost(name: String(decoding: bytes[0..<nameEnd], as: UTF8.self).lowercased(), port: port))
+            let name = bytes[..<nameEnd]
+            let lowered = name.contains { $0 >= 0x41 && $0 <= 0x5a }
+            return .success(normalized(value, name: name, lowered: lowered, droppedDot: false, port: port))
         }
         if let colon = bytes.firstIndex(of: UInt8(ascii: ":")) {
             nameEnd = colon
-            portStart = colon + 1
+            switch parsePort(bytes[bytes.index(after: colon)...]) {
+            case .success(let p): port = p
+            case .failure(let r): return .failure(r)
+            }
         }
-        var name = bytes[0..<nameEnd]
-        if name.last == UInt8(ascii: ".") { name = name.dropLast() }
+        var name = bytes[..<nameEnd]
+        let droppedDot = name.last == UInt8(ascii: ".")
+        if droppedDot { name = name.dropLast() }
         guard !name.isEmpty else { return .failure(.emptyName) }
-        if name.last == UInt8(ascii: ".") { return .failure(.emptyLabel) }
         var previous = UInt8(ascii: ".")
+        var upper = false
         for b in name {
             if b == UInt8(ascii: ".") {
                 if previous == UInt8(ascii: ".") { return .failure(.emptyLabel) }
+            } else if b >= 0x41 && b <= 0x5a {
+                upper = true
             } else if !isNameByte(b) {
                 return .failure(.badCharacter)
             }
             previous = b
         }
-        let port: Int?
-        switch parsePort(bytes, from: portStart) {
-        case .success(let p): port = p
-        case .failure(let r): return .failure(r)
-        }
-        let lower = name.contains { $0 >= 0x41 && $0 <= 0x5a } ? name.map { $0 >= 0x41 && $0 <= 0x5a ? $0 | 0x20 : $0 } : Array(name)
-        return .success(RequestHost(name: String(decoding: lower, as: UTF8.self), port: port))
+        if previous == UInt8(ascii: ".") { return .failure(.emptyLabel) }
+        return .success(normalized(value, name: name, lowered: upper, droppedDot: droppedDot, port: port))
     }
 
-    private static func parsePort(_ bytes: [UInt8], from start: Int?) -> Result<Int?, Rejection> {
-        guard let start else { return .success(nil) }
-        let digits = bytes[start...]
-        guard !digits.isEmpty, digits.count <= 5, digits.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return .failure(.badPort) }
-        let port = digits.reduce(0) { $0 * 10 + Int($1 - 0x30) }
+    /// The value itself when nothing changes; otherwise the lower-cased name and its authority.
+    private static func normalized(_ value: String, name: Substring.UTF8View, lowered: Bool, droppedDot: Bool, port: Int?) -> RequestHost {
+        if !lowered, !droppedDot {
+            return port == nil ? RequestHost(name: value, port: nil, authority: value)
+                               : RequestHost(name: String(Substring(name)), port: port, authority: value)
+        }
+        let lower = String(decoding: name.map { $0 >= 0x41 && $0 <= 0x5a ? $0 | 0x20 : $0 }, as: UTF8.self)
+        return RequestHost(name: lower, port: port)
+    }
+
+    private static func parsePort(_ digits: Substring.UTF8View) -> Result<Int?, Rejection> {
+        guard !digits.isEmpty, digits.count <= 5 else { return .failure(.badPort) }
+        var port = 0
+        for d in digits {
+            guard d >= 0x30 && d <= 0x39 else { return .failure(.badPort) }
+            port = port * 10 + Int(d - 0x30)
+        }
         guard port >= 1, port <= 65535 else { return .failure(.badPort) }
         return .success(port)
     }
 
     private static func isNameByte(_ b: UInt8) -> Bool {
-        (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
+        (b >= 0x30 && b <= 0x39) || (b >= 0x61 && b <= 0x7a) || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
     }
 
     private static func isHex(_ b: UInt8) -> Bool {

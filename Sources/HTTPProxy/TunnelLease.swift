@@ -10,6 +10,7 @@ public final class TunnelLease: Sendable {
         var channels: [any Channel] = []
         var ended = false
         var finished = false
+        var expiry: Scheduled<Void>? = nil
     }
 
     private let state = NIOLockedValueBox(State())
@@ -20,7 +21,7 @@ public final class TunnelLease: Sendable {
         self.onEnd = onEnd
     }
 
-    /// Closes the tunnel (both sides); idempotent.
+    /// Closes the tunnel (both sides); idempotent. A tunnel not open yet closes as it opens.
     public func end() {
         let channels = state.withLockedValue { s -> [any Channel] in
             s.ended = true
@@ -28,6 +29,18 @@ public final class TunnelLease: Sendable {
             return s.channels
         }
         for channel in channels { channel.close(promise: nil) }
+        finish()
+    }
+
+    /// Ends the tunnel after `delay` at the latest (the session's absolute expiry); the timer
+    /// is cancelled when the tunnel goes away first.
+    public func expire(after delay: TimeAmount, on loop: any EventLoop) {
+        let scheduled = loop.scheduleTask(in: delay) { [weak self] () -> Void in self?.end() }
+        let finishedAlready = state.withLockedValue { s -> Bool in
+            if !s.finished { s.expiry = scheduled }
+            return s.finished
+        }
+        if finishedAlready { scheduled.cancel() }
     }
 
     public var isEnded: Bool { state.withLockedValue { $0.ended } }
@@ -46,10 +59,11 @@ public final class TunnelLease: Sendable {
     /// The request ended without an upgrade (refused, failed, answered locally), or the tunnel
     /// closed: `onEnd` runs once.
     func finish() {
-        let first = state.withLockedValue { s -> Bool in
-            defer { s.finished = true; s.channels = [] }
-            return !s.finished
+        let (first, expiry) = state.withLockedValue { s -> (Bool, Scheduled<Void>?) in
+            defer { s.finished = true; s.channels = []; s.expiry = nil }
+            return (!s.finished, s.expiry)
         }
+        expiry?.cancel()
         if first { onEnd(self) }
     }
 }

@@ -1,3 +1,4 @@
+import Foundation
 import HTTPProxy
 import NIOCore
 import TestSupport
@@ -105,18 +106,19 @@ struct EdgeHardeningTests {
     }
 
     @Test("ambiguous upstream framing is answered 502, never relayed", arguments: [
-        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nsecret",
-        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-        "HTTP/1.1 099 Odd\r\nContent-Length: 5\r\n\r\nhello",
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nsecret", "framing is ambiguous"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "framing is ambiguous"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "framing is ambiguous"),
+        ("HTTP/1.1 099 Odd\r\nContent-Length: 5\r\n\r\nhello", "invalid status"),
     ])
-    func upstreamFraming(raw: String) async throws {
+    func upstreamFraming(raw: String, reason: String) async throws {
         let upstream = try await RawUpstream.start(response: raw)
         defer { Task { await upstream.close() } }
         let h = try await ProxyHarness.start(upstreamPort: upstream.port)
         defer { Task { await h.stop() } }
         let response = try await h.request("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(response.status == 502)
+        #expect(response.text.contains(reason), "answered by another check: \(response.text)")
         #expect(!response.text.contains("secret") && !response.text.contains("hello"))
     }
 
@@ -205,6 +207,42 @@ struct EdgeHardeningTests {
         #expect(closed)
         #expect(h.upstream.stats.withLockedValue { $0.paths } == ["/echo"])
     }
+
+    @Test("junk arriving while a response streams: the response completes, then 400 and close")
+    func junkDuringResponse() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (first, length, second, closed) = try await blocking { () -> (Int, Int, Int, Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 10)
+            try client.send("GET /download?n=2000000 HTTP/1.1\r\nHost: a\r\n\r\n")
+            let head = try client.readResponse(head: true)
+            try client.send("JUNK JUNK\r\n\r\n")
+            let body = try client.read(count: 2_000_000)
+            let b = try client.readResponse()
+            return (head.status, body.count, b.status, client.waitForClose())
+        }
+        #expect(first == 200 && length == 2_000_000)
+        #expect(second == 400)
+        #expect(closed)
+    }
+
+    @Test("a pipelined request cut short by junk is never forwarded half; the one before it is answered")
+    func junkInsidePipelinedBody() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (first, second, closed) = try await blocking { () -> (Int, Int, Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 10)
+            try client.send("GET /slow?ms=200 HTTP/1.1\r\nHost: a\r\n\r\nPOST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n")
+            let a = try client.readResponse()
+            let b = try client.readResponse()
+            return (a.status, b.status, client.waitForClose())
+        }
+        #expect(first == 200)
+        #expect(second == 400)
+        #expect(closed)
+        #expect(h.upstream.stats.withLockedValue { $0.paths } == ["/slow?ms=200"])
+    }
 }
 
-import Foundation

@@ -1,9 +1,10 @@
 import AppleIDSimulator
 import Foundation
-import Gateway
 import NIOCore
 import TestSupport
 import Testing
+
+@testable import Gateway
 
 /// Issue 9's holes between the gateway's sessions and the app: the bearer token leaking
 /// upstream, cross-origin posts to the gateway, sessions a new sign-in should end, cookies
@@ -34,6 +35,9 @@ struct SessionEdgeTests {
             #expect(call.status == 200, "\(path)")
             #expect(h.upstream.stats.withLockedValue { $0.lastHeaders }["authorization"].isEmpty, "\(path): the session token reached the app")
         }
+        // A junk bearer first does not hide the session's token behind it.
+        _ = try await api.request("/public/page", headers: [("authorization", "Bearer junk"), ("authorization", "Bearer \(token)")])
+        #expect(h.upstream.stats.withLockedValue { $0.lastHeaders }["authorization"].isEmpty)
         // The app's own credentials pass untouched.
         for value in ["Basic YWxhZGRpbjpvcGVuc2VzYW1l", "Bearer app-own-jwt"] {
             _ = try await api.request("/public/page", headers: [("authorization", value)])
@@ -104,13 +108,18 @@ struct SessionEdgeTests {
         _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
         let cookie = try #require(browser.cookies["__Host-sessiongate"])
         let port = h.gatewayPort
-        let closed = try await blocking { () -> Bool in
+        let (closed, lived) = try await blocking { () -> (Bool, Duration) in
             let client = try RawClient(port: port, timeoutSeconds: 20)
             try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-            guard try client.readResponse().status == 101 else { return false }
-            return client.waitForClose()
+            guard try client.readResponse().status == 101 else { return (false, .zero) }
+            let opened = ContinuousClock.now
+            try client.send("ping")
+            guard try client.read(count: 4) == Array("ping".utf8) else { return (false, .zero) }
+            return (client.waitForClose(), ContinuousClock.now - opened)
         }
         #expect(closed, "the tunnel outlived its session's absolute expiry")
+        #expect(lived > .seconds(1), "closed long before the session's expiry: \(lived)")
+        #expect(try await Self.registryEmpties(h.service))
     }
 
     @Test("a WebSocket tunnel closes when its session is revoked or logged out", arguments: ["revoke", "logout"])
@@ -129,9 +138,62 @@ struct SessionEdgeTests {
             #expect(try client.read(count: 4) == Array("ping".utf8))
             return client
         }
+        #expect(h.service.authenticator.tunnels.count == 1)
         let ended = try await browser.request("/_auth/\(how)", method: .POST, form: [])
         #expect(ended.status == 303)
         let closed = try await blocking { client.waitForClose() }
         #expect(closed, "the tunnel outlived its session")
+        #expect(try await Self.registryEmpties(h.service))
+    }
+
+    /// The registry forgets every tunnel once it is gone (closed, refused, never opened).
+    static func registryEmpties(_ service: GatewayService) async throws -> Bool {
+        for _ in 0..<500 {
+            if service.authenticator.tunnels.count == 0 { return true }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return false
+    }
+
+    @Test("a tunnel open on instance B closes when the user is revoked on instance A (Redis pub/sub)")
+    func tunnelClosesAcrossInstances() async throws {
+        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600))
+        defer { Task { await h.stop() } }
+        let b = try await h.addInstance()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
+        let client = try await blocking { () -> RawClient in
+            let client = try RawClient(port: portB, timeoutSeconds: 20)
+            try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(portB)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            #expect(try client.readResponse().status == 101)
+            return client
+        }
+        #expect(try await browser.request("/_auth/revoke", method: .POST, form: []).status == 303)
+        #expect(try await blocking { client.waitForClose() }, "the tunnel on B outlived the revocation on A")
+        #expect(try await Self.registryEmpties(b.service))
+    }
+
+    @Test("refused and failed handshakes leave nothing in the registry")
+    func registryAfterRefusals() async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let port = h.gatewayPort
+        let statuses = try await blocking { () -> [Int] in
+            var statuses: [Int] = []
+            // The upstream answers this one with a plain 200 (no upgrade), and refuses the origin of the next.
+            for extra in ["", "Origin: https://evil.example\r\n"] {
+                let client = try RawClient(port: port, timeoutSeconds: 10)
+                try client.send("GET /x HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\(extra)\r\n")
+                statuses.append(try client.readResponse().status)
+            }
+            return statuses
+        }
+        #expect(statuses == [200, 403])
+        #expect(try await Self.registryEmpties(h.service))
     }
 }

@@ -1,3 +1,4 @@
+import NIOCore
 import NIOHTTP1
 import Testing
 
@@ -64,6 +65,40 @@ struct ExchangeRulesTests {
     func readingPacedByClient(phase: ExchangeRules.Phase, clientWritable: Bool, expected: Bool) {
         #expect(ExchangeRules.shouldReadClient(phase: phase, quiescing: false, requestEnded: false, pipelinedEmpty: true, upstreamWritable: true,
                                                clientWritable: clientWritable) == expected)
+    }
+
+    @Test("a decoder error: answered now, after the complete request before it, or the connection aborted", arguments: [
+        ("nothing in flight", ExchangeRules.Phase.idle, false, false, false, ExchangeRules.DecoderErrorAction.answerNow),
+        ("junk after a complete request awaiting its verdict", .awaitingVerdict, true, false, false, .answerAfterCurrent),
+        ("junk after a complete request being answered", .forwarding, true, true, false, .answerAfterCurrent),
+        ("junk inside the request's own body", .forwarding, false, false, false, .answerNow),
+        ("junk inside the body while the response streams", .forwarding, false, true, false, .abort),
+        ("a flood after a WebSocket handshake", .connecting, true, false, true, .answerNow),
+    ] as [(String, ExchangeRules.Phase, Bool, Bool, Bool, ExchangeRules.DecoderErrorAction)])
+    func decoderError(_ name: String, phase: ExchangeRules.Phase, ended: Bool, started: Bool, upgrade: Bool, expected: ExchangeRules.DecoderErrorAction) {
+        #expect(ExchangeRules.onDecoderError(phase: phase, requestEnded: ended, responseStarted: started, upgradeRequested: upgrade) == expected, "\(name)")
+    }
+
+    @Test("a response head is relayed only when its framing is unambiguous", arguments: [
+        (200, 0, true, true, ExchangeRules.ResponseHeadVerdict.relay),
+        (200, 1, true, false, .relay),
+        (101, 0, true, false, .relay),
+        (200, 1, false, false, .ambiguousFraming),
+        (200, 2, true, false, .ambiguousFraming),
+        (200, 1, true, true, .ambiguousFraming),
+        (99, 0, true, true, .invalidStatus),
+        (600, 0, true, true, .invalidStatus),
+    ] as [(Int, Int, Bool, Bool, ExchangeRules.ResponseHeadVerdict)])
+    func responseHead(status: Int, encodings: Int, onlyChunked: Bool, contentLength: Bool, expected: ExchangeRules.ResponseHeadVerdict) {
+        #expect(ExchangeRules.responseHead(status: status, transferEncodings: encodings, onlyChunked: onlyChunked, hasContentLength: contentLength) == expected)
+    }
+
+    @Test("the body deadline: the allowance, plus time the gateway held the client, plus a second per KiB received")
+    func bodyDeadline() {
+        let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        #expect(ExchangeRules.bodyDeadline(start: start, allowance: .seconds(60), held: .zero, bytesReceived: 0) == start + .seconds(60))
+        #expect(ExchangeRules.bodyDeadline(start: start, allowance: .seconds(60), held: .seconds(5), bytesReceived: 1023) == start + .seconds(65))
+        #expect(ExchangeRules.bodyDeadline(start: start, allowance: .seconds(60), held: .zero, bytesReceived: 10 * 1024 * 1024) == start + .seconds(60 + 10 * 1024))
     }
 
     @Test("client keep-alive after an exchange", arguments: [

@@ -119,6 +119,19 @@ struct RequestHeaderRulesTests {
         }
     }
 
+    @Test("several Expect headers: every one must be 100-continue")
+    func severalExpect() {
+        let result = rules.inspect(head([("Host", "a"), ("Expect", "foo"), ("Expect", "100-continue"), ("Content-Length", "1")]), peerTrusted: false)
+        guard case .failure(.expectationFailed) = result else { Issue.record("accepted: \(result)"); return }
+    }
+
+    @Test("a bearer credential is noticed in the same pass", arguments: [
+        ("Bearer abc", true), ("bearer abc", true), ("  BEARER abc", true), ("Basic abc", false), ("Bearer", false),
+    ])
+    func bearer(value: String, expected: Bool) throws {
+        #expect(try rules.inspect(head([("Host", "a"), ("Authorization", value)]), peerTrusted: false).get().hasBearer == expected)
+    }
+
     @Test("the upstream receives the normalized Host", arguments: [
         ("Secure.Example.Test.", "secure.example.test"), ("a.test.:8080", "a.test:8080"), ("a.test", "a.test"),
     ])

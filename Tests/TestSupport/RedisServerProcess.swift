@@ -6,14 +6,24 @@ import Glibc
 
 /// A real `redis-server` on a free loopback port, for one test; stopped by `stop()`.
 public final class RedisServerProcess: @unchecked Sendable {
-    public let port: Int
+    public private(set) var port: Int
     private var pid: pid_t = 0
     private let extraArguments: [String]
 
+    /// Without a `port`, a free one is chosen — and another, should a parallel test take it
+    /// between the choice and redis-server's bind (seen in full runs).
     public init(port: Int? = nil, arguments: [String] = []) throws {
-        self.port = try port ?? closedPort()
         self.extraArguments = arguments
-        try start()
+        self.port = try port ?? closedPort()
+        for attempt in 1...5 {
+            do {
+                try start()
+                return
+            } catch Failure.didNotStart(let output) where port == nil && attempt < 5 && output.contains("Address already in use") {
+                stop()
+                self.port = try closedPort()
+            }
+        }
     }
 
     /// Starts (again, on the same port) and waits for "Ready to accept connections".
