@@ -52,8 +52,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var idle: Duration = .seconds(60)
         /// How long SIGTERM waits for in-flight requests.
         public var shutdown: Duration = .seconds(30)
-        /// A request body must arrive completely within this time of the request head; then
-        /// 408 (or the connection is aborted if the upstream already answered).
+        /// A request body must arrive completely within this time of the request head, plus a
+        /// second per KiB received and any time the gateway held the client back; then 408 (or
+        /// the connection is aborted if the upstream already answered).
         public var requestBody: Duration = .seconds(60)
         public init() {}
     }

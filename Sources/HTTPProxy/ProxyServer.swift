@@ -16,8 +16,9 @@ public struct ProxyConfiguration: Sendable {
         public var upstreamConnect: TimeAmount
         public var upstreamResponse: TimeAmount
         public var idle: TimeAmount
-        /// A request body must arrive completely within this time of its head (nginx's
-        /// `client_body_timeout` measures only gaps, so one byte per gap kept it open forever).
+        /// A request body must arrive completely within this time of its head, plus the credit
+        /// of `ExchangeRules.bodyDeadline` (nginx's `client_body_timeout` measures only gaps, so
+        /// one byte per gap kept a request open forever).
         public var requestBody: TimeAmount
 
         public init(upstreamConnect: TimeAmount = .seconds(5), upstreamResponse: TimeAmount = .seconds(60), idle: TimeAmount = .seconds(60),
