@@ -1,7 +1,7 @@
 # Sourced by every bench script: the release binary, a work directory, processes stopped at exit
 # (append background pids to PIDS), and nginx as the upstream (100-byte answers) plus the
 # `proxy_pass` baseline (1 worker, upstream keep-alive). Set WORK_NAME before sourcing.
-BIN=.build/release/sessiongate
+BIN=${BIN:-.build/release/sessiongate}  # BIN=path/to/other/sessiongate: measure another build (A/B)
 [ -x "$BIN" ] || { echo "build first: make release (make bench does)"; exit 1; }
 WORK=$(mktemp -d "/tmp/sessiongate-bench-${WORK_NAME:-run}.XXXXXX")
 PIDS=()

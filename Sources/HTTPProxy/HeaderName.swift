@@ -44,14 +44,7 @@ public enum HeaderName {
     /// Equality after folding case and `_` to `-` (how identity-header spellings are compared).
     @inline(__always)
     static func equalsNormalized(_ name: String, _ normalizedLower: String) -> Bool {
-        guard name.utf8.count == normalizedLower.utf8.count else { return false }
-        var a = name.utf8.makeIterator()
-        for l in normalizedLower.utf8 {
-            guard let b = a.next() else { return false }
-            let folded = b == UInt8(ascii: "_") ? UInt8(ascii: "-") : b | 0x20
-            guard folded == l else { return false }
-        }
-        return true
+        name.utf8.count == normalizedLower.utf8.count && hasNormalizedPrefix(name, normalizedLower)
     }
 
     /// Whether `needle` occurs in `text`, byte for byte (no Foundation, no allocation).

@@ -45,8 +45,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         /// Request body bytes received so far, and the route's bound on them (0: none).
         var bodyBytes = 0
         var maxBodyBytes = 0
-        /// The rules of the routing snapshot this request was admitted under.
-        var rules: RequestHeaderRules? = nil
+        /// The routing snapshot this request was admitted under (its header rules).
+        var snapshot: RoutingSnapshot? = nil
         /// A WebSocket handshake's lease: attached on upgrade, finished otherwise.
         var tunnel: TunnelLease? = nil
     }
@@ -342,7 +342,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         exchange.route = route
         exchange.inbound = inbound
         exchange.target = target
-        exchange.rules = snapshot.rules
+        exchange.snapshot = snapshot
         phase = .awaitingVerdict
         let decision = route.requestGuard.admit(
             GuardRequest(head: head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
@@ -617,7 +617,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             case .contentLength: if exchange.status == 204 { continue }
             case .other:
                 if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
-                if exchange.rules?.withholdsResponseHeader(name, value) == true { continue }
+                if exchange.snapshot?.rules.withholdsResponseHeader(name, value) == true { continue }
             default: break
             }
             HTTPWire.writeHeader(name, value, into: &buffer)
@@ -787,7 +787,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         for (name, value) in head.headers {
             switch RequestHeaderRules.classify(name) {
             case .hopByHop, .transferEncoding, .contentLength: continue
-            case .other where exchange.rules?.withholdsResponseHeader(name, value) == true: continue
+            case .other where exchange.snapshot?.rules.withholdsResponseHeader(name, value) == true: continue
             default: HTTPWire.writeHeader(name, value, into: &buffer)
             }
         }

@@ -8,29 +8,32 @@
 /// outside letters, digits, `-`, `_` and `.` in a name, a malformed IPv6 literal, more than one
 /// `:` outside brackets, an empty or non-numeric port.
 public struct RequestHost: Sendable, Hashable {
-    /// Lower-case name without a trailing dot, or a bracketed IPv6 literal (`[::1]`).
-    public let name: String
     public let port: Int?
     /// `name[:port]`, as the upstream receives it in `Host`.
     public let authority: String
+    /// UTF-8 length of the name at the start of `authority`.
+    private let nameLength: Int
+
+    /// Lower-case name without a trailing dot, or a bracketed IPv6 literal (`[::1]`). Made on
+    /// demand (host routes, origin checks): most requests never need it apart from `authority`.
+    public var name: String {
+        port == nil ? authority : String(Substring(authority.utf8.prefix(nameLength)))
+    }
 
     public init(name: String, port: Int? = nil) {
-        self.name = name
         self.port = port
         self.authority = port.map { "\(name):\($0)" } ?? name
+        self.nameLength = name.utf8.count
     }
 
-    private init(name: String, port: Int?, authority: String) {
-        self.name = name
+    private init(authority: String, nameLength: Int, port: Int?) {
         self.port = port
         self.authority = authority
+        self.nameLength = nameLength
     }
 
-    public static func == (a: RequestHost, b: RequestHost) -> Bool { a.name == b.name && a.port == b.port }
-    public func hash(into hasher: inout Hasher) {
-        hasher.combine(name)
-        hasher.combine(port)
-    }
+    public static func == (a: RequestHost, b: RequestHost) -> Bool { a.authority == b.authority }
+    public func hash(into hasher: inout Hasher) { hasher.combine(authority) }
 
     public enum Rejection: String, Error, Sendable {
         case emptyName = "empty host name"
@@ -92,10 +95,7 @@ public struct RequestHost: Sendable, Hashable {
 
     /// The value itself when nothing changes; otherwise the lower-cased name and its authority.
     private static func normalized(_ value: String, name: Substring.UTF8View, lowered: Bool, droppedDot: Bool, port: Int?) -> RequestHost {
-        if !lowered, !droppedDot {
-            return port == nil ? RequestHost(name: value, port: nil, authority: value)
-                               : RequestHost(name: String(Substring(name)), port: port, authority: value)
-        }
+        if !lowered, !droppedDot { return RequestHost(authority: value, nameLength: name.count, port: port) }
         let lower = String(decoding: name.map { $0 >= 0x41 && $0 <= 0x5a ? $0 | 0x20 : $0 }, as: UTF8.self)
         return RequestHost(name: lower, port: port)
     }

@@ -110,7 +110,7 @@ struct SessionEdgeTests {
         let port = h.gatewayPort
         let (closed, lived) = try await blocking { () -> (Bool, Duration) in
             let client = try RawClient(port: port, timeoutSeconds: 20)
-            try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            try client.send(Self.handshake(port: port, cookie: cookie))
             guard try client.readResponse().status == 101 else { return (false, .zero) }
             let opened = ContinuousClock.now
             try client.send("ping")
@@ -132,7 +132,7 @@ struct SessionEdgeTests {
         let port = h.gatewayPort
         let client = try await blocking { () -> RawClient in
             let client = try RawClient(port: port, timeoutSeconds: 20)
-            try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n")
+            try client.send(Self.handshake(port: port, cookie: cookie))
             #expect(try client.readResponse().status == 101)
             try client.send("ping")
             #expect(try client.read(count: 4) == Array("ping".utf8))
@@ -144,6 +144,11 @@ struct SessionEdgeTests {
         let closed = try await blocking { client.waitForClose() }
         #expect(closed, "the tunnel outlived its session")
         #expect(try await Self.registryEmpties(h.service))
+    }
+
+    /// A signed-in browser's session cookie, sent in a raw WebSocket handshake for `path`.
+    static func handshake(port: Int, cookie: String, path: String = "/ws", extra: String = "") -> String {
+        "GET \(path) HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\(extra)\r\n"
     }
 
     /// The registry forgets every tunnel once it is gone (closed, refused, never opened).
@@ -166,7 +171,7 @@ struct SessionEdgeTests {
         let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
         let client = try await blocking { () -> RawClient in
             let client = try RawClient(port: portB, timeoutSeconds: 20)
-            try client.send("GET /ws HTTP/1.1\r\nHost: localhost:\(portB)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            try client.send(Self.handshake(port: portB, cookie: cookie))
             #expect(try client.readResponse().status == 101)
             return client
         }
@@ -188,7 +193,7 @@ struct SessionEdgeTests {
             // The upstream answers this one with a plain 200 (no upgrade), and refuses the origin of the next.
             for extra in ["", "Origin: https://evil.example\r\n"] {
                 let client = try RawClient(port: port, timeoutSeconds: 10)
-                try client.send("GET /x HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\(extra)\r\n")
+                try client.send(Self.handshake(port: port, cookie: cookie, path: "/x", extra: extra))
                 statuses.append(try client.readResponse().status)
             }
             return statuses
