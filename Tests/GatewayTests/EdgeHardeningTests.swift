@@ -80,6 +80,24 @@ struct EdgeHardeningTests {
         #expect(response.text.contains("body-bytes: 3"))
     }
 
+    @Test("request trailers never reach the upstream, also when they arrive after the body started streaming")
+    func trailersDroppedWhileStreaming() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let client = try RawClient(port: h.port, timeoutSeconds: 10)
+        // The head reaches the upstream first: the rest streams through an attached connection.
+        await h.upstream.waitForArrival(of: "/echo") {
+            try? client.send("POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        }
+        let response = try await blocking {
+            try client.send("0\r\nX-Auth-User: admin\r\n\r\n")
+            return try client.readResponse()
+        }
+        #expect(response.status == 200)
+        let trailers = h.upstream.stats.withLockedValue { $0.lastTrailers }
+        #expect(trailers == nil || trailers?.isEmpty == true, "trailers reached the upstream: \(String(describing: trailers))")
+    }
+
     @Test("the upstream cannot set the gateway's cookies")
     func upstreamSetCookie() async throws {
         let h = try await ProxyHarness.start(hiddenCookies: ["__Host-sessiongate", "__Host-sessiongate-login"])
