@@ -132,10 +132,13 @@ public final class ProxyServer: Sendable {
                     let sync = channel.pipeline.syncOperations
                     // After an upgrade request the decoder stops parsing and only buffers: bound
                     // what it may hold unparsed (otherwise at most one partial head).
+                    let meter = RequestBodyMeter()
                     try sync.addHandler(ByteToMessageHandler(
-                        HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .drop, limitConfiguration: decoderLimits),
+                        BoundedRequestDecoder(
+                            inner: HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .drop, limitConfiguration: decoderLimits),
+                            meter: meter),
                         maximumBufferSize: limits.maxHeaderBytes + 8192))
-                    try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool))
+                    try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool, meter: meter))
                 }
             }
             .bind(host: configuration.listen.host, port: configuration.listen.port)

@@ -90,9 +90,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var collected = ByteBuffer()
     private var collector: (maxBytes: Int, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)? = nil
 
-    init(shared: ProxyShared, pool: UpstreamPool) {
+    /// What a chunked body spends on framing; the decoder in front of this handler checks it.
+    private let meter: RequestBodyMeter
+
+    init(shared: ProxyShared, pool: UpstreamPool, meter: RequestBodyMeter = RequestBodyMeter()) {
         self.shared = shared
         self.pool = pool
+        self.meter = meter
     }
 
     // MARK: channel events
@@ -158,6 +162,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if (error as? HTTPParserError) == .headerOverflow || error is ByteToMessageDecoderError.PayloadTooLargeError {
             status = .requestHeaderFieldsTooLarge
             reason = "request header block too large or too many fields"
+        } else if error is ChunkFramingTooLarge {
+            status = .badRequest
+            reason = "chunked framing (chunk extensions) out of proportion to the body"
         } else {
             status = .badRequest
             reason = "malformed HTTP request"
@@ -256,8 +263,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .end:
             exchange.requestEnded = true
             bodyStart = nil
+            meter.end()
         case .body(let buffer):
             exchange.bodyBytes += buffer.readableBytes
+            if meter.open { meter.received(buffer.readableBytes) }
             if exchange.maxBodyBytes > 0, exchange.bodyBytes > exchange.maxBodyBytes {
                 return requestFailed(.payloadTooLarge, "request body larger than \(exchange.maxBodyBytes) bytes")
             }
@@ -308,6 +317,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .failure(.expectationFailed): return respondLocal(.error(.expectationFailed, "only Expect: 100-continue is supported", close: true))
         }
         exchange.requestHasBody = inbound.framing != .none
+        meter.start(chunked: inbound.framing == .chunked)
         exchange.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
         exchange.isWebSocket = inbound.isWebSocketUpgrade
         if let id = inbound.requestID { exchange.requestID = id }
@@ -809,7 +819,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             _ = up.removeHandler(try up.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self))
             let down = context.pipeline.syncOperations
             try down.addHandler(clientGlue)
-            _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self))
+            _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<BoundedRequestDecoder>.self))
             let clientChannel = context.channel
             _ = down.removeHandler(context: context)
             // This handler held back the client's read while the handshake was in flight: the

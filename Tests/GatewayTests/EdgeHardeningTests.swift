@@ -98,6 +98,33 @@ struct EdgeHardeningTests {
         #expect(trailers == nil || trailers?.isEmpty == true, "trailers reached the upstream: \(String(describing: trailers))")
     }
 
+    @Test("chunk extensions are bounded: endless framing without body is 400, not a connection held open")
+    func chunkExtensionFlood() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let client = try RawClient(port: h.port, timeoutSeconds: 10)
+        await h.upstream.waitForArrival(of: "/upload") {
+            try? client.send("POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n")
+        }
+        let (status, closed) = try await blocking { () -> (Int, Bool) in
+            try? client.send("5;" + String(repeating: "a", count: 64 * 1024))
+            for _ in 0..<3 { try? client.send(String(repeating: "a", count: 64 * 1024)) }
+            return (try client.readResponse().status, client.waitForClose())
+        }
+        #expect(status == 400)
+        #expect(closed)
+    }
+
+    @Test("honest chunked bodies pass: many tiny chunks, short extensions, trailers")
+    func honestChunks() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let tiny = String(repeating: "1\r\nx\r\n", count: 5000)
+        let response = try await h.request("POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\(tiny)5;name=value;q=\"x\"\r\nhello\r\n0\r\nX-Sum: 1\r\n\r\n")
+        #expect(response.status == 200)
+        #expect(response.text.hasPrefix("n=5005"))
+    }
+
     @Test("the upstream cannot set the gateway's cookies")
     func upstreamSetCookie() async throws {
         let h = try await ProxyHarness.start(hiddenCookies: ["__Host-sessiongate", "__Host-sessiongate-login"])

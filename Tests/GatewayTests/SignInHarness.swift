@@ -244,6 +244,8 @@ final class TestBrowser: @unchecked Sendable {
         let post = TestBrowser.form(in: delivered.body)
         if stopBeforeCallback { return (nil, post) }
         let callback = try await request(post.action, method: .POST, form: post.fields)
+        // Every caller expects a session: say why there is none (a load-dependent timeout shows here).
+        guard callback.status == 303 else { throw Failure.unexpected("callback: \(callback.status) \(callback.body.prefix(400))") }
         return (callback, post)
     }
 
