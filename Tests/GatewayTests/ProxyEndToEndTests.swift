@@ -232,7 +232,9 @@ struct ProxyEndToEndTests {
 
     @Test("a transfer that stalls past the idle timeout is aborted (upstream silent mid-body)")
     func stalledDownload() async throws {
-        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .milliseconds(300)))
+        // A second of idle: the response head must arrive within it on 2 loaded cores (at 300 ms
+        // a full run once answered 504 before the head, a complete response).
+        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(1)))
         defer { Task { await h.stop() } }
         let port = h.port
         // The response head has arrived, so only the idle timeout can end this exchange.
