@@ -37,7 +37,7 @@ final class SignInHarness: @unchecked Sendable {
 
     enum Store { case memory, redis }
 
-    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(1),  // the suites share 2 cores; tests of the timeout pass their own
+    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(3),  // the suites share 2 cores (a clean CI run once took >1 s to save a sign-in); tests of the timeout pass their own
                       localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
                       assertion: Bool = false, clock: TestClock = TestClock(), configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
@@ -245,11 +245,21 @@ final class TestBrowser: @unchecked Sendable {
         if stopBeforeCallback { return (nil, post) }
         let callback = try await request(post.action, method: .POST, form: post.fields)
         // Every caller expects a session: say why there is none (a load-dependent timeout shows here).
-        guard callback.status == 303 else { throw Failure.unexpected("callback: \(callback.status) \(callback.body.prefix(400))") }
+        guard callback.status == 303 else { throw Failure.unexpected("callback: \(callback.status) \(Self.visibleText(callback.body).prefix(400))") }
         return (callback, post)
     }
 
     enum Failure: Error { case unexpected(String) }
+
+    /// A page's text without its markup and style, for failure messages.
+    static func visibleText(_ html: String) -> String {
+        let body = html.range(of: "<body").map { String(html[$0.lowerBound...]) } ?? html
+        var text = "", inTag = false
+        for c in body {
+            if c == "<" { inTag = true } else if c == ">" { inTag = false; text += " " } else if !inTag { text.append(c) }
+        }
+        return text.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+    }
 }
 
 /// The wall clock plus an offset tests move forward (Unix milliseconds).
