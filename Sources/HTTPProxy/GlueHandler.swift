@@ -1,8 +1,7 @@
 import NIOCore
 
 /// Joins two channels byte for byte after a protocol upgrade (WebSocket), with back-pressure:
-/// one side reads only while the other is writable. Either side closing closes both, and so
-/// does an `IdleStateHandler`'s event (nothing moved for the idle timeout).
+/// one side reads only while the other is writable. Either side closing closes both.
 final class GlueHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
@@ -37,10 +36,6 @@ final class GlueHandler: ChannelDuplexHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) { context.close(promise: nil) }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is IdleStateHandler.IdleStateEvent {
-            context.close(promise: nil)
-            return
-        }
         if let event = event as? ChannelEvent, event == .inputClosed {
             // Half-close: pass it on so the partner's peer sees end of stream.
             partner?.context?.close(mode: .output, promise: nil)

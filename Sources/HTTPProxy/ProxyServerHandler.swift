@@ -818,9 +818,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             _ = up.removeHandler(try up.handler(type: HTTPRequestEncoder.self))
             _ = up.removeHandler(try up.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self))
             let down = context.pipeline.syncOperations
-            // A tunnel with nothing moving either way for `timeouts.idle` is closed, as nginx's
-            // proxy_read_timeout closes an idle WebSocket (clients that want more ping).
-            try down.addHandler(IdleStateHandler(allTimeout: shared.timeouts.idle))
             try down.addHandler(clientGlue)
             _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<BoundedRequestDecoder>.self))
             let clientChannel = context.channel
