@@ -104,9 +104,7 @@ struct SessionEdgeTests {
     func tunnelClosesAtExpiry() async throws {
         let h = try await SignInHarness.start(configure: { $0.session.absoluteTimeout = .seconds(3) })
         defer { Task { await h.stop() } }
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
-        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let (_, cookie) = try await Self.signedIn(h)
         let port = h.gatewayPort
         let (closed, lived) = try await blocking { () -> (Bool, Duration) in
             let client = try RawClient(port: port, timeoutSeconds: 20)
@@ -126,9 +124,7 @@ struct SessionEdgeTests {
     func tunnelClosesWithSession(how: String) async throws {
         let h = try await SignInHarness.start()
         defer { Task { await h.stop() } }
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
-        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let (browser, cookie) = try await Self.signedIn(h)
         let port = h.gatewayPort
         let client = try await blocking { () -> RawClient in
             let client = try RawClient(port: port, timeoutSeconds: 20)
@@ -144,6 +140,13 @@ struct SessionEdgeTests {
         let closed = try await blocking { client.waitForClose() }
         #expect(closed, "the tunnel outlived its session")
         #expect(try await Self.registryEmpties(h.service))
+    }
+
+    /// A browser signed in as a new user, and its session cookie.
+    static func signedIn(_ h: SignInHarness) async throws -> (TestBrowser, String) {
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+        return (browser, try #require(browser.cookies["__Host-sessiongate"]))
     }
 
     /// A signed-in browser's session cookie, sent in a raw WebSocket handshake for `path`.
@@ -165,9 +168,7 @@ struct SessionEdgeTests {
         let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600))
         defer { Task { await h.stop() } }
         let b = try await h.addInstance()
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
-        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let (browser, cookie) = try await Self.signedIn(h)
         let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
         let client = try await blocking { () -> RawClient in
             let client = try RawClient(port: portB, timeoutSeconds: 20)
@@ -184,9 +185,7 @@ struct SessionEdgeTests {
     func registryAfterRefusals() async throws {
         let h = try await SignInHarness.start()
         defer { Task { await h.stop() } }
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
-        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let (_, cookie) = try await Self.signedIn(h)
         let port = h.gatewayPort
         let statuses = try await blocking { () -> [Int] in
             var statuses: [Int] = []
