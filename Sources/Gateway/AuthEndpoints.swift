@@ -112,7 +112,7 @@ struct AuthEndpointGuard: RequestGuard {
         let future = auth.withDeadline(auth.store.putLogin(state: state, login, ttl: 600_000, on: loop), on: loop).map { _ -> Verdict in
             let query = FormBody.encode([
                 ("client_id", apple.webClientID), ("redirect_uri", auth.publicURL + auth.prefix + "/callback"),
-                ("response_type", "code id_token"), ("response_mode", "form_post"), ("scope", apple.scopes.joined(separator: " ")),
+                ("response_type", "code id_token"), ("response_mode", "form_post"), ("scope", auth.scopes.joined(separator: " ")),
                 ("state", state), ("nonce", nonce),
             ])
             // Any session cookie the browser holds is cleared now: a cookie planted before the

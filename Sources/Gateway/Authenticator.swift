@@ -16,6 +16,9 @@ import Sessions
 struct CachedSession {
     var stored: StoredSession
     var headers: [(String, String)]
+    /// The configuration generation whose header names built `headers` (a reload that renames
+    /// a header makes every cached set stale).
+    var generation: Int
     /// The last assertion signed, per route name (when assertions are enabled).
     var assertion: (route: String, token: String, expires: Int64)? = nil
 }
@@ -33,36 +36,36 @@ enum Resolution {
     case appleUnavailable
 }
 
-/// Everything sign-in and admission share: session keys, the store and its local cache, the
-/// Apple client, the identity headers and assertions. One per running configuration.
-final class Authenticator: Sendable {
+/// How long sessions live (milliseconds); reloadable.
+struct SessionTimes: Sendable, Equatable {
+    var idle: Int64
+    var absolute: Int64
+
+    func isLive(_ s: StoredSession, now t: Int64) -> Bool {
+        !s.isRevoked && t - s.session.created < absolute && t - s.session.lastSeen < idle
+    }
+}
+
+/// What sign-in and admission keep for the life of the process, whatever reloads do: session
+/// keys, the store and its local cache, the Apple client, pub/sub, open tunnels. Built once at
+/// start from the keys a reload may not change (`ReloadRules.restartOnly`).
+final class AuthCore: Sendable {
     let keys: SessionKeys
     let store: any SessionStore
     let cache: LocalSessionCache<CachedSession>
     let apple: AppleServices?
-    let assertion: IdentityAssertionSigner?
-    let names: IdentityHeaderNames
-    let cookieName: String
-    /// `cookieName=`, for scanning `Cookie` headers.
-    let cookieMarker: String
-    /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
-    let loginCookieName: String
-    let prefix: String
-    let publicURL: String
-    let returnPolicy: ReturnURLPolicy
+    /// The identity-assertion key (PEM), when assertions are enabled; each configuration
+    /// generation makes its signer (issuer and lifetime reload).
+    let assertionKeyPEM: String?
     let storeTimeout: TimeAmount
-    /// Milliseconds.
-    let idleTimeout: Int64
-    let absoluteTimeout: Int64
-    /// `last_seen` is written at most this often per session (milliseconds).
-    let touchInterval: Int64
     let now: @Sendable () -> Int64
     let metrics: GatewayMetrics
     /// Daily re-validation with Apple (when `apple:` is configured).
     let revalidator: Revalidator?
-    private let weakSelf: NIOLockedValueBox<WeakAuthenticator>
     /// Open WebSocket tunnels, ended when their session is.
     let tunnels = TunnelRegistry()
+    /// Session lifetimes of the running configuration, for checks outside a request.
+    let times: NIOLockedValueBox<SessionTimes>
     /// Where background checks (tunnels after an invalidation) run.
     private let backgroundLoop: any EventLoop
     let logger: Logger
@@ -72,23 +75,20 @@ final class Authenticator: Sendable {
     private let subscriber: RedisSubscriber?
     let invalidationChannel: String
 
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
-    }
-
     /// Reads the secrets and connects nothing yet (Redis connects on first use).
     init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
          now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
-        let weak = NIOLockedValueBox(WeakAuthenticator())
-        weakSelf = weak
+        let weak = NIOLockedValueBox(WeakCore())
         backgroundLoop = group.next()
+        times = NIOLockedValueBox(SessionTimes(idle: Authenticator.milliseconds(c.session.idleTimeout),
+                                               absolute: Authenticator.milliseconds(c.session.absoluteTimeout)))
         let secret: [UInt8]
         if let reference = c.session.secretFile {
             secret = try reference.read(key: "session.secret_file")
         } else {
             secret = SessionKeys.randomSecret()
         }
-        do { keys = try SessionKeys(secret: secret) } catch { throw Failure(description: "session.secret_file: \(error)") }
+        do { keys = try SessionKeys(secret: secret) } catch { throw Authenticator.Failure(description: "session.secret_file: \(error)") }
         let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
         self.cache = cache
         invalidationChannel = c.store.keyPrefix + "invalidate"
@@ -114,7 +114,6 @@ final class Authenticator: Sendable {
             subscriber = nil
             store = MemorySessionStore(now: now)
         }
-        let publicURL = c.server.publicURL ?? "http://\(c.server.listen)"
         if let a = c.apple {
             var http = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
             http.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: Revalidator.concurrentAppleCalls)
@@ -132,11 +131,186 @@ final class Authenticator: Sendable {
         }
         if c.identity.assertion.enabled, let reference = c.identity.assertion.keyFile {
             let pem = String(decoding: try reference.read(key: "identity.assertion.key_file"), as: UTF8.self)
-            do {
-                assertion = try IdentityAssertionSigner(pem: pem, issuer: publicURL, ttl: Int64(c.identity.assertion.ttl.components.seconds))
-            } catch {
-                throw Failure(description: "identity.assertion.key_file: not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
+            guard (try? IdentityAssertionSigner(pem: pem, issuer: "", ttl: 1)) != nil else {
+                throw Authenticator.Failure(description: "identity.assertion.key_file: not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
             }
+            assertionKeyPEM = pem
+        } else {
+            assertionKeyPEM = nil
+        }
+        storeTimeout = TimeAmount(c.store.timeout)
+        self.now = now
+        self.metrics = metrics
+        self.logger = logger
+        if let apple, let a = c.apple {
+            revalidator = Revalidator(
+                apple: apple, store: store, keys: keys, after: Authenticator.milliseconds(a.revalidateAfter),
+                grace: Authenticator.milliseconds(a.revalidateGrace), outageGrace: Authenticator.milliseconds(a.outageGrace),
+                appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
+                onRevoked: { sub, loop in
+                    guard let core = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
+                    return core.revokeUser(sub, source: .appleInvalidGrant, on: loop)
+                })
+        } else {
+            revalidator = nil
+        }
+        weak.withLockedValue { $0.value = self }
+    }
+
+    /// Starts listening for invalidations (Redis only).
+    func start() {
+        subscriber?.start()
+    }
+
+    func shutdown() async {
+        await subscriber?.stop()
+        await redis?.close()
+        try? await httpClient?.shutdown()
+    }
+
+    /// Fails with `SessionStoreError` when `future` has not completed within `store.timeout`.
+    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
+        let promise = loop.makePromise(of: T.self)
+        let timer = loop.scheduleTask(in: storeTimeout) { promise.fail(SessionStoreError("no answer within store.timeout")) }
+        future.hop(to: loop).whenComplete { result in
+            timer.cancel()
+            promise.completeWith(result)
+        }
+        return promise.futureResult
+    }
+
+    // MARK: ending sessions
+
+    /// Why sessions ended (a metric label).
+    enum RevocationSource: String {
+        case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
+    }
+
+    /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this
+    /// instance's cache at once and from every other instance's through pub/sub.
+    func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        cache.invalidate(sub: sub)
+        return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
+            self.cache.invalidate(sub: sub)
+            self.publish("user \(sub)", on: loop)
+            self.recheckTunnels(self.tunnels.tunnels(of: sub))
+            self.metrics.recordRevocation(source: source.rawValue)
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
+            return count
+        }
+    }
+
+    /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
+    func invalidateUser(_ sub: String, on loop: any EventLoop) {
+        cache.invalidate(sub: sub)
+        publish("user \(sub)", on: loop)
+    }
+
+    /// Ends one session (logout) here and on every instance.
+    func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        cache.invalidate(handle)
+        return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
+            self.publish("session \(handle.key)", on: loop)
+            self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
+        }
+    }
+
+    /// After an invalidation message: the tunnels it names are checked.
+    func recheckTunnels(_ payload: [UInt8]) {
+        guard tunnels.count > 0 else { return }
+        let text = String(decoding: payload, as: UTF8.self)
+        if text.hasPrefix("user ") {
+            recheckTunnels(tunnels.tunnels(of: String(text.dropFirst(5))))
+        } else if text.hasPrefix("session ") {
+            recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
+        }
+    }
+
+    /// Ends each tunnel whose session is gone, revoked or expired. A store that does not answer
+    /// ends nothing (a dependency failure never ends a session).
+    private func recheckTunnels(_ entries: [TunnelRegistry.Entry]) {
+        let loop = backgroundLoop
+        for entry in entries {
+            withDeadline(store.load(entry.handle, on: loop), on: loop).whenSuccess { stored in
+                guard let stored, self.times.withLockedValue({ $0 }).isLive(stored, now: self.now()) else {
+                    self.logger.info("WebSocket tunnel closed: its session ended")
+                    return entry.lease.end()
+                }
+            }
+        }
+    }
+
+    private func publish(_ message: String, on loop: any EventLoop) {
+        guard let redis else { return }
+        redis.send(["PUBLISH", .string(invalidationChannel), .string(message)], on: loop).whenFailure { error in
+            self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
+                                metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// `user <sub>` or `session <hash>`, as published by `revokeUser`, `endSession` and
+    /// `sessiongate sessions revoke`.
+    static func applyInvalidation(_ payload: [UInt8], to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
+        let text = String(decoding: payload, as: UTF8.self)
+        metrics.invalidationsReceived.increment()
+        if text.hasPrefix("user ") {
+            cache.invalidate(sub: String(text.dropFirst(5)))
+        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
+            cache.invalidate(handle)
+        }
+    }
+}
+
+/// Lets the revalidator and the subscriber reach the core without a retain cycle.
+struct WeakCore {
+    weak var value: AuthCore?
+}
+
+/// Sign-in and admission under one configuration generation: the settings a reload may change
+/// (identity header names, auth prefix, public URL, return-URL policy, session lifetimes,
+/// assertion issuer and lifetime, Apple scopes) over the process's `AuthCore`. A reload makes a
+/// new one and swaps it with the routes, as one value (`GatewayService.reload`).
+final class Authenticator: Sendable {
+    let core: AuthCore
+    /// Counts reloads; cached identity headers built under another generation are rebuilt.
+    let generation: Int
+    let names: IdentityHeaderNames
+    let cookieName: String
+    /// `cookieName=`, for scanning `Cookie` headers.
+    let cookieMarker: String
+    /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
+    let loginCookieName: String
+    let prefix: String
+    let publicURL: String
+    let returnPolicy: ReturnURLPolicy
+    let times: SessionTimes
+    /// Milliseconds.
+    var idleTimeout: Int64 { times.idle }
+    var absoluteTimeout: Int64 { times.absolute }
+    /// `last_seen` is written at most this often per session (milliseconds).
+    let touchInterval: Int64
+    let assertion: IdentityAssertionSigner?
+    /// The scopes the web sign-in asks Apple for.
+    let scopes: [String]
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// The first generation: builds the core (reads the secrets; connects nothing yet).
+    convenience init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
+                     now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
+        try self.init(core: AuthCore(configuration: c, group: group, metrics: metrics, logger: logger, now: now), configuration: c, generation: 0)
+    }
+
+    /// A generation over an existing core: `c` may differ from the core's configuration only in
+    /// keys `ReloadRules` lets a reload change.
+    init(core: AuthCore, configuration c: GatewayConfiguration, generation: Int) throws {
+        self.core = core
+        self.generation = generation
+        let publicURL = c.server.publicURL ?? "http://\(c.server.listen)"
+        if let pem = core.assertionKeyPEM {
+            assertion = try IdentityAssertionSigner(pem: pem, issuer: publicURL, ttl: Int64(c.identity.assertion.ttl.components.seconds))
         } else {
             assertion = nil
         }
@@ -149,40 +323,32 @@ final class Authenticator: Sendable {
         var hosts = c.server.allowedRedirectHosts
         hosts += c.routes.compactMap(\.host)
         returnPolicy = ReturnURLPolicy(origin: publicURL, allowedHosts: hosts)
-        storeTimeout = TimeAmount(c.store.timeout)
-        idleTimeout = Self.milliseconds(c.session.idleTimeout)
-        absoluteTimeout = Self.milliseconds(c.session.absoluteTimeout)
-        touchInterval = min(60_000, max(1000, idleTimeout / 4))
-        self.now = now
-        self.metrics = metrics
-        self.logger = logger
-        if let apple, let a = c.apple {
-            revalidator = Revalidator(
-                apple: apple, store: store, keys: keys, after: Self.milliseconds(a.revalidateAfter), grace: Self.milliseconds(a.revalidateGrace),
-                outageGrace: Self.milliseconds(a.outageGrace), appleTimeout: Self.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
-                onRevoked: { sub, loop in
-                    guard let auth = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
-                    return auth.revokeUser(sub, source: .appleInvalidGrant, on: loop)
-                })
-        } else {
-            revalidator = nil
-        }
-        weakSelf.withLockedValue { $0.value = self }
+        times = SessionTimes(idle: Self.milliseconds(c.session.idleTimeout), absolute: Self.milliseconds(c.session.absoluteTimeout))
+        touchInterval = min(60_000, max(1000, times.idle / 4))
+        scopes = c.apple?.scopes ?? []
+    }
+
+    /// This generation becomes the running one for checks outside requests.
+    func activate() {
+        core.times.withLockedValue { $0 = times }
     }
 
     static func milliseconds(_ d: Duration) -> Int64 {
         d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000
     }
 
-    /// Starts listening for invalidations (Redis only).
-    func start() {
-        subscriber?.start()
-    }
+    var keys: SessionKeys { core.keys }
+    var store: any SessionStore { core.store }
+    var cache: LocalSessionCache<CachedSession> { core.cache }
+    var apple: AppleServices? { core.apple }
+    var revalidator: Revalidator? { core.revalidator }
+    var tunnels: TunnelRegistry { core.tunnels }
+    var metrics: GatewayMetrics { core.metrics }
+    var logger: Logger { core.logger }
+    var now: @Sendable () -> Int64 { core.now }
 
-    func shutdown() async {
-        await subscriber?.stop()
-        await redis?.close()
-        try? await httpClient?.shutdown()
+    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
+        core.withDeadline(future, on: loop)
     }
 
     // MARK: credentials
@@ -299,7 +465,7 @@ final class Authenticator: Sendable {
         let loaded = withDeadline(store.load(handle, on: loop), on: loop)
         return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
             guard let stored else { return loop.makeSucceededFuture(.invalid) }
-            let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored.user))
+            let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored.user), generation: self.generation)
             if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached, on: loop) }
             switch self.admit(handle, cached, now: t, on: loop) {
             case .now(let resolution): return loop.makeSucceededFuture(resolution)
@@ -363,20 +529,7 @@ final class Authenticator: Sendable {
         }
     }
 
-    func isLive(_ s: StoredSession, now t: Int64) -> Bool {
-        !s.isRevoked && t - s.session.created < absoluteTimeout && t - s.session.lastSeen < idleTimeout
-    }
-
-    /// Fails with `SessionStoreError` when `future` has not completed within `store.timeout`.
-    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
-        let promise = loop.makePromise(of: T.self)
-        let timer = loop.scheduleTask(in: storeTimeout) { promise.fail(SessionStoreError("no answer within store.timeout")) }
-        future.hop(to: loop).whenComplete { result in
-            timer.cancel()
-            promise.completeWith(result)
-        }
-        return promise.futureResult
-    }
+    func isLive(_ s: StoredSession, now t: Int64) -> Bool { times.isLive(s, now: t) }
 
     // MARK: identity
 
@@ -397,6 +550,20 @@ final class Authenticator: Sendable {
     /// The headers to forward for a session on a route (identity, plus an assertion when enabled;
     /// a fresh one is cached until half its lifetime is left).
     func forwardHeaders(_ handle: SessionHandle, _ cached: CachedSession, route: String, on loop: any EventLoop) -> [(String, String)] {
+        var cached = cached
+        if cached.generation != generation {
+            // Cached under another configuration: its header names (and assertion issuer) may
+            // have changed. Rebuilt once, then cached for this generation.
+            cached.headers = identityHeaders(cached.stored.user)
+            cached.generation = generation
+            cached.assertion = nil
+            let (headers, generation) = (cached.headers, generation)
+            cache.update(handle, on: loop) {
+                $0.headers = headers
+                $0.generation = generation
+                $0.assertion = nil
+            }
+        }
         guard let assertion else { return cached.headers }
         let t = now() / 1000
         if let a = cached.assertion, a.route == route, a.expires - t > assertion.ttl / 2 {
@@ -410,83 +577,16 @@ final class Authenticator: Sendable {
 
     // MARK: ending sessions
 
-    /// Why sessions ended (a metric label).
-    enum RevocationSource: String {
-        case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
-    }
+    typealias RevocationSource = AuthCore.RevocationSource
 
-    /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this
-    /// instance's cache at once and from every other instance's through pub/sub.
     func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
-        cache.invalidate(sub: sub)
-        return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
-            self.cache.invalidate(sub: sub)
-            self.publish("user \(sub)", on: loop)
-            self.recheckTunnels(self.tunnels.tunnels(of: sub))
-            self.metrics.recordRevocation(source: source.rawValue)
-            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
-            return count
-        }
+        core.revokeUser(sub, source: source, on: loop)
     }
 
-    /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
-    func invalidateUser(_ sub: String, on loop: any EventLoop) {
-        cache.invalidate(sub: sub)
-        publish("user \(sub)", on: loop)
-    }
+    func invalidateUser(_ sub: String, on loop: any EventLoop) { core.invalidateUser(sub, on: loop) }
 
-    /// Ends one session (logout) here and on every instance.
     func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        cache.invalidate(handle)
-        return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
-            self.publish("session \(handle.key)", on: loop)
-            self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
-        }
-    }
-
-    /// After an invalidation message: the tunnels it names are checked.
-    func recheckTunnels(_ payload: [UInt8]) {
-        guard tunnels.count > 0 else { return }
-        let text = String(decoding: payload, as: UTF8.self)
-        if text.hasPrefix("user ") {
-            recheckTunnels(tunnels.tunnels(of: String(text.dropFirst(5))))
-        } else if text.hasPrefix("session ") {
-            recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
-        }
-    }
-
-    /// Ends each tunnel whose session is gone, revoked or expired. A store that does not answer
-    /// ends nothing (a dependency failure never ends a session).
-    private func recheckTunnels(_ entries: [TunnelRegistry.Entry]) {
-        let loop = backgroundLoop
-        for entry in entries {
-            withDeadline(store.load(entry.handle, on: loop), on: loop).whenSuccess { stored in
-                guard let stored, self.isLive(stored, now: self.now()) else {
-                    self.logger.info("WebSocket tunnel closed: its session ended")
-                    return entry.lease.end()
-                }
-            }
-        }
-    }
-
-    private func publish(_ message: String, on loop: any EventLoop) {
-        guard let redis else { return }
-        redis.send(["PUBLISH", .string(invalidationChannel), .string(message)], on: loop).whenFailure { error in
-            self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
-                                metadata: ["error": "\(error)"])
-        }
-    }
-
-    /// `user <sub>` or `session <hash>`, as published by `revokeUser`, `endSession` and
-    /// `sessiongate sessions revoke`.
-    static func applyInvalidation(_ payload: [UInt8], to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
-        let text = String(decoding: payload, as: UTF8.self)
-        metrics.invalidationsReceived.increment()
-        if text.hasPrefix("user ") {
-            cache.invalidate(sub: String(text.dropFirst(5)))
-        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
-            cache.invalidate(handle)
-        }
+        core.endSession(handle, sub: sub, on: loop)
     }
 
     // MARK: sessions
@@ -529,7 +629,6 @@ struct AppleServices: Sendable {
     let keySet: AppleKeySet
     let clientIDs: [String]
     let baseURL: String
-    let scopes: [String]
 
     init(configuration a: GatewayConfiguration.Apple, httpClient: HTTPClient, logger: Logger) throws {
         let pem = String(decoding: try a.privateKeyFile.read(key: "apple.private_key_file"), as: UTF8.self)
@@ -548,7 +647,6 @@ struct AppleServices: Sendable {
         notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs)
         clientIDs = a.clientIDs
         baseURL = a.baseURL
-        scopes = a.scopes
     }
 
     /// The Services ID: the web flow's client id.
@@ -561,7 +659,3 @@ extension TimeAmount {
     }
 }
 
-/// Lets the revalidator reach its authenticator without a retain cycle.
-struct WeakAuthenticator {
-    weak var value: Authenticator?
-}

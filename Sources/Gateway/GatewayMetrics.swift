@@ -12,6 +12,7 @@ public final class GatewayMetrics: Sendable {
     let upstreamConnections: Prometheus.Gauge
     let reloadsSucceeded: Prometheus.Counter
     let reloadsFailed: Prometheus.Counter
+    let reloadsRefused: Prometheus.Counter
     /// Admission results, indexed by `AdmissionResult` (made once: no lookup per request).
     private let admissions: [Prometheus.Counter]
     let cacheHits: Prometheus.Counter
@@ -37,6 +38,7 @@ public final class GatewayMetrics: Sendable {
         upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
         reloadsSucceeded = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "ok")])
         reloadsFailed = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "invalid")])
+        reloadsRefused = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "refused")])
         let registry = self.registry
         admissions = AdmissionResult.allCases.map {
             registry.makeCounter(descriptor: Self.name("admissions", unit: "total", help: "Admission decisions on guarded routes, by result."), labels: [("result", $0.label)])

@@ -19,12 +19,14 @@ public final class GatewayService: Service, Sendable {
     public let metrics = GatewayMetrics()
     private let proxy: ProxyServer
     private let admin = NIOLockedValueBox<SimpleHTTPServer?>(nil)
-    private let current: NIOLockedValueBox<GatewayConfiguration>
+    /// The running configuration and the sign-in settings built from it: swapped together.
+    private let running: NIOLockedValueBox<(configuration: GatewayConfiguration, auth: Authenticator)>
     private let started = NIOLockedValueBox(false)
     private let startedWaiters = NIOLockedValueBox<[CheckedContinuation<Void, Never>]>([])
-    /// Sign-in and admission: sessions, store, Apple. Its settings apply at start (a reload
-    /// swaps routes and their policies, not secrets or the store).
-    let authenticator: Authenticator
+    /// Sign-in and admission under the running configuration (a reload makes a new one over
+    /// the same `AuthCore`: sessions, store, Apple).
+    var authenticator: Authenticator { running.withLockedValue { $0.auth } }
+    private let core: AuthCore
 
     /// - Parameters:
     ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
@@ -37,7 +39,6 @@ public final class GatewayService: Service, Sendable {
         self.initial = configuration
         self.group = group
         self.logger = logger
-        self.current = NIOLockedValueBox(configuration)
         let accessLog: Logger?
         switch configuration.server.accessLog {
         case .off: accessLog = nil
@@ -46,7 +47,8 @@ public final class GatewayService: Service, Sendable {
         }
         let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
         let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger, now: clock)
-        self.authenticator = authenticator
+        self.core = authenticator.core
+        self.running = NIOLockedValueBox((configuration, authenticator))
         self.proxy = ProxyServer(
             configuration: Self.proxyConfiguration(configuration),
             routing: try Self.routing(configuration, authenticator),
@@ -122,7 +124,7 @@ public final class GatewayService: Service, Sendable {
 
     private func checkStore() async {
         let loop = group.next()
-        let ok = (try? await authenticator.withDeadline(authenticator.store.ping(on: loop), on: loop).get()) != nil
+        let ok = (try? await core.withDeadline(core.store.ping(on: loop), on: loop).get()) != nil
         let was = storeReachable.withLockedValue { old in defer { old = ok }; return old }
         if was != ok { ok ? logger.info("session store reachable") : logger.error("session store unreachable: guarded routes answer 503") }
     }
@@ -131,7 +133,7 @@ public final class GatewayService: Service, Sendable {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
             await checkStore()
-            if let apple = authenticator.apple {
+            if let apple = core.apple {
                 for id in apple.clientIDs {
                     if let age = apple.secrets.age(for: id) { metrics.recordClientSecretAge(clientID: id, seconds: age) }
                 }
@@ -148,7 +150,7 @@ public final class GatewayService: Service, Sendable {
             AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } })
         }
         admin.withLockedValue { $0 = adminServer }
-        authenticator.start()
+        core.start()
         await checkStore()
         logger.info("sessiongate listening", metadata: [
             "listen": "\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",
@@ -168,10 +170,11 @@ public final class GatewayService: Service, Sendable {
             try? await gracefulShutdown()
             tasks.cancelAll()
         }
-        logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(initial.server.timeouts.shutdown))"])
-        await proxy.shutdown(deadline: .init(initial.server.timeouts.shutdown))
+        let drain = running.withLockedValue { $0.configuration.server.timeouts.shutdown }
+        logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(drain))"])
+        await proxy.shutdown(deadline: .init(drain))
         await adminServer.close()
-        await authenticator.shutdown()
+        await core.shutdown()
         logger.info("stopped")
     }
 
@@ -182,41 +185,64 @@ public final class GatewayService: Service, Sendable {
         }
     }
 
-    /// Re-reads the configuration file; an invalid file keeps the running configuration.
-    /// Listener addresses and timeouts apply at the next restart.
+    public enum ReloadOutcome: String, Sendable {
+        /// The new configuration runs for every new request.
+        case applied = "ok"
+        /// The file has errors (or names an upstream that does not resolve): nothing changed.
+        case invalid
+        /// The file changes keys that apply only at restart: nothing changed.
+        case refused
+    }
+
+    /// Re-reads the configuration file and swaps the whole running configuration (routes, header
+    /// rules, identity header names, auth prefix, allow lists, session lifetimes) as one value for
+    /// new requests, or changes nothing: an invalid file, or one that changes a key of
+    /// `ReloadRules.restartOnly`, keeps the running configuration, each reason logged with its
+    /// `file:line:col`.
     @discardableResult
-    public func reload() -> Bool {
-        guard let configPath else { return false }
+    public func reload() -> ReloadOutcome {
+        guard let configPath else { return .invalid }
+        let outcome = attemptReload(configPath)
+        switch outcome {
+        case .applied: metrics.reloadsSucceeded.increment()
+        case .invalid: metrics.reloadsFailed.increment()
+        case .refused: metrics.reloadsRefused.increment()
+        }
+        return outcome
+    }
+
+    private func attemptReload(_ configPath: String) -> ReloadOutcome {
         let result = GatewayConfiguration.load(file: configPath)
         for problem in result.problems {
             logger.log(level: problem.severity == .error ? .error : .warning, "\(configPath):\(problem)")
         }
-        let next: GatewayConfiguration
+        guard let next = result.configuration else {
+            logger.error("configuration reload rejected: the file has errors; the running configuration stays",
+                         metadata: ["file": "\(configPath)", "errors": "\(result.errors.count)"])
+            return .invalid
+        }
+        let (previous, generation) = running.withLockedValue { ($0.configuration, $0.auth.generation) }
+        let refusal = ReloadRules.refusal(running: previous, next: next, locations: result.locations)
+        guard refusal.isEmpty else {
+            for problem in refusal { logger.error("\(configPath):\(problem)") }
+            logger.error("configuration reload refused: keys that apply only at restart changed; the running configuration stays",
+                         metadata: ["file": "\(configPath)", "keys": "\(refusal.map(\.path).joined(separator: ","))"])
+            return .refused
+        }
+        let auth: Authenticator
         let routing: RoutingSnapshot
         do {
-            guard let loaded = result.configuration else { throw ConfigError(file: configPath, problems: result.errors) }
-            next = loaded
-            routing = try Self.routing(loaded, authenticator)
+            auth = try Authenticator(core: core, configuration: next, generation: generation + 1)
+            routing = try Self.routing(next, auth)
         } catch {
-            if let unresolvable = error as? UnresolvableUpstream { logger.error("\(configPath): \(unresolvable)") }
-            metrics.reloadsFailed.increment()
-            logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)", "errors": "\(max(result.errors.count, 1))"])
-            return false
+            logger.error("\(configPath): \(error)")
+            logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)"])
+            return .invalid
         }
-        let previous = current.withLockedValue { old in defer { old = next }; return old }
-        if previous.server.listen != next.server.listen || previous.server.adminListen != next.server.adminListen
-            || previous.server.timeouts != next.server.timeouts || previous.server.limits.maxHeaderBytes != next.server.limits.maxHeaderBytes
-            || previous.server.limits.maxHeaderCount != next.server.limits.maxHeaderCount
-            || previous.server.accessLog != next.server.accessLog {
-            logger.warning("listen addresses, timeouts, header limits and access_log apply at the next restart")
-        }
-        if previous.apple != next.apple || previous.session != next.session || previous.store != next.store || previous.identity != next.identity
-            || previous.server.publicURL != next.server.publicURL || previous.server.authPrefix != next.server.authPrefix {
-            logger.warning("apple, session, store, identity, public_url and auth_prefix apply at the next restart")
-        }
+        running.withLockedValue { $0 = (next, auth) }
+        auth.activate()
         proxy.replaceRouting(routing)
-        metrics.reloadsSucceeded.increment()
         logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": "\(next.routes.count)"])
-        return true
+        return .applied
     }
 }

@@ -47,3 +47,14 @@ public struct ConfigError: Error, Sendable, CustomStringConvertible {
         problems.map { "\(file):\($0)" }.joined(separator: "\n")
     }
 }
+
+/// A 1-based line and column in the configuration file.
+public struct ConfigLocation: Sendable, Equatable {
+    public var line: Int
+    public var column: Int
+
+    public init(line: Int, column: Int) {
+        self.line = line
+        self.column = column
+    }
+}

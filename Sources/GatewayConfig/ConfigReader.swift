@@ -6,6 +6,8 @@ import Yams
 /// the caller keeps the default and carries on: all problems are reported at once.
 final class ConfigReader {
     private(set) var problems: [ConfigProblem] = []
+    /// Where each key present in the file is (key path → its key's line and column).
+    private(set) var locations: [String: ConfigLocation] = [:]
 
     /// A mapping node with its path, whose keys have been checked against the allowed set.
     struct Section {
@@ -52,6 +54,7 @@ final class ConfigReader {
             }
             values[key] = value
             marks[key] = keyNode.mark
+            if let mark = keyNode.mark { locations[keyPath] = ConfigLocation(line: mark.line, column: mark.column) }
         }
         return Section(path: path, mark: node.mark, values: values, keyMarks: marks)
     }

@@ -11,6 +11,8 @@ extension GatewayConfiguration {
     public struct LoadResult: Sendable {
         public var configuration: GatewayConfiguration?
         public var problems: [ConfigProblem]
+        /// Where each key present in the file is, by key path (`server.listen`).
+        public var locations: [String: ConfigLocation] = [:]
         public var errors: [ConfigProblem] { problems.filter { $0.severity == .error } }
         public var warnings: [ConfigProblem] { problems.filter { $0.severity == .warning } }
     }
@@ -59,7 +61,7 @@ extension GatewayConfiguration {
         config.crossCheck(reader, root)
         let problems = reader.problems
         let ok = !problems.contains { $0.severity == .error }
-        return LoadResult(configuration: ok ? config : nil, problems: problems)
+        return LoadResult(configuration: ok ? config : nil, problems: problems, locations: reader.locations)
     }
 
     private static func problem(from error: YamlError) -> ConfigProblem {

@@ -80,19 +80,29 @@ final class GatewayProcess: @unchecked Sendable {
 
     var output: [String] { lines.withLockedValue { $0 } }
 
-    /// Suspends until a line containing `needle` is printed; nil once all output has been read
-    /// without it.
-    func waitForLine(containing needle: String) async -> String? {
+    /// Suspends until a line containing `needle` is printed (among lines from index `after` on);
+    /// nil once all output has been read without it.
+    func waitForLine(containing needle: String, after start: Int = 0) async -> String? {
         await withCheckedContinuation { continuation in
             // Registration and the check are under one lock, so no line can slip between them.
             let immediate: String?? = waiters.withLockedValue { list in
-                if let existing = lines.withLockedValue({ $0.first { $0.contains(needle) } }) { return .some(existing) }
+                if let existing = lines.withLockedValue({ $0.dropFirst(start).first { $0.contains(needle) } }) { return .some(existing) }
                 if closedPipes.withLockedValue({ $0 == 2 }) { return .some(nil) }
                 list.append((needle, continuation))
                 return .none
             }
             if case .some(let value) = immediate { continuation.resume(returning: value) }
         }
+    }
+
+    /// Rewrites the configuration file, sends SIGHUP and waits for the reload's verdict line
+    /// (`configuration reloaded`, `… reload rejected` or `… reload refused`).
+    @discardableResult
+    func reload(yaml: String) async throws -> String? {
+        let mark = output.count
+        try yaml.write(toFile: configPath, atomically: true, encoding: .utf8)
+        signal(SIGHUP)
+        return await waitForLine(containing: "configuration reload", after: mark)
     }
 
     /// Suspends until the process has exited and all its output has been read.

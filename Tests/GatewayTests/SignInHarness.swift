@@ -228,13 +228,15 @@ final class TestBrowser: @unchecked Sendable {
     /// Follows the web flow from a protected page to the page after sign-in: the gateway's
     /// redirect, the sign-in page's button, Apple's consent page (choosing `sub`), the
     /// auto-submitting form_post to the callback. Returns the callback's response.
-    func signIn(from path: String, as sub: String, stopBeforeCallback: Bool = false) async throws -> (callback: Response?, form: (action: String, fields: [(String, String)])) {
+    func signIn(from path: String, as sub: String, prefix: String = "/_auth", stopBeforeCallback: Bool = false) async throws -> (callback: Response?, form: (action: String, fields: [(String, String)])) {
         // Signed in already (or a planted cookie): go to the sign-in page as a user would.
         let first = try await request(path)
-        let signInURL = first.status == 302 ? first.location ?? "" : "/_auth/sign-in?rd=\(FormBody.escape(path))"
+        let signInURL = first.status == 302 ? first.location ?? "" : "\(prefix)/sign-in?rd=\(FormBody.escape(path))"
         let page = try await request(signInURL)
-        guard page.status == 200, let hrefRange = page.body.range(of: "href=\"/_auth/login") else { throw Failure.unexpected("sign-in page: \(page.status)") }
-        let href = TestBrowser.unescape(String(page.body[page.body.index(after: hrefRange.lowerBound)...].dropFirst(5).prefix { $0 != "\"" }))
+        // The button's link: `<auth_prefix>/login?rd=…`.
+        guard page.status == 200, let loginRange = page.body.range(of: "/login?rd="),
+              let hrefRange = page.body[..<loginRange.lowerBound].range(of: "href=\"", options: .backwards) else { throw Failure.unexpected("sign-in page: \(page.status)") }
+        let href = TestBrowser.unescape(String(page.body[hrefRange.upperBound...].prefix { $0 != "\"" }))
         let login = try await request(href)
         guard login.status == 302, let authorize = login.location else { throw Failure.unexpected("login: \(login.status) \(login.body)") }
         let consent = try await request(authorize)

@@ -1,0 +1,70 @@
+/// What a reload (SIGHUP) may change. A reload swaps the whole running configuration as one
+/// value or nothing: a file that changes any key listed here is refused as a whole, each such key
+/// named, and the running configuration stays. Every other key reloads.
+///
+/// The keys here are bound to what the process holds open or has already handed out: sockets
+/// and their per-connection limits, the store and its key space, the session cookie's name and
+/// signing secret (changing them signs everyone out), the Apple client and its credentials, the
+/// identity-assertion key, the log sinks.
+public enum ReloadRules {
+    public struct Key: Sendable {
+        public let path: String
+        let differs: @Sendable (GatewayConfiguration, GatewayConfiguration) -> Bool
+
+        static func on<T: Equatable>(_ path: String, _ value: @escaping @Sendable (GatewayConfiguration) -> T) -> Key {
+            Key(path: path) { value($0) != value($1) }
+        }
+    }
+
+    /// The keys that apply only at start, in file order.
+    public static let restartOnly: [Key] = [
+        .on("server.listen") { $0.server.listen },
+        .on("server.admin_listen") { $0.server.adminListen },
+        .on("server.access_log") { $0.server.accessLog },
+        .on("server.timeouts.upstream_connect") { $0.server.timeouts.upstreamConnect },
+        .on("server.timeouts.upstream_response") { $0.server.timeouts.upstreamResponse },
+        .on("server.timeouts.idle") { $0.server.timeouts.idle },
+        .on("server.timeouts.request_body") { $0.server.timeouts.requestBody },
+        .on("server.limits.max_header_bytes") { $0.server.limits.maxHeaderBytes },
+        .on("server.limits.max_header_count") { $0.server.limits.maxHeaderCount },
+        .on("apple") { $0.apple == nil },
+        .on("apple.team_id") { $0.apple?.teamID },
+        .on("apple.client_ids") { $0.apple?.clientIDs },
+        .on("apple.key_id") { $0.apple?.keyID },
+        .on("apple.private_key_file") { $0.apple?.privateKeyFile },
+        .on("apple.base_url") { $0.apple?.baseURL },
+        .on("apple.revalidate_after") { $0.apple?.revalidateAfter },
+        .on("apple.revalidate_grace") { $0.apple?.revalidateGrace },
+        .on("apple.outage_grace") { $0.apple?.outageGrace },
+        .on("apple.timeout") { $0.apple?.timeout },
+        .on("session.cookie_name") { $0.session.cookieName },
+        .on("session.secret_file") { $0.session.secretFile },
+        .on("store.redis_url") { $0.store.redisURL },
+        .on("store.key_prefix") { $0.store.keyPrefix },
+        .on("store.timeout") { $0.store.timeout },
+        .on("store.local_cache_ttl") { $0.store.localCacheTTL },
+        .on("identity.assertion.enabled") { $0.identity.assertion.enabled },
+        .on("identity.assertion.key_file") { $0.identity.assertion.keyFile },
+    ]
+
+    /// The restart-only keys whose value differs between the running configuration and the file.
+    public static func changed(running: GatewayConfiguration, next: GatewayConfiguration) -> [String] {
+        restartOnly.filter { $0.differs(running, next) }.map(\.path)
+    }
+
+    /// One error per restart-only key the file changes, located at the key (or, when the file
+    /// no longer sets it, at the nearest enclosing key it has). Values are not repeated: a Redis
+    /// URL carries a password.
+    public static func refusal(running: GatewayConfiguration, next: GatewayConfiguration, locations: [String: ConfigLocation]) -> [ConfigProblem] {
+        changed(running: running, next: next).map { path in
+            var key = Substring(path)
+            var location = locations[path]
+            while location == nil, let dot = key.lastIndex(of: ".") {
+                key = key[..<dot]
+                location = locations[String(key)]
+            }
+            return ConfigProblem(.error, path: path, line: location?.line, column: location?.column,
+                                 message: "changes only at restart; the reload is refused and the running configuration stays")
+        }
+    }
+}

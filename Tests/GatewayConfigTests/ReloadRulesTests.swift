@@ -1,0 +1,155 @@
+import Testing
+
+@testable import GatewayConfig
+
+/// Which edits a reload applies and which refuse it, and where the refusal points.
+@Suite("Reload rules")
+struct ReloadRulesTests {
+    static let base = """
+        server:
+          listen: "0.0.0.0:8080"
+          admin_listen: "127.0.0.1:9091"
+          public_url: "https://app.example.com"
+          auth_prefix: "/_auth"
+          trusted_proxies: []
+          allowed_redirect_hosts: []
+          allowed_origins: []
+          access_log: text
+          timeouts:
+            upstream_connect: 5s
+            upstream_response: 60s
+            idle: 60s
+            shutdown: 30s
+            request_body: 60s
+          limits:
+            max_header_bytes: 16384
+            max_header_count: 100
+            max_body_bytes: 0
+        apple:
+          team_id: "ABCDE12345"
+          client_ids: ["com.example.web"]
+          key_id: "KEY1234567"
+          private_key_file: "/etc/sessiongate/AuthKey.p8"
+          base_url: "https://appleid.apple.com"
+          scopes: ["name", "email"]
+          revalidate_after: 24h
+          revalidate_grace: 1h
+          outage_grace: 72h
+          timeout: 5s
+        session:
+          cookie_name: "__Host-sessiongate"
+          secret_file: "/etc/sessiongate/session.key"
+          idle_timeout: 12h
+          absolute_timeout: 30d
+        store:
+          redis_url: "redis://127.0.0.1:6379/0"
+          key_prefix: "sg:"
+          timeout: 250ms
+          local_cache_ttl: 5s
+        identity:
+          header_prefix: "X-Auth-"
+          assertion:
+            enabled: true
+            key_file: "/etc/sessiongate/assertion.pem"
+            ttl: 60s
+          headers:
+            user: "X-Auth-User"
+        routes:
+          - name: app
+            upstream: "http://127.0.0.1:9000"
+            allow:
+              users: []
+        """
+
+    static func load(_ yaml: String) throws -> GatewayConfiguration.LoadResult {
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        #expect(result.errors == [], "\(result.errors)")
+        return result
+    }
+
+    @Test("each restart-only key refuses the reload, named alone", arguments: [
+        ("server.listen", #"listen: "0.0.0.0:8080""#, #"listen: "0.0.0.0:8081""#),
+        ("server.admin_listen", #"admin_listen: "127.0.0.1:9091""#, #"admin_listen: "127.0.0.1:9092""#),
+        ("server.access_log", "access_log: text", "access_log: json"),
+        ("server.timeouts.upstream_connect", "upstream_connect: 5s", "upstream_connect: 6s"),
+        ("server.timeouts.upstream_response", "upstream_response: 60s", "upstream_response: 61s"),
+        ("server.timeouts.idle", "    idle: 60s", "    idle: 61s"),
+        ("server.timeouts.request_body", "request_body: 60s", "request_body: 61s"),
+        ("server.limits.max_header_bytes", "max_header_bytes: 16384", "max_header_bytes: 8192"),
+        ("server.limits.max_header_count", "max_header_count: 100", "max_header_count: 50"),
+        ("apple.team_id", #"team_id: "ABCDE12345""#, #"team_id: "ABCDE12346""#),
+        ("apple.client_ids", #"client_ids: ["com.example.web"]"#, #"client_ids: ["com.example.web", "com.example.app"]"#),
+        ("apple.key_id", #"key_id: "KEY1234567""#, #"key_id: "KEY1234568""#),
+        ("apple.private_key_file", "AuthKey.p8", "AuthKey2.p8"),
+        ("apple.base_url", #"base_url: "https://appleid.apple.com""#, #"base_url: "https://apple.example.com""#),
+        ("apple.revalidate_after", "revalidate_after: 24h", "revalidate_after: 48h"),
+        ("apple.revalidate_grace", "revalidate_grace: 1h", "revalidate_grace: 2h"),
+        ("apple.outage_grace", "outage_grace: 72h", "outage_grace: 24h"),
+        ("apple.timeout", "  timeout: 5s", "  timeout: 3s"),
+        ("session.cookie_name", #"cookie_name: "__Host-sessiongate""#, #"cookie_name: "__Host-other""#),
+        ("session.secret_file", "session.key", "session2.key"),
+        ("store.redis_url", "6379/0", "6379/1"),
+        ("store.key_prefix", #"key_prefix: "sg:""#, #"key_prefix: "sg2:""#),
+        ("store.timeout", "timeout: 250ms", "timeout: 300ms"),
+        ("store.local_cache_ttl", "local_cache_ttl: 5s", "local_cache_ttl: 1s"),
+        ("identity.assertion.enabled", "enabled: true", "enabled: false"),
+        ("identity.assertion.key_file", "assertion.pem", "assertion2.pem"),
+    ])
+    func restartOnly(key: String, from: String, to: String) throws {
+        #expect(Self.base.contains(from), "the case edits the base")
+        let running = try #require(try Self.load(Self.base).configuration)
+        let edited = Self.base.replacingOccurrences(of: from, with: to)
+        let next = try Self.load(edited)
+        let refusal = ReloadRules.refusal(running: running, next: try #require(next.configuration), locations: next.locations)
+        #expect(refusal.map(\.path) == [key])
+        // Located at the key itself, on the line the edit is on.
+        let line = edited.split(separator: "\n", omittingEmptySubsequences: false).firstIndex { $0.contains(to) }.map { $0 + 1 }
+        #expect(refusal.first?.line == line)
+        #expect(refusal.first?.description.contains("error: \(key): changes only at restart") == true)
+    }
+
+    @Test("every other key reloads", arguments: [
+        #"public_url: "https://app.example.com""#: #"public_url: "https://new.example.com""#,
+        #"auth_prefix: "/_auth""#: #"auth_prefix: "/auth2""#,
+        "trusted_proxies: []": #"trusted_proxies: ["10.0.0.0/8"]"#,
+        "allowed_redirect_hosts: []": #"allowed_redirect_hosts: [".example.com"]"#,
+        "allowed_origins: []": #"allowed_origins: ["https://other.example.com"]"#,
+        "shutdown: 30s": "shutdown: 5s",
+        "max_body_bytes: 0": "max_body_bytes: 10",
+        #"scopes: ["name", "email"]"#: #"scopes: ["email"]"#,
+        "idle_timeout: 12h": "idle_timeout: 1h",
+        "absolute_timeout: 30d": "absolute_timeout: 7d",
+        #"header_prefix: "X-Auth-""#: #"header_prefix: "X-Gw-""#,
+        "ttl: 60s": "ttl: 120s",
+        #"user: "X-Auth-User""#: #"user: "X-User""#,
+        "users: []": #"users: ["someone"]"#,
+        "upstream: \"http://127.0.0.1:9000\"": "upstream: \"http://127.0.0.1:9001\"",
+    ])
+    func reloadable(from: String, to: String) throws {
+        #expect(Self.base.contains(from))
+        let running = try #require(try Self.load(Self.base).configuration)
+        let next = try #require(try Self.load(Self.base.replacingOccurrences(of: from, with: to)).configuration)
+        #expect(next != running, "the edit changes the configuration")
+        #expect(ReloadRules.changed(running: running, next: next) == [])
+    }
+
+    @Test("a key the new file no longer sets is located at its nearest enclosing key; removing apple names apple")
+    func removedKeys() throws {
+        let running = try #require(try Self.load(Self.base).configuration)
+        let withoutTimeout = Self.base.replacingOccurrences(of: "    upstream_connect: 5s\n", with: "    upstream_connect: 6s\n")
+            .replacingOccurrences(of: "    idle: 60s\n", with: "")
+        let next = try Self.load(withoutTimeout)
+        let refusal = ReloadRules.refusal(running: running, next: try #require(next.configuration), locations: next.locations)
+        #expect(refusal.map(\.path) == ["server.timeouts.upstream_connect"], "idle's default is its old value: unchanged")
+        // Running on 9000; the new file drops the key, so the default (8080) would apply.
+        let elsewhere = try #require(try Self.load(Self.base.replacingOccurrences(of: "0.0.0.0:8080", with: "0.0.0.0:9000")).configuration)
+        let moved = try Self.load(Self.base.replacingOccurrences(of: "  listen: \"0.0.0.0:8080\"\n", with: ""))
+        let listenRefusal = ReloadRules.refusal(running: elsewhere, next: try #require(moved.configuration), locations: moved.locations)
+        #expect(listenRefusal.map(\.path) == ["server.listen"])
+        #expect(listenRefusal.first?.line == 1, "at server:")
+
+        var noApple = running
+        noApple.apple = nil
+        #expect(ReloadRules.changed(running: running, next: noApple).first == "apple")
+    }
+}
