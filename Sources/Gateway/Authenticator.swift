@@ -88,7 +88,7 @@ final class AuthCore: Sendable {
         } else {
             secret = SessionKeys.randomSecret()
         }
-        do { keys = try SessionKeys(secret: secret) } catch { throw Authenticator.Failure(description: "session.secret_file: \(error)") }
+        do { keys = try SessionKeys(secret: secret) } catch { throw StartupFailure(key: "session.secret_file", "\(error)") }
         let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
         self.cache = cache
         invalidationChannel = c.store.keyPrefix + "invalidate"
@@ -96,7 +96,10 @@ final class AuthCore: Sendable {
             let configuration = RedisClient.Configuration(
                 host: url.host, port: url.port, username: url.username, password: url.password, database: url.database,
                 commandTimeout: TimeAmount(c.store.timeout))
-            let client = try RedisClient(configuration: configuration, group: group, logger: logger)
+            let client: RedisClient
+            do { client = try RedisClient(configuration: configuration, group: group, logger: logger) } catch {
+                throw StartupFailure(key: "store.redis_url", "the host '\(url.host)' does not resolve")
+            }
             redis = client
             store = RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix)
             subscriber = try RedisSubscriber(
@@ -132,7 +135,7 @@ final class AuthCore: Sendable {
         if c.identity.assertion.enabled, let reference = c.identity.assertion.keyFile {
             let pem = String(decoding: try reference.read(key: "identity.assertion.key_file"), as: UTF8.self)
             guard (try? IdentityAssertionSigner(pem: pem, issuer: "", ttl: 1)) != nil else {
-                throw Authenticator.Failure(description: "identity.assertion.key_file: not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
+                throw StartupFailure(key: "identity.assertion.key_file", "not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
             }
             assertionKeyPEM = pem
         } else {
@@ -160,6 +163,11 @@ final class AuthCore: Sendable {
     /// Starts listening for invalidations (Redis only).
     func start() {
         subscriber?.start()
+    }
+
+    /// Releases what `init` made when the process will not run (nothing was started or connected).
+    func abandon() {
+        try? httpClient?.syncShutdown()
     }
 
     func shutdown() async {
@@ -292,10 +300,6 @@ final class Authenticator: Sendable {
     let assertion: IdentityAssertionSigner?
     /// The scopes the web sign-in asks Apple for.
     let scopes: [String]
-
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
-    }
 
     /// The first generation: builds the core (reads the secrets; connects nothing yet).
     convenience init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
@@ -636,7 +640,7 @@ struct AppleServices: Sendable {
         do {
             minter = try ClientSecretMinter(teamID: a.teamID, keyID: a.keyID, privateKeyPEM: pem)
         } catch {
-            throw Authenticator.Failure(description: "apple.private_key_file: \(error)")
+            throw StartupFailure(key: "apple.private_key_file", "\(error)")
         }
         let timeout = TimeAmount(a.timeout)
         secrets = minter

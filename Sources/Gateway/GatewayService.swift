@@ -8,6 +8,10 @@ import ServiceLifecycle
 import Sessions
 import UnixSignals
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The gateway as one long-running `Service`: the public proxy listener and the admin listener,
 /// configuration reloads on SIGHUP, and a graceful drain on shutdown (SIGTERM/SIGINT through the
 /// `ServiceGroup`).
@@ -49,10 +53,12 @@ public final class GatewayService: Service, Sendable {
         let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger, now: clock)
         self.core = authenticator.core
         self.running = NIOLockedValueBox((configuration, authenticator))
-        self.proxy = ProxyServer(
-            configuration: Self.proxyConfiguration(configuration),
-            routing: try Self.routing(configuration, authenticator),
-            group: group, observer: observer, logger: logger)
+        let routing: RoutingSnapshot
+        do { routing = try Self.routing(configuration, authenticator) } catch {
+            authenticator.core.abandon()
+            throw error
+        }
+        self.proxy = ProxyServer(configuration: Self.proxyConfiguration(configuration), routing: routing, group: group, observer: observer, logger: logger)
     }
 
     static func proxyConfiguration(_ c: GatewayConfiguration) -> ProxyConfiguration {
@@ -64,22 +70,15 @@ public final class GatewayService: Service, Sendable {
             limits: c.server.limits)
     }
 
-    /// A route's upstream host name did not resolve.
-    public struct UnresolvableUpstream: Error, CustomStringConvertible {
-        public var route: String
-        public var host: String
-        public var description: String { "route '\(route)': upstream host '\(host)' does not resolve" }
-    }
-
     /// Routes as the proxy sees them, upstream names resolved, each with its session guard; the
     /// auth endpoints (`server.auth_prefix`) come first for every host.
     static func routing(_ c: GatewayConfiguration, _ auth: Authenticator) throws -> RoutingSnapshot {
-        let routes = try c.routes.map { route in
+        let routes = try c.routes.enumerated().map { index, route in
             let address: UpstreamAddress
             do {
                 address = try UpstreamAddress(host: route.upstream.host, port: route.upstream.port).resolved()
             } catch {
-                throw UnresolvableUpstream(route: route.name, host: route.upstream.host)
+                throw StartupFailure(key: "routes[\(index)].upstream", "the host '\(route.upstream.host)' does not resolve")
             }
             return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
                               requestGuard: SessionGuard(auth: auth, route: route),
@@ -95,6 +94,50 @@ public final class GatewayService: Service, Sendable {
         return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all, identityPrefix: c.identity.headerPrefix,
                                trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName],
                                origins: origins(c))
+    }
+
+    // MARK: start-up checks (`check` runs them too)
+
+    /// Everything `serve` does before it binds: reads and parses every secret and key file
+    /// (`session.secret_file`, `apple.private_key_file`, `identity.assertion.key_file`) and
+    /// resolves every host name (Redis, upstreams). Connects to nothing. `check` runs it, so
+    /// that a file `check` passes is one `serve` starts with.
+    public static func preflight(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) async throws {
+        let core = try AuthCore(configuration: c, group: group, metrics: GatewayMetrics(), logger: logger)
+        do {
+            _ = try routing(c, Authenticator(core: core, configuration: c, generation: 0))
+        } catch {
+            await core.shutdown()
+            throw error
+        }
+        await core.shutdown()
+    }
+
+    /// Binds and at once closes each listen address with a fixed port: an address in use (or
+    /// not local) is reported as `serve` would report it.
+    public static func probeListeners(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup = .singleton) async -> [StartupFailure] {
+        var failures: [StartupFailure] = []
+        for (key, address) in [("server.listen", c.server.listen), ("server.admin_listen", c.server.adminListen)] where address.port != 0 {
+            do {
+                let channel = try await ServerBootstrap(group: group).serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                    .bind(host: address.host, port: address.port).get()
+                try? await channel.close()
+            } catch {
+                failures.append(bindFailure(error, key: key, address))
+            }
+        }
+        return failures
+    }
+
+    /// `server.listen: 127.0.0.1:8080: address already in use`.
+    static func bindFailure(_ error: any Error, key: String, _ address: ListenAddress) -> StartupFailure {
+        let reason: String
+        if let io = error as? IOError {
+            reason = String(cString: strerror(io.errnoCode))
+        } else {
+            reason = "\(error)"
+        }
+        return StartupFailure(key: key, "\(address): \(reason.lowercased())")
     }
 
     /// Who may open WebSockets and post to the gateway's endpoints besides the request's own host.
@@ -142,12 +185,23 @@ public final class GatewayService: Service, Sendable {
     }
 
     public func run() async throws {
-        let address = try await proxy.start()
+        let address: SocketAddress
+        do { address = try await proxy.start() } catch {
+            await core.shutdown()
+            throw Self.bindFailure(error, key: "server.listen", initial.server.listen)
+        }
         let metrics = self.metrics
-        let adminServer = try await SimpleHTTPServer.start(
-            host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
-        ) { request in
-            AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } })
+        let adminServer: SimpleHTTPServer
+        do {
+            adminServer = try await SimpleHTTPServer.start(
+                host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
+            ) { request in
+                AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } })
+            }
+        } catch {
+            await proxy.shutdown(deadline: .zero)
+            await core.shutdown()
+            throw Self.bindFailure(error, key: "server.admin_listen", initial.server.adminListen)
         }
         admin.withLockedValue { $0 = adminServer }
         core.start()

@@ -57,4 +57,35 @@ public struct ConfigLocation: Sendable, Equatable {
         self.line = line
         self.column = column
     }
+
+    /// Where `path` is in the file, or — when the file does not set it — its nearest enclosing
+    /// key that the file has (`server.timeouts.idle` → `server.timeouts` → `server`).
+    public static func nearest(_ path: String, in locations: [String: ConfigLocation]) -> ConfigLocation? {
+        var key = Substring(path)
+        while true {
+            if let location = locations[String(key)] { return location }
+            guard let dot = key.lastIndex(where: { $0 == "." || $0 == "[" }) else { return nil }
+            key = key[..<dot]
+        }
+    }
+}
+
+/// A start-up failure bound to one configuration key: a secret that cannot be read or is too
+/// short, a key file that does not parse, a name that does not resolve, an address in use.
+/// `check` and `serve` report it alike, as `file:line:col: error: key: message`.
+public struct StartupFailure: Error, Sendable, CustomStringConvertible {
+    public var key: String
+    public var message: String
+
+    public init(key: String, _ message: String) {
+        self.key = key
+        self.message = message
+    }
+
+    public var description: String { "\(key): \(message)" }
+
+    public func problem(locations: [String: ConfigLocation]) -> ConfigProblem {
+        let location = ConfigLocation.nearest(key, in: locations)
+        return ConfigProblem(.error, path: key, line: location?.line, column: location?.column, message: message)
+    }
 }

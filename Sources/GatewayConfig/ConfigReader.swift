@@ -23,6 +23,12 @@ final class ConfigReader {
         problems.append(ConfigProblem(.error, path: path, line: mark?.line, column: mark?.column, message: message))
     }
 
+    /// A problem found after reading, at the key `path` (or its nearest enclosing key).
+    func report(_ path: String, _ message: String) {
+        let location = ConfigLocation.nearest(path, in: locations)
+        problems.append(ConfigProblem(.error, path: path, line: location?.line, column: location?.column, message: message))
+    }
+
     func warn(_ path: String, _ mark: Mark?, _ message: String) {
         problems.append(ConfigProblem(.warning, path: path, line: mark?.line, column: mark?.column, message: message))
     }

@@ -208,7 +208,9 @@ extension GatewayConfiguration {
     private mutating func readStore(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard let s = r.section(root.values["store"], path: "store", keys: ["redis_url", "key_prefix", "timeout", "local_cache_ttl"]) else { return }
         if let v = r.string(s, "redis_url") {
-            if let url = RedisURL.parse(v) { store.redisURL = url }
+            if let url = RedisURL.parse(v), url.tls {
+                r.report(s.child("redis_url"), r.mark(s, "redis_url"), "rediss:// (TLS to Redis) is not available in this version; reach Redis over a private network or a TLS tunnel (stunnel) with redis://")
+            } else if let url = RedisURL.parse(v) { store.redisURL = url }
             else { r.report(s.child("redis_url"), r.mark(s, "redis_url"), "not a redis URL (redis://[:password@]host[:port][/db])") }
         }
         if let v = r.string(s, "key_prefix") {
@@ -330,6 +332,11 @@ extension GatewayConfiguration {
     }
 
     private func crossCheck(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        let wildcard = ["0.0.0.0", "::"]
+        if server.listen.port != 0, server.listen.port == server.adminListen.port,
+           server.listen.host == server.adminListen.host || wildcard.contains(server.listen.host) || wildcard.contains(server.adminListen.host) {
+            r.report("server.admin_listen", "\(server.adminListen) is the public listener's address (server.listen \(server.listen)); give the admin listener its own port")
+        }
         guard routes.contains(where: { $0.auth != .public }) else { return }
         let which = "a route has auth 'required' or 'optional'"
         if apple == nil { r.report("apple", nil, "is required: \(which) and sign-in needs Sign in with Apple") }

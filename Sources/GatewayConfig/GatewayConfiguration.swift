@@ -262,38 +262,34 @@ extension String {
     }
 }
 
-/// A secret could not be read.
-public struct SecretReadError: Error, CustomStringConvertible {
-    public var reference: SecretReference
-    public var key: String
-    public var reason: String
-    public var description: String { "\(key): cannot read \(reference): \(reason)" }
-}
 
 extension SecretReference {
     /// The secret's bytes: the file's content, or the environment variable's value. A trailing
     /// newline (as `echo` or an editor leaves) is not part of the secret.
     /// - Parameter key: the config key path, for the error message.
-    public func read(key: String) throws(SecretReadError) -> [UInt8] {
+    public func read(key: String) throws(StartupFailure) -> [UInt8] {
+        func failure(_ reason: String) -> StartupFailure { StartupFailure(key: key, "cannot read \(self): \(reason)") }
         var bytes: [UInt8]
         switch self {
         case .environment(let name):
-            guard let value = getenv(name) else { throw SecretReadError(reference: self, key: key, reason: "the variable is not set") }
+            guard let value = getenv(name) else { throw failure("the variable is not set") }
             bytes = Array(String(cString: value).utf8)
         case .file(let path):
-            guard let handle = fopen(path, "rb") else { throw SecretReadError(reference: self, key: key, reason: String(cString: strerror(errno))) }
+            guard let handle = fopen(path, "rb") else { throw failure(String(cString: strerror(errno))) }
             defer { fclose(handle) }
+            var status = stat()
+            if fstat(fileno(handle), &status) == 0, (status.st_mode & S_IFMT) == S_IFDIR { throw failure("it is a directory") }
             bytes = []
             var chunk = [UInt8](repeating: 0, count: 4096)
             while true {
                 let n = fread(&chunk, 1, chunk.count, handle)
                 if n <= 0 { break }
                 bytes += chunk[0..<n]
-                if bytes.count > 1 << 20 { throw SecretReadError(reference: self, key: key, reason: "larger than 1 MiB") }
+                if bytes.count > 1 << 20 { throw failure("larger than 1 MiB") }
             }
         }
         while bytes.last == UInt8(ascii: "\n") || bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
-        guard !bytes.isEmpty else { throw SecretReadError(reference: self, key: key, reason: "it is empty") }
+        guard !bytes.isEmpty else { throw failure("it is empty") }
         return bytes
     }
 }

@@ -57,12 +57,7 @@ public enum ReloadRules {
     /// URL carries a password.
     public static func refusal(running: GatewayConfiguration, next: GatewayConfiguration, locations: [String: ConfigLocation]) -> [ConfigProblem] {
         changed(running: running, next: next).map { path in
-            var key = Substring(path)
-            var location = locations[path]
-            while location == nil, let dot = key.lastIndex(of: ".") {
-                key = key[..<dot]
-                location = locations[String(key)]
-            }
+            let location = ConfigLocation.nearest(path, in: locations)
             return ConfigProblem(.error, path: path, line: location?.line, column: location?.column,
                                  message: "changes only at restart; the reload is refused and the running configuration stays")
         }

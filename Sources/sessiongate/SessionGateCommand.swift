@@ -31,13 +31,19 @@ struct ConfigOption: ParsableArguments {
     var config: String = "conf/sessiongate.yaml"
 }
 
-/// Loads a configuration, printing every problem; nil when there are errors.
-func loadConfiguration(_ path: String, printWarnings: Bool = true) -> GatewayConfiguration? {
+/// Loads a configuration, printing every problem to standard error; nil when there are errors.
+func loadConfiguration(_ path: String, printWarnings: Bool = true) -> GatewayConfiguration.LoadResult? {
     let result = GatewayConfiguration.load(file: path)
     for problem in result.problems where problem.severity == .error || printWarnings {
         printError("\(path):\(problem)")
     }
-    return result.configuration
+    return result.configuration == nil ? nil : result
+}
+
+/// A start-up error as `file:line:col: error: key: message` when it belongs to a key.
+func describe(_ error: any Error, file: String, locations: [String: ConfigLocation]) -> String {
+    if let failure = error as? StartupFailure { return "\(file):\(failure.problem(locations: locations))" }
+    return "\(file): error: \(error)"
 }
 
 func printError(_ line: String) {
@@ -57,20 +63,25 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup var options: ConfigOption
 
     func run() async throws {
-        guard let configuration = loadConfiguration(options.config) else { throw ExitCode(1) }
+        guard let loaded = loadConfiguration(options.config), let configuration = loaded.configuration else { throw ExitCode(1) }
         let logger = makeLogger()
         let service: GatewayService
         do {
             service = try GatewayService(configuration: configuration, configPath: options.config, logger: logger)
         } catch {
-            printError("\(options.config): \(error)")
+            printError(describe(error, file: options.config, locations: loaded.locations))
             throw ExitCode(1)
         }
         let group = ServiceGroup(configuration: .init(
             services: [.init(service: service)],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
-        try await group.run()
+        do {
+            try await group.run()
+        } catch {
+            printError(describe(error, file: options.config, locations: loaded.locations))
+            throw ExitCode(1)
+        }
     }
 }
 
@@ -79,6 +90,9 @@ struct Check: AsyncParsableCommand {
         abstract: "Validate a configuration file.",
         discussion: """
             Prints every problem with its key path and line:column, or 'ok'. Exit status 1 if there is any error.
+            Runs everything serve runs before it binds: reads and parses every secret and key file, resolves every
+            host name, and test-binds the listen addresses (skipped with --reload), so that a file check passes is one
+            serve starts with.
             With --online it also fetches Apple's keys, mints a client secret for every client id and proves Apple
             accepts it (exchanging a made-up code must give invalid_grant, not invalid_client).
             """)
@@ -88,13 +102,22 @@ struct Check: AsyncParsableCommand {
     @Flag(help: "Also check the apple: section against Apple (apple.base_url).")
     var online = false
 
+    @Flag(help: "Check a file for a running gateway's SIGHUP: its listen addresses are in use by that gateway, so they are not test-bound.")
+    var reload = false
+
     func run() async throws {
         let result = GatewayConfiguration.load(file: options.config)
         for problem in result.problems { print("\(options.config):\(problem)") }
         guard let configuration = result.configuration else { throw ExitCode(1) }
+        var logger = makeLogger()
+        logger.logLevel = .error
+        // What serve does before it binds, then the binds themselves.
+        var failures: [any Error] = []
+        do { try await GatewayService.preflight(configuration, logger: logger) } catch { failures.append(error) }
+        if !reload { failures += await GatewayService.probeListeners(configuration) as [any Error] }
+        for failure in failures { print(describe(failure, file: options.config, locations: result.locations)) }
+        guard failures.isEmpty else { throw ExitCode(1) }
         if online {
-            var logger = makeLogger()
-            logger.logLevel = .error
             let (ok, lines) = await AppleOnlineCheck.run(configuration, logger: logger)
             for line in lines { print(line) }
             guard ok else { throw ExitCode(1) }
@@ -118,7 +141,7 @@ struct Demo: AsyncParsableCommand {
     var config: String = "conf/demo.yaml"
 
     func run() async throws {
-        guard var configuration = loadConfiguration(config, printWarnings: false), let apple = configuration.apple,
+        guard var configuration = loadConfiguration(config, printWarnings: false)?.configuration, let apple = configuration.apple,
               let upstreamURL = configuration.routes.last?.upstream else { throw ExitCode(1) }
         guard case .file(let keyPath) = apple.privateKeyFile, let base = ListenAddress.parse(String(apple.baseURL.split(separator: "/").last ?? "")),
               let publicURL = configuration.server.publicURL else {

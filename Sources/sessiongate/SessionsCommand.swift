@@ -20,7 +20,7 @@ struct SessionsCommand: AsyncParsableCommand {
 
     /// The configured Redis store; the memory store lives inside the running gateway.
     static func store(_ path: String) throws -> (RedisSessionStore, RedisClient, String) {
-        guard let configuration = loadConfiguration(path, printWarnings: false) else { throw ExitCode(1) }
+        guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
         guard let url = configuration.store.redisURL else {
             printError("\(path): store.redis_url is not set: the memory store lives inside the running gateway (restart it to end every session)")
             throw ExitCode(1)
