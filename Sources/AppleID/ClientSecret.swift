@@ -59,14 +59,19 @@ public final class ClientSecretMinter: Sendable {
         self.now = now
     }
 
-    /// The secret to send with `client_id` = `clientID`.
+    /// The secret to send with `client_id` = `clientID`. When a new one cannot be signed, the
+    /// previous one is kept while it lasts (and the failure counted: `mintFailures`).
     public func secret(for clientID: String) -> String {
         let now = self.now()
         return cache.withLockedValue { cache in
             if let minted = cache[clientID], now - minted.issuedAt < lifetime / 2, now >= minted.issuedAt {
                 return minted.secret
             }
-            let minted = Minted(secret: mint(clientID: clientID, issuedAt: now), issuedAt: now)
+            guard let secret = mint(clientID: clientID, issuedAt: now) else {
+                failures.withLockedValue { $0 += 1 }
+                return cache[clientID]?.secret ?? ""
+            }
+            let minted = Minted(secret: secret, issuedAt: now)
             cache[clientID] = minted
             return minted.secret
         }
@@ -78,13 +83,24 @@ public final class ClientSecretMinter: Sendable {
         return cache.withLockedValue { $0[clientID].map { now - $0.issuedAt } }
     }
 
-    func mint(clientID: String, issuedAt: Int64) -> String {
+    /// Seconds until the cached secret for `clientID` expires (nil: none yet). Normally at least
+    /// half the lifetime; falling toward 0 means minting has been failing.
+    public func expiresIn(for clientID: String) -> Int64? {
+        let now = self.now()
+        return cache.withLockedValue { $0[clientID].map { $0.issuedAt + lifetime - now } }
+    }
+
+    /// Secrets that could not be signed so far.
+    public var mintFailures: Int { failures.withLockedValue { $0 } }
+    private let failures = NIOLockedValueBox(0)
+
+    func mint(clientID: String, issuedAt: Int64) -> String? {
         let header: [String: Any] = ["alg": "ES256", "kid": keyID]
         // Whole seconds: Apple's clock compares integers (jwt-kit's fractional dates fail).
         let claims: [String: Any] = ["iss": teamID, "iat": issuedAt, "exp": issuedAt + lifetime, "aud": Self.audience, "sub": clientID]
         let signingInput = Self.encodedJSON(header) + "." + Self.encodedJSON(claims)
         // Raw R‖S (64 bytes): Apple rejects DER-encoded ECDSA signatures (TN3107).
-        let signature = (try? key.signature(for: Data(signingInput.utf8)).rawRepresentation) ?? Data()
+        guard let signature = try? key.signature(for: Data(signingInput.utf8)).rawRepresentation, signature.count == 64 else { return nil }
         return signingInput + "." + Base64URL.encode(signature)
     }
 

@@ -11,26 +11,13 @@ import Darwin
 /// Turns each finished exchange into one access-log line and the request metrics.
 struct GatewayObserver: ProxyObserver {
     let metrics: GatewayMetrics
-    let accessLog: Logger?
+    let accessLog: AccessLog?
 
     var wantsRequestDetails: Bool { accessLog != nil }
 
     func exchangeCompleted(_ record: ExchangeRecord) {
         metrics.recordRequest(route: record.route ?? "-", status: record.status, durationNanoseconds: record.durationNanoseconds)
-        guard let accessLog else { return }
-        accessLog.info("request", metadata: [
-            "method": .string(record.method),
-            "path": .string(record.path),
-            "status": .stringConvertible(record.status),
-            "route": .string(record.route ?? "-"),
-            "upstream": .string(record.upstream?.description ?? "-"),
-            "client": .string(record.client),
-            "request_id": .string(record.requestID),
-            "duration_ms": .string(String(format3(Double(record.durationNanoseconds) / 1e6))),
-            "bytes": .stringConvertible(record.bytesSent),
-            "aborted": .stringConvertible(record.aborted),
-            "user_agent": .string(record.userAgent ?? "-"),
-        ])
+        accessLog?.write(record)
     }
 
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String) { metrics.recordUpstreamError(route: route, kind: kind) }
@@ -40,24 +27,59 @@ struct GatewayObserver: ProxyObserver {
     func upstreamConnectionClosed() { metrics.upstreamConnections.decrement() }
 }
 
-private func format3(_ value: Double) -> String {
-    let scaled = Int((value * 1000).rounded())
-    let fraction = String(scaled % 1000)
-    return "\(scaled / 1000).\(String(repeating: "0", count: 3 - fraction.count))\(fraction)"
+/// One line per exchange on standard output (through `LineSink`: never blocks an event loop).
+/// JSON lines carry numbers and booleans as JSON numbers and booleans; text lines are
+/// `key=value`. Every value is escaped, so a hostile path or agent cannot forge a line.
+struct AccessLog: Sendable {
+    let format: LineLogHandler.Format
+    let sink: LineSink
+
+    func write(_ r: ExchangeRecord) {
+        let upstreamMilliseconds = r.upstreamNanoseconds.map { milliseconds($0) }
+        // (key, value, is a string): in text every value is printed as is (escaped when needed).
+        let fields: [(String, String, Bool)] = [
+            ("method", r.method, true), ("path", r.path, true), ("status", String(r.status), false),
+            ("route", r.route ?? "-", true), ("upstream", r.upstream?.description ?? "-", true), ("client", r.client, true),
+            ("user", r.user ?? "-", true), ("request_id", r.requestID, true),
+            ("duration_ms", milliseconds(r.durationNanoseconds), false), ("upstream_ms", upstreamMilliseconds ?? (format == .json ? "null" : "-"), false),
+            ("bytes", String(r.bytesSent), false), ("aborted", r.aborted ? "true" : "false", false),
+            ("user_agent", r.userAgent ?? "-", true),
+        ]
+        var out: String
+        switch format {
+        case .json:
+            out = "{\"time\":\"\(LineLogHandler.timestamp())\""
+            for (key, value, isString) in fields { out += ",\"\(key)\":" + (isString ? LineLogHandler.jsonString(value) : value) }
+            out += "}\n"
+        case .text:
+            out = LineLogHandler.timestamp()
+            for (key, value, _) in fields { out += " \(key)=\(LineLogHandler.textValue(value))" }
+            out += "\n"
+        }
+        sink.write(out)
+    }
+
+    /// Milliseconds with three decimals.
+    private func milliseconds(_ nanoseconds: Int64) -> String {
+        let micros = (nanoseconds + 500) / 1000
+        let fraction = String(micros % 1000)
+        return "\(micros / 1000).\(String(repeating: "0", count: 3 - fraction.count))\(fraction)"
+    }
 }
 
-/// Writes log records as single lines to standard output: `text` (key=value) or `json`.
-/// Used for the access log; values are escaped so a hostile path cannot forge a line.
+/// The main log: one line per record on standard error, `text` (`time level message
+/// key=value`) or `json`, through `LineSink`. Metadata values are escaped like the access log's.
 public struct LineLogHandler: LogHandler {
-    public enum Format: Sendable { case text, json }
+    public enum Format: String, Sendable { case text, json }
     public var metadata: Logger.Metadata = [:]
     public var logLevel: Logger.Level = .info
-    private let label: String
     private let format: Format
+    private let sink: LineSink
 
-    public init(label: String, format: Format) {
-        self.label = label
+    public init(format: Format, level: Logger.Level, sink: LineSink = .standardError) {
         self.format = format
+        self.logLevel = level
+        self.sink = sink
     }
 
     public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
@@ -85,19 +107,13 @@ public struct LineLogHandler: LogHandler {
             }
             out += "}\n"
         case .text:
-            out = "\(time) \(level) \(message)"
+            out = "\(time) \(level) \(Self.textValue(message.description, quoteSpaces: false))"
             for key in merged.keys.sorted() {
                 out += " \(key)=\(Self.textValue(merged[key]!.description))"
             }
             out += "\n"
         }
-        // One write(2) per line: lines from several event loops never interleave.
-        var bytes = Array(out.utf8)[...]
-        while !bytes.isEmpty {
-            let n = bytes.withUnsafeBytes { Glibc.write(1, $0.baseAddress, $0.count) }
-            if n <= 0 { break }
-            bytes = bytes.dropFirst(n)
-        }
+        sink.write(out)
     }
 
     static func timestamp() -> String {
@@ -132,8 +148,10 @@ public struct LineLogHandler: LogHandler {
         return out + "\""
     }
 
-    static func textValue(_ value: String) -> String {
-        let needsQuotes = value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || isControl($0) }
+    /// A value as text: quoted and escaped when it holds a space (unless `quoteSpaces` is off, for
+    /// the message), a quote, `=` or a control character.
+    static func textValue(_ value: String, quoteSpaces: Bool = true) -> String {
+        let needsQuotes = value.isEmpty || value.unicodeScalars.contains { ($0 == " " && quoteSpaces) || $0 == "\"" || $0 == "=" || isControl($0) }
         return needsQuotes ? jsonString(value) : value
     }
 

@@ -297,7 +297,7 @@ struct AuthEndpointGuard: RequestGuard {
     /// Exchanges the code and verifies the identity token Apple returns with it.
     private func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
         -> Result<(AppleIdentity, String?), ExchangeFailure> {
-        let answer = await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
+        let answer = await auth.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
         auth.metrics.recordAppleCall(endpoint: "token", outcome: Self.label(answer))
         switch answer {
         case .success(let tokens):
@@ -421,7 +421,7 @@ struct AuthEndpointGuard: RequestGuard {
         if let apple = auth.apple, let sessions = try? await auth.withDeadline(auth.store.sessions(of: sub, on: loop), on: loop).get() {
             for session in sessions {
                 guard let sealed = session.sealedRefreshToken, let token = auth.keys.open(sealed, for: session.handle) else { continue }
-                let outcome = await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: session.clientID)
+                let outcome = await auth.metrics.timeAppleCall("revoke") { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: session.clientID) }
                 auth.metrics.recordAppleCall(endpoint: "revoke", outcome: outcome == .revoked ? "ok" : "failed")
                 if outcome != .revoked {
                     auth.logger.warning("Apple did not confirm a token revocation; the local revocation proceeds", metadata: ["outcome": "\(outcome)"])

@@ -101,7 +101,7 @@ final class AuthCore: Sendable {
                 throw StartupFailure(key: "store.redis_url", "the host '\(url.host)' does not resolve")
             }
             redis = client
-            store = RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix)
+            store = MeasuredSessionStore(RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix), metrics: metrics)
             subscriber = try RedisSubscriber(
                 configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
                 onMessage: { _, payload in
@@ -115,7 +115,7 @@ final class AuthCore: Sendable {
         } else {
             redis = nil
             subscriber = nil
-            store = MemorySessionStore(now: now)
+            store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
         }
         if let a = c.apple {
             var http = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
@@ -123,7 +123,11 @@ final class AuthCore: Sendable {
             let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: http)
             httpClient = client
             do {
-                apple = try AppleServices(configuration: a, httpClient: client, logger: logger)
+                let services = try AppleServices(configuration: a, httpClient: client, logger: logger)
+                // Minted now, not at the first sign-in: the key is proven at start and the
+                // secret's expiry is a metric from the first scrape.
+                for id in services.clientIDs { _ = services.secrets.secret(for: id) }
+                apple = services
             } catch {
                 try? client.syncShutdown()
                 throw error

@@ -1,6 +1,12 @@
+import Foundation
 import HTTPProxy
 import NIOConcurrencyHelpers
+import NIOCore
 import Prometheus
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Every metric the gateway exports, declared in one place, with bounded labels (route name,
 /// status class, error kind — never a user or a session). Served on the admin listener.
@@ -20,6 +26,27 @@ public final class GatewayMetrics: Sendable {
     let invalidationsReceived: Prometheus.Counter
     private let labelled = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
     private let gauges = NIOLockedValueBox<[String: Prometheus.Gauge]>([:])
+    private let histograms = NIOLockedValueBox<[String: DurationHistogram]>([:])
+    /// Run before each scrape: values read rather than counted (client secrets, log drops).
+    private let collectors = NIOLockedValueBox<[@Sendable () -> Void]>([])
+    /// Counters fed from totals kept elsewhere: the last total seen, per counter.
+    private let mirrored = NIOLockedValueBox<[String: Int]>([:])
+    private let process: ProcessMetrics
+
+    /// The label values of each family, made at start so that every family is exported (at 0)
+    /// before its first event.
+    static let signInFlows = ["web", "native"]
+    static let signInOutcomes = ["ok", "cancelled", "rejected", "apple_unavailable", "apple_misconfigured", "store_unavailable"]
+    static let appleEndpoints = ["token", "refresh", "revoke"]
+    static let appleOutcomes = ["ok", "grant_revoked", "client_misconfigured", "unavailable", "failed"]
+    static let revalidationKinds = ["fresh", "background", "blocking"]
+    static let revocationSources = ["apple_notification", "user", "apple_invalid_grant"]
+    static let sessionEndReasons = ["logout", "replaced"]
+    static let notificationTypes = ["email-disabled", "email-enabled", "consent-revoked", "account-deleted", "unverified", "unknown"]
+    static let notificationResults = ["processed", "duplicate", "rejected", "store_unavailable"]
+    /// Session-store operations, as `MeasuredSessionStore` labels them.
+    static let storeOperations = ["create", "load", "touch", "delete", "sessions", "revoke", "save_profile", "profile", "put_login", "take_login",
+                                  "claim", "release", "validation", "record_validation", "mark_validated", "ping"]
 
     /// How admission ended for one request on a guarded route.
     enum AdmissionResult: Int, CaseIterable {
@@ -46,14 +73,118 @@ public final class GatewayMetrics: Sendable {
         cacheHits = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "hit")])
         invalidationsReceived = registry.makeCounter(descriptor: Self.name("invalidations_received", unit: "total", help: "Invalidation messages received over Redis pub/sub."))
         cacheMisses = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "miss")])
+        process = ProcessMetrics(registry: registry)
+        registry.makeGauge(descriptor: Self.name("build_info", help: "Version of this binary and the Swift compiler that built it (always 1)."),
+                           labels: [("version", BuildInfo.version), ("swift", BuildInfo.swift)]).set(Double(1))
+        for flow in Self.signInFlows { for outcome in Self.signInOutcomes { recordSignIn(flow: flow, outcome: outcome, count: false) } }
+        for endpoint in Self.appleEndpoints {
+            for outcome in Self.appleOutcomes { _ = counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]) }
+            _ = appleLatency(endpoint)
+        }
+        for kind in Self.revalidationKinds { _ = counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind)]) }
+        for source in Self.revocationSources { _ = counter("revocations", help: Self.revocationsHelp, labels: [("source", source)]) }
+        for reason in Self.sessionEndReasons { _ = counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason)]) }
+        for type in Self.notificationTypes {
+            for result in Self.notificationResults { _ = counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result)]) }
+        }
+        for operation in Self.storeOperations { _ = storeLatency(operation) }
+        for stream in ["stdout", "stderr"] { _ = counter("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)]) }
+        _ = routeMetrics("-")
+        let sinks: [(String, LineSink)] = [("stdout", .standardOutput), ("stderr", .standardError)]
+        addCollector { [unowned self] in
+            for (stream, sink) in sinks { self.mirror("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)], total: sink.droppedLines) }
+        }
+    }
+
+    static let appleCallsHelp = "Calls to Apple, by endpoint and outcome."
+    static let revalidationsHelp = "Refresh-token validations, by kind."
+    static let revocationsHelp = "User revocations, by source."
+    static let sessionsEndedHelp = "Sessions ended, by reason."
+    static let notificationsHelp = "Apple server-to-server notifications, by type and result."
+    static let logDropsHelp = "Log lines dropped because the log reader fell behind, by stream."
+
+    /// Every route's families at 0 (at start and after a reload adds routes).
+    func prime(routes: [String]) {
+        for route in routes {
+            _ = routeMetrics(route)
+            for kind in UpstreamErrorKind.allCases { _ = upstreamErrorCounter(route: route, kind: kind) }
+        }
+    }
+
+    /// A value to refresh before each scrape.
+    func addCollector(_ collect: @escaping @Sendable () -> Void) {
+        collectors.withLockedValue { $0.append(collect) }
+    }
+
+    /// Brings a counter up to a total kept elsewhere.
+    func mirror(_ metric: String, help: String, labels: [(String, String)], total: Int) {
+        let key = metric + labels.map { " \($0.0)=\($0.1)" }.joined()
+        let delta = mirrored.withLockedValue { seen -> Int in
+            defer { seen[key] = max(seen[key] ?? 0, total) }
+            return total - (seen[key] ?? 0)
+        }
+        let mirror = counter(metric, help: help, labels: labels)
+        if delta > 0 { mirror.increment(by: Int64(delta)) }
+    }
+
+    /// Apple's client secret for `clientID`: seconds until it expires, and mint failures.
+    func recordClientSecret(clientID: String, expiresIn: Int64?, age: Int64?, mintFailures: Int) {
+        if let expiresIn {
+            gauge("apple_client_secret_expires_in", unit: "seconds", help: "Seconds until the Apple client secret in use expires, by client id (alert well before 0).",
+                  labels: [("client_id", clientID)]).set(Double(expiresIn))
+        }
+        if let age { recordClientSecretAge(clientID: clientID, seconds: age) }
+        mirror("apple_client_secret_mint_failures", help: "Client secrets that could not be signed.", labels: [], total: mintFailures)
+    }
+
+    private func gauge(_ metric: String, unit: String = "", help: String, labels: [(String, String)]) -> Prometheus.Gauge {
+        let key = metric + labels.map { " \($0.0)=\($0.1)" }.joined()
+        return gauges.withLockedValue { cache in
+            if let g = cache[key] { return g }
+            let g = registry.makeGauge(descriptor: Self.name(metric, unit: unit, help: help), labels: labels)
+            cache[key] = g
+            return g
+        }
+    }
+
+    private func histogram(_ key: String, _ make: () -> DurationHistogram) -> DurationHistogram {
+        histograms.withLockedValue { cache in
+            if let h = cache[key] { return h }
+            let h = make()
+            cache[key] = h
+            return h
+        }
+    }
+
+    func storeLatency(_ operation: String) -> DurationHistogram {
+        histogram("store " + operation) {
+            registry.makeDurationHistogram(descriptor: Self.name("store_duration", unit: "seconds", help: "Session-store operations (memory or Redis), by operation."),
+                                           labels: [("operation", operation)], buckets: Self.latencyBuckets)
+        }
+    }
+
+    func appleLatency(_ endpoint: String) -> DurationHistogram {
+        histogram("apple " + endpoint) {
+            registry.makeDurationHistogram(descriptor: Self.name("apple_call_duration", unit: "seconds", help: "Calls to Apple, by endpoint."),
+                                           labels: [("endpoint", endpoint)], buckets: Self.latencyBuckets)
+        }
+    }
+
+    /// Runs a call to Apple, recording its duration under `endpoint`.
+    func timeAppleCall<T>(_ endpoint: String, _ call: () async -> T) async -> T {
+        let start = NIODeadline.now()
+        let result = await call()
+        appleLatency(endpoint).recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds))
+        return result
     }
 
     func recordAdmission(_ result: AdmissionResult) { admissions[result.rawValue].increment() }
 
     /// Sign-ins by flow (`web`, `native`) and outcome (`ok`, `cancelled`, `rejected`,
     /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
-    func recordSignIn(flow: String, outcome: String) {
-        counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)]).increment()
+    func recordSignIn(flow: String, outcome: String, count: Bool = true) {
+        let c = counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)])
+        if count { c.increment() }
     }
 
     /// Seconds since the client secret in use for `clientID` was minted (re-minted at half its
@@ -71,29 +202,29 @@ public final class GatewayMetrics: Sendable {
 
     /// Calls to Apple by endpoint (`token`, `refresh`, `revoke`) and outcome.
     func recordAppleCall(endpoint: String, outcome: String) {
-        counter("apple_calls", help: "Calls to Apple, by endpoint and outcome.", labels: [("endpoint", endpoint), ("outcome", outcome)]).increment()
+        counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]).increment()
     }
 
     /// Re-validations by kind: `fresh` (a sign-in), `background` (stale within the grace),
     /// `blocking` (the request waited).
     func recordRevalidation(kind: String) {
-        counter("revalidations", help: "Refresh-token validations, by kind.", labels: [("kind", kind)]).increment()
+        counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind)]).increment()
     }
 
     /// Revocations by source (`apple_notification`, `user`, `apple_invalid_grant`).
     func recordRevocation(source: String) {
-        counter("revocations", help: "User revocations, by source.", labels: [("source", source)]).increment()
+        counter("revocations", help: Self.revocationsHelp, labels: [("source", source)]).increment()
     }
 
     /// Notifications from Apple by type (`email-disabled`, …, `unknown`) and result
     /// (`processed`, `duplicate`, `rejected`).
     func recordNotification(type: String, result: String) {
-        counter("apple_notifications", help: "Apple server-to-server notifications, by type and result.", labels: [("type", type), ("result", result)]).increment()
+        counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result)]).increment()
     }
 
     /// Ended sessions by reason (`logout`, `operator`).
     func recordSessionEnded(reason: String) {
-        counter("sessions_ended", help: "Sessions ended, by reason.", labels: [("reason", reason)]).increment()
+        counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason)]).increment()
     }
 
     private func counter(_ metric: String, help: String, labels: [(String, String)]) -> Prometheus.Counter {
@@ -137,15 +268,18 @@ public final class GatewayMetrics: Sendable {
     }
 
     func recordUpstreamError(route: String, kind: UpstreamErrorKind) {
+        upstreamErrorCounter(route: route, kind: kind).increment()
+    }
+
+    private func upstreamErrorCounter(route: String, kind: UpstreamErrorKind) -> Prometheus.Counter {
         let key = route + " " + kind.rawValue
-        let counter = upstreamErrors.withLockedValue { cache in
+        return upstreamErrors.withLockedValue { cache in
             if let c = cache[key] { return c }
             let c = registry.makeCounter(descriptor: Self.name("upstream_errors", unit: "total", help: "Failed upstream exchanges, by route and kind."),
                                          labels: [("route", route), ("kind", kind.rawValue)])
             cache[key] = c
             return c
         }
-        counter.increment()
     }
 
     /// `sessiongate_<name>_<unit>` (descriptors are not Sendable, so they are made where used).
@@ -153,6 +287,68 @@ public final class GatewayMetrics: Sendable {
         MetricNameDescriptor(namespace: "sessiongate", metricName: metric, unitName: unit, helpText: help)
     }
 
-    /// The Prometheus text exposition.
-    public func exposition() -> [UInt8] { registry.emitToBuffer() }
+    /// The Prometheus text exposition (collected values refreshed first).
+    public func exposition() -> [UInt8] {
+        process.collect()
+        for collect in collectors.withLockedValue({ $0 }) { collect() }
+        return registry.emitToBuffer()
+    }
+}
+
+/// The standard process metrics (Prometheus' names), read from /proc at each scrape.
+final class ProcessMetrics: Sendable {
+    private let residentMemory: Prometheus.Gauge
+    private let cpuSeconds: Prometheus.Gauge
+    private let openFDs: Prometheus.Gauge
+    private let maxFDs: Prometheus.Gauge
+    private let startTime: Prometheus.Gauge
+
+    init(registry: PrometheusCollectorRegistry) {
+        func name(_ n: String, _ help: String) -> MetricNameDescriptor { MetricNameDescriptor(namespace: "process", metricName: n, unitName: "", helpText: help) }
+        residentMemory = registry.makeGauge(descriptor: name("resident_memory_bytes", "Resident memory size in bytes."))
+        // A counter in Prometheus' convention; kept as a gauge here because it is read, not counted.
+        cpuSeconds = registry.makeGauge(descriptor: name("cpu_seconds_total", "Total user and system CPU time spent in seconds."))
+        openFDs = registry.makeGauge(descriptor: name("open_fds", "Number of open file descriptors."))
+        maxFDs = registry.makeGauge(descriptor: name("max_fds", "Maximum number of open file descriptors."))
+        startTime = registry.makeGauge(descriptor: name("start_time_seconds", "Start time of the process since the Unix epoch in seconds."))
+        collect()
+    }
+
+    func collect() {
+        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+        let pageSize = Double(sysconf(Int32(_SC_PAGESIZE)))
+        // /proc/self/stat: fields after the command's closing parenthesis; utime is field 14,
+        // stime 15, starttime 22, rss 24 (1-based, counting pid as 1).
+        if let stat = try? String(contentsOfFile: "/proc/self/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") {
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            func field(_ n: Int) -> Double? { fields.count > n - 3 ? Double(fields[n - 3]) : nil }
+            if let utime = field(14), let stime = field(15), ticks > 0 { cpuSeconds.set((utime + stime) / ticks) }
+            if let rss = field(24) { residentMemory.set(rss * pageSize) }
+            if let start = field(22), ticks > 0, let boot = Self.bootTime() { startTime.set(boot + start / ticks) }
+        }
+        if let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") { openFDs.set(Double(entries.count)) }
+        var limit = rlimit()
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 { maxFDs.set(Double(limit.rlim_cur)) }
+    }
+
+    private static func bootTime() -> Double? {
+        guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8) else { return nil }
+        return stat.split(separator: "\n").first { $0.hasPrefix("btime ") }.flatMap { Double($0.dropFirst(6).trimmingCharacters(in: .whitespaces)) }
+    }
+}
+
+/// What `sessiongate --version` and `sessiongate_build_info` report.
+public enum BuildInfo {
+    public static let version = "0.10.0"
+    public static var swift: String {
+        #if swift(>=6.3)
+        return "6.3"
+        #elseif swift(>=6.2)
+        return "6.2"
+        #elseif swift(>=6.1)
+        return "6.1"
+        #else
+        return "6.0"
+        #endif
+    }
 }

@@ -43,14 +43,23 @@ public final class GatewayService: Service, Sendable {
         self.initial = configuration
         self.group = group
         self.logger = logger
-        let accessLog: Logger?
+        let accessLog: AccessLog?
         switch configuration.server.accessLog {
         case .off: accessLog = nil
-        case .text: accessLog = Logger(label: "sessiongate.access") { LineLogHandler(label: $0, format: .text) }
-        case .json: accessLog = Logger(label: "sessiongate.access") { LineLogHandler(label: $0, format: .json) }
+        case .text: accessLog = AccessLog(format: .text, sink: .standardOutput)
+        case .json: accessLog = AccessLog(format: .json, sink: .standardOutput)
         }
         let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
         let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger, now: clock)
+        metrics.prime(routes: configuration.routes.map(\.name) + ["auth"])
+        if let apple = authenticator.core.apple {
+            metrics.addCollector { [metrics] in
+                for id in apple.clientIDs {
+                    metrics.recordClientSecret(clientID: id, expiresIn: apple.secrets.expiresIn(for: id), age: apple.secrets.age(for: id),
+                                               mintFailures: apple.secrets.mintFailures)
+                }
+            }
+        }
         self.core = authenticator.core
         self.running = NIOLockedValueBox((configuration, authenticator))
         let routing: RoutingSnapshot
@@ -163,24 +172,28 @@ public final class GatewayService: Service, Sendable {
     }
 
     /// `/readyz`: listeners up and the session store answering (pinged every second).
-    private let storeReachable = NIOLockedValueBox(false)
+    /// nil until the first check: whatever it finds is logged.
+    private let storeReachable = NIOLockedValueBox<Bool?>(nil)
 
     private func checkStore() async {
         let loop = group.next()
-        let ok = (try? await core.withDeadline(core.store.ping(on: loop), on: loop).get()) != nil
+        var failure: (any Error)? = nil
+        do { _ = try await core.withDeadline(core.store.ping(on: loop), on: loop).get() } catch { failure = error }
+        let ok = failure == nil
         let was = storeReachable.withLockedValue { old in defer { old = ok }; return old }
-        if was != ok { ok ? logger.info("session store reachable") : logger.error("session store unreachable: guarded routes answer 503") }
+        if was != ok {
+            if let failure {
+                logger.error("session store unreachable: guarded routes answer 503", metadata: ["error": "\(failure)"])
+            } else {
+                logger.info("session store reachable")
+            }
+        }
     }
 
     private func watchStore() async {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
             await checkStore()
-            if let apple = core.apple {
-                for id in apple.clientIDs {
-                    if let age = apple.secrets.age(for: id) { metrics.recordClientSecretAge(clientID: id, seconds: age) }
-                }
-            }
         }
     }
 
@@ -196,7 +209,7 @@ public final class GatewayService: Service, Sendable {
             adminServer = try await SimpleHTTPServer.start(
                 host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
             ) { request in
-                AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } })
+                AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } == true })
             }
         } catch {
             await proxy.shutdown(deadline: .zero)
@@ -293,6 +306,7 @@ public final class GatewayService: Service, Sendable {
             logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)"])
             return .invalid
         }
+        metrics.prime(routes: next.routes.map(\.name))
         running.withLockedValue { $0 = (next, auth) }
         auth.activate()
         proxy.replaceRouting(routing)

@@ -132,7 +132,7 @@ final class Revalidator: Sendable {
             defer { store.release(lock, on: loop).whenFailure { _ in } }
             // The lock holder checks once more: the previous holder may have just finished.
             if let adopted = try await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
-            let outcome = await apple.tokens.refresh(token: token, clientID: session.clientID)
+            let outcome = await metrics.timeAppleCall("refresh") { await apple.tokens.refresh(token: token, clientID: session.clientID) }
             let t = now()
             switch outcome {
             case .success:

@@ -48,7 +48,8 @@ struct SessionGuard: RequestGuard {
                             // A bearer beside a live session is that session's token (a cookie
                             // naming another session would have made the credential ambiguous).
                             removeHeaders: request.hasBearer ? Self.bearer : [],
-                            tunnel: request.isWebSocketUpgrade ? openTunnel(handle, cached, on: loop) : nil)
+                            tunnel: request.isWebSocketUpgrade ? openTunnel(handle, cached, on: loop) : nil,
+                            user: cached.stored.session.sub)
         case .anonymous, .invalid:
             if route.auth == .optional {
                 auth.metrics.recordAdmission(.anonymous)

@@ -80,7 +80,7 @@ extension GatewayConfiguration {
 
     private mutating func readServer(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard let s = r.section(root.values["server"], path: "server", keys: [
-            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "allowed_redirect_hosts", "allowed_origins", "tls", "access_log", "timeouts",
+            "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "allowed_redirect_hosts", "allowed_origins", "tls", "access_log", "log", "timeouts",
             "limits",
         ]) else { return }
         if let text = r.string(s, "listen") {
@@ -121,6 +121,10 @@ extension GatewayConfiguration {
             r.report(s.child("tls"), s.values["tls"]?.mark, "TLS termination is not available in this version; terminate TLS in front of SessionGate (load balancer, nginx) and remove server.tls")
         }
         if let v = r.enumeration(s, "access_log", as: AccessLogFormat.self) { server.accessLog = v }
+        if let l = r.section(s.values["log"], path: s.child("log"), keys: ["format", "level"]) {
+            if let v = r.enumeration(l, "format", as: LogFormat.self) { server.log.format = v }
+            if let v = r.enumeration(l, "level", as: LogLevel.self) { server.log.level = v }
+        }
         if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown", "request_body"]) {
             if let v = r.duration(t, "request_body") { server.timeouts.requestBody = v }
             if let v = r.duration(t, "upstream_connect") { server.timeouts.upstreamConnect = v }

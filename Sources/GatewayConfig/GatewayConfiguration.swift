@@ -34,6 +34,8 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// post to the gateway's state-changing endpoints (`https://app.example.com`).
         public var allowedOrigins: [String] = []
         public var accessLog: AccessLogFormat = .text
+        /// The main log on standard error.
+        public var log = Log()
         public var timeouts = Timeouts()
         public var limits = Limits()
         public init() {}
@@ -41,6 +43,20 @@ public struct GatewayConfiguration: Sendable, Equatable {
 
     public enum AccessLogFormat: String, Sendable, Equatable, CaseIterable {
         case text, json, off
+    }
+
+    public struct Log: Sendable, Equatable {
+        public var format: LogFormat = .text
+        public var level: LogLevel = .info
+        public init() {}
+    }
+
+    public enum LogFormat: String, Sendable, Equatable, CaseIterable {
+        case text, json
+    }
+
+    public enum LogLevel: String, Sendable, Equatable, CaseIterable {
+        case debug, info, notice, warning, error
     }
 
     public struct Timeouts: Sendable, Equatable {

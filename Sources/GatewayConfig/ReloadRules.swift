@@ -21,6 +21,8 @@ public enum ReloadRules {
         .on("server.listen") { $0.server.listen },
         .on("server.admin_listen") { $0.server.adminListen },
         .on("server.access_log") { $0.server.accessLog },
+        .on("server.log.format") { $0.server.log.format },
+        .on("server.log.level") { $0.server.log.level },
         .on("server.timeouts.upstream_connect") { $0.server.timeouts.upstreamConnect },
         .on("server.timeouts.upstream_response") { $0.server.timeouts.upstreamResponse },
         .on("server.timeouts.idle") { $0.server.timeouts.idle },

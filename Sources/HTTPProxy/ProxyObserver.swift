@@ -27,6 +27,11 @@ public struct ExchangeRecord: Sendable {
     /// The exchange ended without a complete response (aborted connection).
     public var aborted: Bool
     public var userAgent: String?
+    /// The signed-in user the guard admitted (Apple's `sub`), if any.
+    public var user: String? = nil
+    /// From asking for an upstream connection to the upstream's response head (connect plus the
+    /// app's time to answer: nginx's `$upstream_header_time`); nil when nothing went upstream.
+    public var upstreamNanoseconds: Int64? = nil
 }
 
 /// What the proxy reports; the gateway turns it into metrics and access-log lines.

@@ -49,6 +49,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var snapshot: RoutingSnapshot? = nil
         /// A WebSocket handshake's lease: attached on upgrade, finished otherwise.
         var tunnel: TunnelLease? = nil
+        /// Who the guard admitted, for the access log.
+        var user: String? = nil
+        /// When the upstream connection was asked for, and how long until the response head.
+        var upstreamStart: NIODeadline? = nil
+        var upstreamNanoseconds: Int64? = nil
     }
 
     private let shared: ProxyShared
@@ -390,9 +395,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             buffered.removeAll()
             for part in parts where phase == .collecting { collect(part) }
             resumeReading()
-        case .forward(let addHeaders, let removeHeaders, let tunnel):
+        case .forward(let addHeaders, let removeHeaders, let tunnel, let user):
             guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return Self.discard(verdict) }
             exchange.tunnel = tunnel
+            exchange.user = user
             exchange.forwarded = true
             // Hold the header list in one place only, so adding to it does not copy it.
             exchange.inbound = nil
@@ -414,7 +420,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     /// A verdict nobody will apply: a tunnel lease it carries is finished (it leaves its registry).
     private static func discard(_ verdict: Verdict) {
-        if case .forward(_, _, let tunnel?) = verdict { tunnel.finish() }
+        if case .forward(_, _, let tunnel?, _) = verdict { tunnel.finish() }
     }
 
     /// A body part for one of the gateway's own endpoints.
@@ -456,6 +462,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private func acquireUpstream(pooled: Bool = true) {
         guard let route = exchange.route else { return }
         phase = .connecting
+        if exchange.upstreamStart == nil { exchange.upstreamStart = .now() }
         if pooled, !exchange.isWebSocket, let connection = pool.takeIdle(route.upstream) {
             attach(connection)
             return
@@ -570,6 +577,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private func responseHead(_ head: HTTPResponseHead) {
+        if let start = exchange.upstreamStart, exchange.upstreamNanoseconds == nil, head.status.code >= 200 || head.status == .switchingProtocols {
+            exchange.upstreamNanoseconds = Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds)
+        }
         if head.status == .switchingProtocols {
             // Hand over at the 101's `.end`: the decoder still delivers it to this handler.
             if exchange.isWebSocket, !exchange.responseStarted { pendingUpgrade = head; return }
@@ -847,7 +857,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             method: exchange.method.rawValue, path: exchange.path, status: exchange.status,
             route: exchange.route?.name, upstream: exchange.forwarded ? exchange.route?.upstream : nil, client: peerString,
             requestID: exchange.requestID, durationNanoseconds: Int64(duration), bytesSent: exchange.bytesSent,
-            aborted: aborted, userAgent: exchange.userAgent))
+            aborted: aborted, userAgent: exchange.userAgent, user: exchange.user, upstreamNanoseconds: exchange.upstreamNanoseconds))
     }
 
     private func nextRequestID() -> String {

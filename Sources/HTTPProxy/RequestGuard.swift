@@ -43,8 +43,9 @@ public enum GuardDecision {
 public enum Verdict: Sendable {
     /// Forward upstream, adding these headers (after every identity header was stripped) and
     /// removing `removeHeaders` (e.g. `Authorization` when it carried the gateway's own session
-    /// token). `tunnel`: for a WebSocket handshake, a lease the guard can end later.
-    case forward(addHeaders: [(String, String)], removeHeaders: [String] = [], tunnel: TunnelLease? = nil)
+    /// token). `tunnel`: for a WebSocket handshake, a lease the guard can end later. `user`: who
+    /// was admitted (the access log's `user`).
+    case forward(addHeaders: [(String, String)], removeHeaders: [String] = [], tunnel: TunnelLease? = nil, user: String? = nil)
     /// Answer the client directly; the upstream sees nothing.
     case respond(LocalResponse)
     /// Read the request body (at most `maxBytes`, else 413), then answer with what `respond`

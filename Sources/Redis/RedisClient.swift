@@ -210,7 +210,9 @@ final class LoopConnection {
         if case .closed = state { return }
         state = .idle
         retryAt = .now() + backoff
-        logger.warning("redis connection failed", metadata: ["host": "\(configuration.host):\(configuration.port)", "retry_in_ms": "\(backoff.nanoseconds / 1_000_000)"])
+        logger.warning("redis connection failed", metadata: [
+            "host": "\(configuration.host):\(configuration.port)", "error": "\(error)", "retry_in_ms": "\(backoff.nanoseconds / 1_000_000)",
+        ])
         backoff = min(backoff * 2, configuration.maximumBackoff)
     }
 

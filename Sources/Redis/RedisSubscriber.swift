@@ -62,6 +62,9 @@ final class SubscriberState {
         self.backoff = configuration.minimumBackoff
     }
 
+    /// Why the last attempt failed, for the log line of the retry.
+    private var lastError: (any Error)? = nil
+
     func connect() {
         guard !stopped else { return }
         let handler = RedisConnectionHandler()
@@ -76,7 +79,9 @@ final class SubscriberState {
             .whenComplete { result in
                 let state = this.value
                 switch result {
-                case .failure: state.retry()
+                case .failure(let error):
+                    state.lastError = error
+                    state.retry()
                 case .success(let channel):
                     guard !state.stopped else { channel.close(promise: nil); return }
                     state.channel = channel
@@ -99,7 +104,9 @@ final class SubscriberState {
         command.promise.futureResult.whenComplete { result in
             switch result {
             case .success: this.value.startSubscription(boundHandler.value)
-            case .failure: this.value.channel?.close(promise: nil)
+            case .failure(let error):
+                this.value.lastError = error
+                this.value.channel?.close(promise: nil)
             }
         }
     }
@@ -136,7 +143,11 @@ final class SubscriberState {
         guard !stopped else { return }
         let delay = backoff
         backoff = min(backoff * 2, configuration.maximumBackoff)
-        logger.warning("redis subscription lost; reconnecting", metadata: ["retry_in_ms": "\(delay.nanoseconds / 1_000_000)"])
+        let cause = lastError.map { "\($0)" } ?? "connection closed"
+        lastError = nil
+        logger.warning("redis subscription lost; reconnecting", metadata: [
+            "host": "\(configuration.host):\(configuration.port)", "error": "\(cause)", "retry_in_ms": "\(delay.nanoseconds / 1_000_000)",
+        ])
         let this = NIOLoopBound(self, eventLoop: loop)
         loop.scheduleTask(in: delay) { this.value.connect() }
     }

@@ -21,6 +21,7 @@ struct SessionGateCommand: AsyncParsableCommand {
             Configuration reference: conf/sessiongate.yaml (every key, annotated, with its default).
             SIGHUP re-reads the configuration; SIGTERM or SIGINT drains in-flight requests and exits.
             """,
+        version: "sessiongate \(BuildInfo.version) (Swift \(BuildInfo.swift))",
         subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self],
         defaultSubcommand: Serve.self
     )
@@ -51,10 +52,19 @@ func printError(_ line: String) {
     text.withUTF8 { buffer in _ = write(2, buffer.baseAddress, buffer.count) }
 }
 
-func makeLogger() -> Logger {
-    var logger = Logger(label: "sessiongate") { StreamLogHandler.standardError(label: $0) }
-    logger.logLevel = .info
-    return logger
+/// The main log on standard error, as `server.log` says (text, info before a file is read).
+func makeLogger(_ settings: GatewayConfiguration.Log = .init()) -> Logger {
+    let level: Logger.Level
+    switch settings.level {
+    case .debug: level = .debug
+    case .info: level = .info
+    case .notice: level = .notice
+    case .warning: level = .warning
+    case .error: level = .error
+    }
+    return Logger(label: "sessiongate") { _ in
+        LineLogHandler(format: settings.format == .json ? .json : .text, level: level)
+    }
 }
 
 struct Serve: AsyncParsableCommand {
@@ -64,7 +74,8 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         guard let loaded = loadConfiguration(options.config), let configuration = loaded.configuration else { throw ExitCode(1) }
-        let logger = makeLogger()
+        let logger = makeLogger(configuration.server.log)
+        defer { LineSink.standardError.flush(); LineSink.standardOutput.flush() }
         let service: GatewayService
         do {
             service = try GatewayService(configuration: configuration, configPath: options.config, logger: logger)

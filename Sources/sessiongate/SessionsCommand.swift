@@ -25,7 +25,7 @@ struct SessionsCommand: AsyncParsableCommand {
             printError("\(path): store.redis_url is not set: the memory store lives inside the running gateway (restart it to end every session)")
             throw ExitCode(1)
         }
-        var logger = Logger(label: "sessiongate") { StreamLogHandler.standardError(label: $0) }
+        var logger = makeLogger()
         logger.logLevel = .warning
         let client = try RedisClient(configuration: .init(host: url.host, port: url.port, username: url.username, password: url.password,
                                                           database: url.database, commandTimeout: .seconds(5)),

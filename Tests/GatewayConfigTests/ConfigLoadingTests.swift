@@ -28,6 +28,7 @@ struct ConfigLoadingTests {
         var defaults = GatewayConfiguration()
         #expect(config.server.timeouts == defaults.server.timeouts)
         #expect(config.server.limits == defaults.server.limits)
+        #expect(config.server.log == defaults.server.log)
         #expect(config.server.authPrefix == defaults.server.authPrefix)
         #expect(config.server.adminListen == defaults.server.adminListen)
         #expect(config.session.idleTimeout == defaults.session.idleTimeout)

@@ -18,7 +18,8 @@ final class GatewayProcess: @unchecked Sendable {
     private let lines = NIOLockedValueBox<[String]>([])
     /// Output pipes read to their end (2 = all output collected).
     private let closedPipes = NIOLockedValueBox(0)
-    private let waiters = NIOLockedValueBox<[(String, CheckedContinuation<String?, Never>)]>([])
+    private let waiters = NIOLockedValueBox<[(String, CheckedContinuation<String?, Never>, id: Int)]>([])
+    private let nextWaiter = NIOLockedValueBox(0)
     let configPath: String
 
     struct Ports { let proxy: Int; let admin: Int }
@@ -69,7 +70,7 @@ final class GatewayProcess: @unchecked Sendable {
             allClosed = closedPipes.withLockedValue { $0 += 1; return $0 == 2 }
         }
         waiters.withLockedValue { list in
-            list.removeAll { needle, continuation in
+            list.removeAll { needle, continuation, _ in
                 if let line, line.contains(needle) { ready.append((continuation, line)); return true }
                 if allClosed { ready.append((continuation, nil)); return true }
                 return false
@@ -81,14 +82,24 @@ final class GatewayProcess: @unchecked Sendable {
     var output: [String] { lines.withLockedValue { $0 } }
 
     /// Suspends until a line containing `needle` is printed (among lines from index `after` on);
-    /// nil once all output has been read without it.
-    func waitForLine(containing needle: String, after start: Int = 0) async -> String? {
-        await withCheckedContinuation { continuation in
+    /// nil once all output has been read without it, or after `timeout` seconds.
+    func waitForLine(containing needle: String, after start: Int = 0, timeout: Int = 60) async -> String? {
+        let id = nextWaiter.withLockedValue { $0 += 1; return $0 }
+        let timer = Task {
+            try await Task.sleep(for: .seconds(timeout))
+            let expired = self.waiters.withLockedValue { list -> CheckedContinuation<String?, Never>? in
+                guard let index = list.firstIndex(where: { $0.id == id }) else { return nil }
+                return list.remove(at: index).1
+            }
+            expired?.resume(returning: nil)
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { continuation in
             // Registration and the check are under one lock, so no line can slip between them.
             let immediate: String?? = waiters.withLockedValue { list in
                 if let existing = lines.withLockedValue({ $0.dropFirst(start).first { $0.contains(needle) } }) { return .some(existing) }
                 if closedPipes.withLockedValue({ $0 == 2 }) { return .some(nil) }
-                list.append((needle, continuation))
+                list.append((needle, continuation, id: id))
                 return .none
             }
             if case .some(let value) = immediate { continuation.resume(returning: value) }
@@ -114,8 +125,9 @@ final class GatewayProcess: @unchecked Sendable {
     func ports() async throws -> Ports {
         guard let line = await waitForLine(containing: "sessiongate listening") else { throw Failure.exited(output) }
         func port(after key: String) -> Int? {
-            guard let range = line.range(of: "\(key)=") else { return nil }
-            let field = line[range.upperBound...].prefix { $0 != " " }
+            // `listen=…` (text) or `"listen":"…"` (json).
+            guard let range = line.range(of: "\(key)=") ?? line.range(of: "\"\(key)\":\"") else { return nil }
+            let field = line[range.upperBound...].prefix { $0 != " " && $0 != "\"" }
             return field.split(separator: ":").last.flatMap { Int($0) }
         }
         guard let proxy = port(after: "listen"), let admin = port(after: "admin") else { throw Failure.exited([line]) }

@@ -151,13 +151,114 @@ struct GatewayProcessTests {
         #expect(metrics.text.contains("sessiongate_client_connections"))
         #expect(metrics.text.contains("sessiongate_upstream_connections"))
         let line = try #require(await gateway.waitForLine(containing: "\"path\":\"/echo/x\""))
-        let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String])
-        #expect(json["status"] == "200")
-        #expect(json["route"] == "app")
-        #expect(json["method"] == "GET")
-        #expect(json["user_agent"] == "t/1")
-        #expect(json["request_id"]?.count == 16)
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(json["status"] as? Int == 200, "a JSON number: \(line)")
+        #expect(json["aborted"] as? Bool == false, "a JSON boolean")
+        #expect(json["bytes"] is Int)
+        #expect(json["duration_ms"] is Double || json["duration_ms"] is Int)
+        #expect((json["upstream_ms"] as? Double).map { $0 >= 0 } ?? (json["upstream_ms"] is Int), "the upstream's time: \(line)")
+        #expect(json["route"] as? String == "app")
+        #expect(json["user"] as? String == "-", "nobody signed in on a public route")
+        #expect(json["method"] as? String == "GET")
+        #expect(json["user_agent"] as? String == "t/1")
+        #expect((json["request_id"] as? String)?.count == 16)
+        let local = try #require(await gateway.waitForLine(containing: "\"path\":\"/a%2Fb\""))
+        let localJSON = try #require(try JSONSerialization.jsonObject(with: Data(local.utf8)) as? [String: Any])
+        #expect(localJSON["status"] as? Int == 400)
+        #expect(localJSON["upstream_ms"] is NSNull, "answered by the gateway: \(local)")
         #expect(!line.contains("secret"), "the query string is not logged")
+    }
+
+    @Test("server.log json: one JSON object per line on standard error, and a Redis failure names its cause")
+    func mainLogJSON() async throws {
+        let redis = try RedisServerProcess(arguments: ["--requirepass", "right"])
+        defer { redis.stop() }
+        let yaml = """
+            server:
+              listen: "127.0.0.1:0"
+              admin_listen: "127.0.0.1:0"
+              log: {format: json, level: debug}
+            store:
+              redis_url: "redis://:wrong@127.0.0.1:\(redis.port)/0"
+            routes:
+              - name: app
+                upstream: "http://127.0.0.1:1"
+                auth: public
+            """
+        let gateway = try GatewayProcess.serve(yaml: yaml)
+        defer { gateway.stop() }
+        _ = try await gateway.ports()
+        let unreachable = try #require(await gateway.waitForLine(containing: "session store unreachable"))
+        let failed = try #require(await gateway.waitForLine(containing: "redis connection failed"))
+        for line in [unreachable, failed] {
+            let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(line)")
+            #expect(json["time"] is String && json["level"] is String && json["msg"] is String)
+        }
+        let cause = try #require(try JSONSerialization.jsonObject(with: Data(failed.utf8)) as? [String: Any])
+        #expect((cause["error"] as? String)?.contains("WRONGPASS") == true, "the cause: \(failed)")
+        #expect(!gateway.output.contains { $0.contains("wrong") && !$0.contains("WRONGPASS") }, "the password is never logged")
+        let listening = try #require(gateway.output.first { $0.contains("sessiongate listening") })
+        #expect((try JSONSerialization.jsonObject(with: Data(listening.utf8)) as? [String: Any])?["level"] as? String == "info")
+    }
+
+    @Test("every metric family is exported from the first scrape; --version and build_info agree")
+    func metricsFromStart() async throws {
+        let directory = NSTemporaryDirectory() + "metrics-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
+        let yaml = """
+            server:
+              listen: "127.0.0.1:0"
+              admin_listen: "127.0.0.1:0"
+              public_url: "http://localhost:8080"
+            apple:
+              team_id: "ABCDE12345"
+              client_ids: ["com.example.web"]
+              key_id: "KEY1234567"
+              private_key_file: "\(directory)/AuthKey.p8"
+              base_url: "http://127.0.0.1:1"
+            routes:
+              - name: app
+                upstream: "http://127.0.0.1:1"
+            """
+        let gateway = try GatewayProcess.serve(yaml: yaml)
+        defer { gateway.stop() }
+        let admin = try await gateway.ports().admin
+        let metrics = try await blocking {
+            let c = try RawClient(port: admin)
+            try c.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+            return try c.readResponse().text
+        }
+        let version = try GatewayProcess(arguments: ["--version"])
+        #expect(await version.waitForExit() == 0)
+        await version.waitForOutputEnd()
+        let printed = try #require(version.output.first)  // "sessiongate 0.10.0 (Swift 6.3)"
+        let parts = printed.split(separator: " ")
+        #expect(parts.count == 4 && parts[0] == "sessiongate", "\(printed)")
+        let (number, swift) = (String(parts[1]), String(parts[3].dropLast()))
+        let expected = [
+            #"sessiongate_build_info{version="\#(number)",swift="\#(swift)"} 1"#,
+            #"sessiongate_requests_total{route="app",status_class="2xx"} 0"#,
+            #"sessiongate_upstream_errors_total{route="app",kind="connect_refused"} 0"#,
+            #"sessiongate_sign_ins_total{flow="web",outcome="ok"} 0"#,
+            #"sessiongate_apple_calls_total{endpoint="refresh",outcome="grant_revoked"} 0"#,
+            #"sessiongate_apple_call_duration_seconds_count{endpoint="token"} 0"#,
+            #"sessiongate_store_duration_seconds_count{operation="load"} 0"#,
+            #"sessiongate_revocations_total{source="apple_notification"} 0"#,
+            #"sessiongate_apple_notifications_total{type="account-deleted",result="processed"} 0"#,
+            #"sessiongate_log_lines_dropped_total{stream="stdout"} 0"#,
+            #"sessiongate_config_reloads_total{result="refused"} 0"#,
+            #"sessiongate_apple_client_secret_mint_failures_total 0"#,
+        ]
+        for line in expected { #expect(metrics.contains(line), "\(line)") }
+        for family in ["process_resident_memory_bytes ", "process_cpu_seconds_total ", "process_open_fds ", "process_max_fds ", "process_start_time_seconds ",
+                       #"sessiongate_apple_client_secret_expires_in_seconds{client_id="com.example.web"} "#] {
+            let value = metrics.split(separator: "\n").first { $0.hasPrefix(family) }.flatMap { Double($0.dropFirst(family.count)) }
+            #expect((value ?? 0) > 0, "\(family) present and positive")
+        }
+        let start = metrics.split(separator: "\n").first { $0.hasPrefix("process_start_time_seconds ") }.flatMap { Double($0.dropFirst(27)) } ?? 0
+        #expect(abs(start - Date().timeIntervalSince1970) < 600, "the process started just now: \(start)")
     }
 
     @Test("upstream errors are counted by kind")

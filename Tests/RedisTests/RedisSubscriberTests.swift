@@ -17,7 +17,9 @@ struct RedisSubscriberTests {
     func subscribeAndReconnect() async throws {
         let server = try RedisServerProcess(arguments: ["--requirepass", "pw"])
         defer { server.stop() }
-        let configuration = RedisClient.Configuration(host: "127.0.0.1", port: server.port, password: "pw",
+        // Commands get seconds: the suites share 2 cores (a clean run once saw the first PUBLISH
+        // take over 250 ms); the reconnect is what this test is about.
+        let configuration = RedisClient.Configuration(host: "127.0.0.1", port: server.port, password: "pw", commandTimeout: .seconds(3),
                                                       minimumBackoff: .milliseconds(20), maximumBackoff: .milliseconds(200))
         let (events, sink) = AsyncStream.makeStream(of: Event.self)
         let subscriber = try RedisSubscriber(

@@ -1,0 +1,71 @@
+import NIOCore
+import Prometheus
+import Sessions
+
+/// A session store whose every operation is timed into `sessiongate_store_duration_seconds`
+/// (by operation), whichever backend is underneath.
+struct MeasuredSessionStore: SessionStore {
+    let base: any SessionStore
+    private let latency: [String: DurationHistogram]
+
+    init(_ base: any SessionStore, metrics: GatewayMetrics) {
+        self.base = base
+        latency = Dictionary(uniqueKeysWithValues: GatewayMetrics.storeOperations.map { ($0, metrics.storeLatency($0)) })
+    }
+
+    private func timed<T>(_ operation: String, _ future: EventLoopFuture<T>) -> EventLoopFuture<T> {
+        let start = NIODeadline.now()
+        let histogram = latency[operation]
+        future.whenComplete { _ in histogram?.recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds)) }
+        return future
+    }
+
+    func create(_ session: SessionRecord, profile: UserProfile, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("create", base.create(session, profile: profile, expiresAt: expiresAt, on: eventLoop))
+    }
+    func load(_ handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<StoredSession?> {
+        timed("load", base.load(handle, on: eventLoop))
+    }
+    func touch(_ handle: SessionHandle, lastSeen: Int64, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("touch", base.touch(handle, lastSeen: lastSeen, expiresAt: expiresAt, on: eventLoop))
+    }
+    func delete(_ handle: SessionHandle, sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("delete", base.delete(handle, sub: sub, on: eventLoop))
+    }
+    func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
+        timed("sessions", base.sessions(of: sub, on: eventLoop))
+    }
+    func revoke(_ sub: String, at revokedAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
+        timed("revoke", base.revoke(sub, at: revokedAt, on: eventLoop))
+    }
+    func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("save_profile", base.saveProfile(profile, on: eventLoop))
+    }
+    func profile(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<UserProfile?> {
+        timed("profile", base.profile(of: sub, on: eventLoop))
+    }
+    func putLogin(state: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("put_login", base.putLogin(state: state, login, ttl: ttl, on: eventLoop))
+    }
+    func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?> {
+        timed("take_login", base.takeLogin(state: state, on: eventLoop))
+    }
+    func claim(_ name: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
+        timed("claim", base.claim(name, ttl: ttl, on: eventLoop))
+    }
+    func release(_ name: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("release", base.release(name, on: eventLoop))
+    }
+    func validation(of tokenHash: String, on eventLoop: any EventLoop) -> EventLoopFuture<ValidationRecord?> {
+        timed("validation", base.validation(of: tokenHash, on: eventLoop))
+    }
+    func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("record_validation", base.recordValidation(record, of: tokenHash, ttl: ttl, on: eventLoop))
+    }
+    func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("mark_validated", base.markValidated(handle, at: at, on: eventLoop))
+    }
+    func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("ping", base.ping(on: eventLoop))
+    }
+}
