@@ -68,7 +68,11 @@ struct AuthEndpointGuard: RequestGuard {
                 switch resolution {
                 case .session(let handle, let cached):
                     return LocalResponse(status: .ok, headers: [("cache-control", "no-store")] + auth.forwardHeaders(handle, cached, route: "check", on: loop))
-                case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
+                case .anonymous, .invalid:
+                    // The front proxy answers 401 as it is to scripts, and sends browsers where
+                    // this header says (nginx: auth_request_set; Caddy: handle_response).
+                    let signIn = ForwardAuthRequest(head.headers, checkMethod: head.method.rawValue).signInURL(prefix: auth.prefix, policy: auth.returnPolicy)
+                    return AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
                 case .unavailable: return AuthResponses.storeUnavailable(head)
                 case .appleUnavailable: return AuthResponses.appleUnavailable(head)
                 }

@@ -7,8 +7,14 @@ import NIOHTTP1
 /// The responses the gateway writes itself for sign-in and admission: pages for browsers, JSON
 /// for everything else. No page ever includes a token, a cookie value or a session id.
 enum AuthResponses {
+    /// A browser navigating (an HTML page is acceptable), not a script: `X-Requested-With`
+    /// (jQuery, Angular, many apps' XHR) marks an API call whatever its `Accept`.
     static func wantsHTML(_ head: HTTPRequestHead) -> Bool {
-        head.headers["accept"].contains { $0.contains("text/html") }
+        wantsHTML(accept: head.headers["accept"], requestedWith: head.headers.contains(name: "x-requested-with"))
+    }
+
+    static func wantsHTML(accept: [String], requestedWith: Bool) -> Bool {
+        !requestedWith && accept.contains { $0.contains("text/html") }
     }
 
     static func json(_ status: HTTPResponseStatus, _ object: [String: Any], headers: [(String, String)] = []) -> LocalResponse {

@@ -1,4 +1,5 @@
 import GatewayConfig
+import NIOHTTP1
 import Sessions
 import Testing
 
@@ -72,5 +73,33 @@ struct AdmissionRulesTests {
     func returnURLs(rd: String, expected: String?) {
         let policy = ReturnURLPolicy(origin: "https://app.example.com", allowedHosts: ["docs.example.com", ".example.net"])
         #expect(policy.validate(rd) == expected, "\(rd)")
+    }
+
+    @Test("forward-auth: which 401s send a browser to sign in, and where", arguments: [
+        // (method, uri, accept, X-Requested-With, expected sign-in URL)
+        ("GET", "/reports?q=1", "text/html,application/xhtml+xml", false, "/_auth/sign-in?rd=%2Freports%3Fq%3D1"),
+        ("HEAD", "/reports", "text/html", false, "/_auth/sign-in?rd=%2Freports"),
+        ("get", "/", "text/html", false, "/_auth/sign-in?rd=%2F"),
+        ("GET", nil, "text/html", false, "/_auth/sign-in?rd=%2F"),
+        ("GET", "//evil.example.com/x", "text/html", false, "/_auth/sign-in?rd=%2F"),
+        ("GET", "https://evil.example.com/", "text/html", false, "/_auth/sign-in?rd=%2F"),
+        ("GET", "/api/items", "application/json", false, nil),
+        ("GET", "/api/items", "*/*", false, nil),
+        ("GET", "/page", "text/html", true, nil),
+        ("POST", "/form", "text/html", false, nil),
+        ("DELETE", "/x", "text/html", false, nil),
+    ] as [(String, String?, String, Bool, String?)])
+    func forwardAuthSignIn(method: String, uri: String?, accept: String, requestedWith: Bool, expected: String?) {
+        let request = ForwardAuthRequest(method: method, uri: uri, accept: [accept], requestedWith: requestedWith)
+        #expect(request.signInURL(prefix: "/_auth", policy: ReturnURLPolicy(origin: "https://app.example.com", allowedHosts: [])) == expected)
+    }
+
+    @Test("forward-auth: the original request comes from Caddy's and nginx's headers")
+    func forwardAuthHeaders() {
+        let caddy = ForwardAuthRequest(["x-forwarded-method": "POST", "x-forwarded-uri": "/a", "accept": "text/html"])
+        #expect(caddy == ForwardAuthRequest(method: "POST", uri: "/a", accept: ["text/html"]))
+        let nginx = ForwardAuthRequest(["x-original-method": "GET", "x-original-uri": "/b?c", "x-requested-with": "XMLHttpRequest"])
+        #expect(nginx == ForwardAuthRequest(method: "GET", uri: "/b?c", accept: [], requestedWith: true))
+        #expect(ForwardAuthRequest([:], checkMethod: "HEAD").method == "HEAD")
     }
 }

@@ -7,9 +7,11 @@ import Testing
 import Glibc
 #endif
 
-/// `conf/nginx-forward-auth.conf` as shipped (ports replaced): nginx asks SessionGate's
-/// `/_auth/check` for every request and passes the identity on to the app.
-@Suite("nginx auth_request in front of the app", .serialized, .timeLimit(.minutes(1)))
+/// `conf/nginx-forward-auth.conf` and `conf/Caddyfile.forward-auth` as shipped (ports replaced):
+/// the front proxy asks SessionGate's `/_auth/check` for every request and passes the identity on
+/// to the app. Both must behave alike: identity passed, spoofed headers replaced, anonymous and
+/// forged browsers sent to sign in, API and XHR calls answered 401, nothing reaching the app.
+@Suite("forward-auth: nginx and Caddy in front of the app", .serialized, .timeLimit(.minutes(2)))
 struct ForwardAuthTests {
     @Test func nginxForwardAuth() async throws {
         let h = try await SignInHarness.start()
@@ -40,28 +42,65 @@ struct ForwardAuthTests {
                 kill(pid, SIGTERM)
             }
         }
+        // nginx cannot remove headers by prefix: only the configured names are replaced.
+        try await Self.exercise(h, front: "http://127.0.0.1:\(nginxPort)", stripsPrefix: false)
+    }
 
-        // A session (native sign-in straight at the gateway), then requests through nginx.
+    @Test func caddyForwardAuth() async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let caddyPort = try closedPort()
+        let directory = NSTemporaryDirectory() + "caddy-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let example = try String(contentsOfFile: "\(repositoryRoot)/conf/Caddyfile.forward-auth", encoding: .utf8)
+            .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(h.gatewayPort)")
+            .replacingOccurrences(of: "127.0.0.1:9000", with: "127.0.0.1:\(h.upstream.port)")
+            .replacingOccurrences(of: ":80 {", with: "http://127.0.0.1:\(caddyPort) {")
+        // No admin API (its port may be taken), no state outside the test's directory.
+        try "{\n\tadmin off\n}\n\n\(example)".write(toFile: directory + "/Caddyfile", atomically: true, encoding: .utf8)
+        let caddy = try GatewayProcess(arguments: ["run", "--config", directory + "/Caddyfile", "--adapter", "caddyfile"], executable: "/usr/bin/caddy",
+                                       environment: ["HOME": directory, "XDG_DATA_HOME": directory, "XDG_CONFIG_HOME": directory])
+        defer { caddy.stop() }
+        try #require(await caddy.waitForLine(containing: "serving initial configuration") != nil, "caddy did not start: \(caddy.output)")
+        try await Self.exercise(h, front: "http://127.0.0.1:\(caddyPort)", stripsPrefix: true)
+    }
+
+    /// The same requests through either front proxy.
+    static func exercise(_ h: SignInHarness, front: String, stripsPrefix: Bool) async throws {
+        // A session (native sign-in straight at the gateway), then requests through the front.
         let sub = h.simulator.createUser()
         let app = TestBrowser(gatewayOrigin: h.origin)
         let credential = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: "n")
         let signedIn = try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(credential.identityToken)","authorization_code":"\#(credential.authorizationCode)","nonce":"n","user":{"name":{"firstName":"Ada","lastName":"L"}}}"#)
         let token = try #require((try JSONSerialization.jsonObject(with: Data(signedIn.body.utf8)) as? [String: Any])?["token"] as? String)
-        let viaNginx = TestBrowser(gatewayOrigin: "http://127.0.0.1:\(nginxPort)")
+        let browser = TestBrowser(gatewayOrigin: front)
+        let html = ("accept", "text/html,application/xhtml+xml")
 
-        let admitted = try await viaNginx.request("/reports", headers: [("cookie", "__Host-sessiongate=\(token)"), ("X-Auth-Email", "spoof@example.com")])
+        let admitted = try await browser.request("/reports", headers: [html, ("cookie", "__Host-sessiongate=\(token)"), ("X-Auth-Email", "spoof@example.com"),
+                                                                      ("X-Auth-Role", "admin"), ("X_Auth_User", "admin")])
         #expect(admitted.status == 200)
         let seen = h.upstream.stats.withLockedValue { $0.lastHeaders }
-        #expect(seen["x-auth-user"] == [sub] && seen["x-auth-name"] == ["Ada%20L"])
-        #expect(seen["x-auth-email"] != ["spoof@example.com"], "the client's header is replaced")
+        #expect(seen["x-auth-user"] == [sub] && seen["x-auth-name"] == ["Ada%20L"], "\(seen)")
+        #expect(!seen["x-auth-email"].contains("spoof@example.com"), "the client's header is replaced")
+        #expect(seen["x_auth_user"].isEmpty, "an underscore spelling never passes: \(seen)")
+        if stripsPrefix { #expect(seen["x-auth-role"].isEmpty, "a name under the identity prefix never passes: \(seen)") }
 
         let before = h.upstream.stats.withLockedValue { $0.requests }
-        let anonymous = try await viaNginx.request("/reports?q=1", headers: [("X-Auth-User", "admin"), ("X_Auth_User", "admin")])
-        #expect(anonymous.status == 302 && anonymous.location?.hasSuffix("/_auth/sign-in?rd=/reports?q=1") == true)
-        let forged = try await viaNginx.request("/reports", headers: [("cookie", "__Host-sessiongate=\(String(repeating: "A", count: 86))")])
+        let anonymous = try await browser.request("/reports?q=1", headers: [html, ("X-Auth-User", "admin")])
+        #expect(anonymous.status == 302 && anonymous.location?.hasSuffix("/_auth/sign-in?rd=%2Freports%3Fq%3D1") == true, "\(anonymous.status) \(anonymous.location ?? "")")
+        let forged = try await browser.request("/reports", headers: [html, ("cookie", "__Host-sessiongate=\(String(repeating: "A", count: 86))")])
         #expect(forged.status == 302)
+        for (name, headers) in [("API", [("accept", "application/json")]), ("XHR", [html, ("x-requested-with", "XMLHttpRequest")]),
+                                ("fetch", [("accept", "*/*")])] as [(String, [(String, String)])] {
+            let denied = try await browser.request("/api/items", headers: headers + [("X-Auth-User", "admin")])
+            #expect(denied.status == 401, "\(name): \(denied.status)")
+            #expect(denied.location == nil)
+        }
+        let post = try await browser.request("/reports", method: .POST, headers: [html], form: [("a", "b")])
+        #expect(post.status == 401, "a form POST is not redirected (its body would be lost)")
         #expect(h.upstream.stats.withLockedValue { $0.requests } == before, "nothing unauthenticated reached the app")
-        let page = try await viaNginx.request("/_auth/sign-in?rd=/reports")
+        let page = try await browser.request("/_auth/sign-in?rd=/reports")
         #expect(page.status == 200 && page.body.contains("Sign in with Apple"))
     }
 }

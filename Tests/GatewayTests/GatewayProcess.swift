@@ -24,10 +24,12 @@ final class GatewayProcess: @unchecked Sendable {
 
     struct Ports { let proxy: Int; let admin: Int }
 
-    init(arguments: [String], configPath: String = "") throws {
+    /// Runs `sessiongate` (or `executable`: another server a test runs beside it) with `arguments`.
+    init(arguments: [String], configPath: String = "", executable: String? = nil, environment: [String: String]? = nil) throws {
         self.configPath = configPath
-        process.executableURL = URL(fileURLWithPath: sessiongateBinary)
+        process.executableURL = URL(fileURLWithPath: executable ?? sessiongateBinary)
         process.arguments = arguments
+        if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         process.currentDirectoryURL = URL(fileURLWithPath: repositoryRoot)
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
