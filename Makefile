@@ -1,7 +1,7 @@
 # SessionGate — the two commands: `make demo` runs the product, `make test` runs every test.
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
-TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy chromium chromium-driver fonts-liberation python3 python3-venv
+TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv
 BENCH_PACKAGES := nginx wrk python3 redis-server
 
 .PHONY: all build test demo bench release clean
@@ -13,12 +13,15 @@ build:
 	$(SWIFT) build
 
 # Release builds drop Swift's dynamic exclusivity checks (measured: bench/RESULTS.md); debug
-# builds, and so every test, keep them.
-RELEASE_FLAGS := -c release -Xswiftc -enforce-exclusivity=unchecked
+# builds, and so every test, keep them. The Swift standard library and Foundation are linked
+# statically: the binary runs on a Debian host without the toolchain (README: Packaging).
+RELEASE_FLAGS := -c release -Xswiftc -enforce-exclusivity=unchecked --static-swift-stdlib
 
+## make release: .build/release/sessiongate, checked to need no Swift toolchain at run time.
 release:
 	scripts/ensure-packages.sh libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
+	scripts/check-release.sh .build/release/sessiongate
 
 ## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket), then
 ## the real-browser sign-in (headless Chromium; screenshots in .build/browser-test/).

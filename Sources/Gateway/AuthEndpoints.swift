@@ -49,9 +49,13 @@ struct AuthEndpointGuard: RequestGuard {
                 loop.makeFutureWithTask { await native(body: body, head: head, on: loop) }
             })
         case ("/logout", .GET):
-            return .verdict(.respond(AuthResponses.html(.ok, AuthPages.confirmSignOut(action: "\(auth.prefix)/logout"))))
+            // `rd`: the page the user signs out from; it picks the route's post_logout_redirect.
+            let rd = query["rd"].flatMap(auth.returnPolicy.validate)
+            let action = "\(auth.prefix)/logout" + (rd.map { "?rd=" + FormBody.escape($0) } ?? "")
+            return .verdict(.respond(AuthResponses.html(.ok, AuthPages.confirmSignOut(action: action, stay: rd ?? "/"))))
         case ("/logout", .POST):
-            return .verdict(.collectBody(maxBytes: 4096) { _ in logout(head, on: loop) })
+            let after = auth.afterLogout.target(from: query["rd"].flatMap(auth.returnPolicy.validate), host: request.host?.name)
+            return .verdict(.collectBody(maxBytes: 4096) { _ in logout(head, redirect: after, on: loop) })
         case ("/userinfo", .GET):
             return resolved(head, on: loop) { resolution in
                 switch resolution {
@@ -336,9 +340,9 @@ struct AuthEndpointGuard: RequestGuard {
 
     // MARK: logout
 
-    private func logout(_ head: HTTPRequestHead, on loop: any EventLoop) -> EventLoopFuture<LocalResponse> {
+    private func logout(_ head: HTTPRequestHead, redirect: String, on loop: any EventLoop) -> EventLoopFuture<LocalResponse> {
         let done: LocalResponse = AuthResponses.wantsHTML(head)
-            ? AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=signed_out", headers: [auth.clearCookie(auth.cookieName)])
+            ? AuthResponses.redirect(.seeOther, to: redirect, headers: [auth.clearCookie(auth.cookieName)])
             : LocalResponse(status: .noContent, headers: [auth.clearCookie(auth.cookieName), ("cache-control", "no-store")])
         guard case .value(let value) = auth.credential(head.headers), let handle = auth.keys.handle(forCookie: value) else {
             return loop.makeSucceededFuture(done)

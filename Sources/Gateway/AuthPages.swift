@@ -145,12 +145,12 @@ enum AuthPages {
             """)
     }
 
-    static func confirmSignOut(action: String) -> String {
+    static func confirmSignOut(action: String, stay: String = "/") -> String {
         document(title: "Sign out", """
             <h1>Sign out?</h1>
             <p>You will need to sign in with Apple again to come back.</p>
             <form method="post" action="\(escape(action))"><button class="siwa" type="submit">Sign out</button></form>
-            <a class="secondary" href="/">Stay signed in</a>
+            <a class="secondary" href="\(escape(stay))">Stay signed in</a>
             """)
     }
 

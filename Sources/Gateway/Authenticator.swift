@@ -304,6 +304,8 @@ final class Authenticator: Sendable {
     let assertion: IdentityAssertionSigner?
     /// The scopes the web sign-in asks Apple for.
     let scopes: [String]
+    /// Where a browser goes after signing out from a route.
+    let afterLogout: PostLogoutPolicy
 
     /// The first generation: builds the core (reads the secrets; connects nothing yet).
     convenience init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
@@ -334,6 +336,7 @@ final class Authenticator: Sendable {
         times = SessionTimes(idle: Self.milliseconds(c.session.idleTimeout), absolute: Self.milliseconds(c.session.absoluteTimeout))
         touchInterval = min(60_000, max(1000, times.idle / 4))
         scopes = c.apple?.scopes ?? []
+        afterLogout = PostLogoutPolicy(c.routes, signIn: c.server.authPrefix + "/sign-in?message=signed_out")
     }
 
     /// This generation becomes the running one for checks outside requests.

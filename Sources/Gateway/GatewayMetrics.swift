@@ -15,6 +15,8 @@ public final class GatewayMetrics: Sendable {
     private let routes = NIOLockedValueBox<[String: RouteMetrics]>([:])
     private let upstreamErrors = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
     let clientConnections: Prometheus.Gauge
+    /// 1 while the session store answers its once-a-second ping.
+    let storeUp: Prometheus.Gauge
     let upstreamConnections: Prometheus.Gauge
     let reloadsSucceeded: Prometheus.Counter
     let reloadsFailed: Prometheus.Counter
@@ -62,6 +64,7 @@ public final class GatewayMetrics: Sendable {
 
     public init() {
         clientConnections = registry.makeGauge(descriptor: Self.name("client_connections", help: "Open client connections."))
+        storeUp = registry.makeGauge(descriptor: Self.name("store_up", help: "1 while the session store answers (pinged every second), else 0."))
         upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
         reloadsSucceeded = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "ok")])
         reloadsFailed = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "invalid")])

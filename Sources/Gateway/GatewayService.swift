@@ -89,9 +89,12 @@ public final class GatewayService: Service, Sendable {
             } catch {
                 throw StartupFailure(key: "routes[\(index)].upstream", "the host '\(route.upstream.host)' does not resolve")
             }
-            return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
-                              requestGuard: SessionGuard(auth: auth, route: route),
-                              maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace)
+            var proxyRoute = ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
+                                        requestGuard: SessionGuard(auth: auth, route: route),
+                                        maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace)
+            proxyRoute.stripPrefix = route.stripPrefix
+            proxyRoute.upstreamHost = route.upstreamHost
+            return proxyRoute
         }
         // The endpoints answer locally; their upstream address is never dialled.
         let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c))
@@ -174,12 +177,22 @@ public final class GatewayService: Service, Sendable {
     /// `/readyz`: listeners up and the session store answering (pinged every second).
     /// nil until the first check: whatever it finds is logged.
     private let storeReachable = NIOLockedValueBox<Bool?>(nil)
+    private let storeEverReached = NIOLockedValueBox(false)
+    private let draining = NIOLockedValueBox(false)
+
+    private var readiness: AdminEndpoints.Readiness {
+        if draining.withLockedValue({ $0 }) { return .draining }
+        if storeReachable.withLockedValue({ $0 }) == true { return .ready }
+        return storeEverReached.withLockedValue { $0 } ? .storeDown : .storeNeverReached
+    }
 
     private func checkStore() async {
         let loop = group.next()
         var failure: (any Error)? = nil
         do { _ = try await core.withDeadline(core.store.ping(on: loop), on: loop).get() } catch { failure = error }
         let ok = failure == nil
+        if ok { storeEverReached.withLockedValue { $0 = true } }
+        metrics.storeUp.set(Double(ok ? 1 : 0))
         let was = storeReachable.withLockedValue { old in defer { old = ok }; return old }
         if was != ok {
             if let failure {
@@ -209,7 +222,7 @@ public final class GatewayService: Service, Sendable {
             adminServer = try await SimpleHTTPServer.start(
                 host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
             ) { request in
-                AdminEndpoints.respond(request, metrics: metrics, ready: { self.storeReachable.withLockedValue { $0 } == true })
+                AdminEndpoints.respond(request, metrics: metrics, readiness: { self.readiness })
             }
         } catch {
             await proxy.shutdown(deadline: .zero)
@@ -237,6 +250,7 @@ public final class GatewayService: Service, Sendable {
             try? await gracefulShutdown()
             tasks.cancelAll()
         }
+        draining.withLockedValue { $0 = true }
         let drain = running.withLockedValue { $0.configuration.server.timeouts.shutdown }
         logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(drain))"])
         await proxy.shutdown(deadline: .init(drain))

@@ -272,6 +272,7 @@ extension GatewayConfiguration {
             let path = "routes[\(index)]"
             guard let s = r.section(node, path: path, keys: [
                 "name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated", "max_body_bytes", "allow_trace",
+                "strip_prefix", "upstream_host", "post_logout_redirect",
             ]) else { continue }
             let name = r.string(s, "name") ?? ""
             if s.values["name"] == nil { r.report(s.child("name"), s.mark, "is required") }
@@ -326,10 +327,33 @@ extension GatewayConfiguration {
             } else { seenMatches[matchKey] = index }
             let maxBody = r.int(s, "max_body_bytes", range: 0...Int(Int64.max))
             let allowTrace = r.bool(s, "allow_trace") ?? false
+            let stripPrefix = r.bool(s, "strip_prefix") ?? false
+            if stripPrefix, prefix == "/" { r.warn(s.child("strip_prefix"), r.mark(s, "strip_prefix"), "has no effect with path_prefix /") }
+            var upstreamHost: String? = nil
+            if let v = r.string(s, "upstream_host") {
+                // A Host value: a name or address, an optional port; nothing else.
+                let ok = ListenAddress.parse(v) != nil || ListenAddress.parse(v + ":80") != nil
+                if ok { upstreamHost = v } else { r.report(s.child("upstream_host"), r.mark(s, "upstream_host"), "'\(v)' is not a host or host:port") }
+            }
+            var postLogout: String? = nil
+            if let v = r.string(s, "post_logout_redirect") {
+                let isPath = v.hasPrefix("/") && !v.hasPrefix("//") && !v.contains("\\")
+                // An absolute URL: its origin (scheme://host[:port]) must parse.
+                let scheme = v.hasPrefix("https://") ? "https://" : v.hasPrefix("http://") ? "http://" : nil
+                let isURL = scheme.map { Self.parseOrigin($0 + v.dropFirst($0.count).prefix { $0 != "/" && $0 != "?" }) != nil } ?? false
+                if isPath || isURL, v.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) {
+                    postLogout = v
+                } else {
+                    r.report(s.child("post_logout_redirect"), r.mark(s, "post_logout_redirect"), "'\(v)' is not a path (/bye) or an http(s) URL")
+                }
+            }
             if let upstream {
                 var route = Route(name: name, host: host, pathPrefix: prefix, upstream: upstream, auth: auth, allow: allow, unauthenticated: unauthenticated)
                 route.maxBodyBytes = maxBody
                 route.allowTrace = allowTrace
+                route.stripPrefix = stripPrefix
+                route.upstreamHost = upstreamHost
+                route.postLogoutRedirect = postLogout
                 routes.append(route)
             }
         }

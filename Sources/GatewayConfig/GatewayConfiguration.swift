@@ -146,6 +146,12 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var maxBodyBytes: Int? = nil
         /// Forward `TRACE` (otherwise 405).
         public var allowTrace = false
+        /// The upstream sees paths without `pathPrefix`.
+        public var stripPrefix = false
+        /// The `Host` the upstream receives (`host` or `host:port`); nil: the client's.
+        public var upstreamHost: String? = nil
+        /// Where `/_auth/logout` sends a browser that signed out from this route (`rd`).
+        public var postLogoutRedirect: String? = nil
 
         public init(
             name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,

@@ -408,12 +408,16 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             headers.add(name: "X-Forwarded-For", value: inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString)
             headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? "http")
             if let host = inbound.host?.authority { headers.add(name: "X-Forwarded-Host", value: host) }
-            if inbound.host == nil { headers.add(name: "Host", value: route.upstream.description) }
+            if let host = route.upstreamHost {
+                headers.replaceOrAdd(name: "Host", value: host)
+            } else if inbound.host == nil {
+                headers.add(name: "Host", value: route.upstream.description)
+            }
             headers.add(name: "X-Request-Id", value: exchange.requestID)
             for (name, value) in addHeaders where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
                 headers.add(name: name, value: value)
             }
-            exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: target.forwarded, headers: headers)
+            exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: route.upstreamTarget(target), headers: headers)
             acquireUpstream()
         }
     }

@@ -81,6 +81,10 @@ public struct ProxyRoute: Sendable {
     public var maxBodyBytes: Int
     /// `TRACE` is forwarded only when a route opts in (otherwise 405, as nginx answers).
     public var allowTrace: Bool
+    /// The upstream sees the path without `pathPrefix` (`/static/index.html` → `/index.html`).
+    public var stripPrefix: Bool = false
+    /// The `Host` the upstream receives instead of the client's (`X-Forwarded-Host` keeps it).
+    public var upstreamHost: String? = nil
 
     public init(name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamAddress, requestGuard: any RequestGuard = PublicGuard(),
                 maxBodyBytes: Int = 0, allowTrace: Bool = false) {
@@ -95,11 +99,23 @@ public struct ProxyRoute: Sendable {
 
     /// Whether `path` (canonical) is under this route's prefix, on a segment boundary:
     /// `/api` matches `/api` and `/api/x`, not `/apix`.
-    func covers(_ path: String) -> Bool {
-        guard path.utf8.starts(with: pathPrefix.utf8) else { return false }
-        if pathPrefix.utf8.last == UInt8(ascii: "/") { return true }
-        let rest = path.utf8.dropFirst(pathPrefix.utf8.count)
+    func covers(_ path: String) -> Bool { Self.covers(prefix: pathPrefix, path: path) }
+
+    public static func covers(prefix: String, path: String) -> Bool {
+        guard path.utf8.starts(with: prefix.utf8) else { return false }
+        if prefix.utf8.last == UInt8(ascii: "/") { return true }
+        let rest = path.utf8.dropFirst(prefix.utf8.count)
         return rest.isEmpty || rest.first == UInt8(ascii: "/")
+    }
+
+    /// The target the upstream receives: the canonical one, or with `strip_prefix` the part
+    /// after the prefix, always starting with `/` (`/static/a?b` → `/a?b`, `/static` → `/`).
+    public func upstreamTarget(_ target: RequestTarget) -> String {
+        guard stripPrefix, pathPrefix != "/", covers(target.path) else { return target.forwarded }
+        let kept = pathPrefix.hasSuffix("/") ? pathPrefix.dropLast() : Substring(pathPrefix)
+        var path = String(target.path.dropFirst(kept.count))
+        if path.isEmpty { path = "/" }
+        return target.query.map { "\(path)?\($0)" } ?? path
     }
 }
 

@@ -102,4 +102,27 @@ struct AdmissionRulesTests {
         #expect(nginx == ForwardAuthRequest(method: "GET", uri: "/b?c", accept: [], requestedWith: true))
         #expect(ForwardAuthRequest([:], checkMethod: "HEAD").method == "HEAD")
     }
+
+    @Test("post_logout_redirect: the route that covers rd decides, host-named routes first", arguments: [
+        ("/app/reports?x=1", nil, "/app/bye"),
+        ("/app", nil, "/app/bye"),
+        ("/apple", nil, "https://www.example.com/"),
+        ("/admin/x", nil, "/_auth/sign-in?message=signed_out"),
+        ("/admin/x", "admin.example.com", "/admin-bye"),
+        ("/elsewhere", "admin.example.com", "https://www.example.com/"),
+        (nil, nil, "/_auth/sign-in?message=signed_out"),
+        ("https://docs.example.com/x", nil, "/_auth/sign-in?message=signed_out"),
+    ] as [(String?, String?, String)])
+    func postLogout(rd: String?, host: String?, expected: String) {
+        func route(_ name: String, host: String? = nil, _ prefix: String, after: String?) -> GatewayConfiguration.Route {
+            var r = GatewayConfiguration.Route(name: name, host: host, pathPrefix: prefix, upstream: UpstreamURL(host: "127.0.0.1", port: 1))
+            r.postLogoutRedirect = after
+            return r
+        }
+        let policy = PostLogoutPolicy([
+            route("site", "/", after: "https://www.example.com/"), route("app", "/app", after: "/app/bye"), route("admin", "/admin/", after: nil),
+            route("admin-host", host: "admin.example.com", "/admin", after: "/admin-bye"),
+        ], signIn: "/_auth/sign-in?message=signed_out")
+        #expect(policy.target(from: rd, host: host) == expected)
+    }
 }

@@ -187,7 +187,7 @@ struct GatewayProcessTests {
             """
         let gateway = try GatewayProcess.serve(yaml: yaml)
         defer { gateway.stop() }
-        _ = try await gateway.ports()
+        let ports = try await gateway.ports()
         let unreachable = try #require(await gateway.waitForLine(containing: "session store unreachable"))
         let failed = try #require(await gateway.waitForLine(containing: "redis connection failed"))
         for line in [unreachable, failed] {
@@ -197,6 +197,12 @@ struct GatewayProcessTests {
         let cause = try #require(try JSONSerialization.jsonObject(with: Data(failed.utf8)) as? [String: Any])
         #expect((cause["error"] as? String)?.contains("WRONGPASS") == true, "the cause: \(failed)")
         #expect(!gateway.output.contains { $0.contains("wrong") && !$0.contains("WRONGPASS") }, "the password is never logged")
+        let ready = try await blocking {
+            let c = try RawClient(port: ports.admin)
+            try c.send("GET /readyz HTTP/1.1\r\nHost: a\r\n\r\n")
+            return try c.readResponse()
+        }
+        #expect(ready.status == 503 && ready.text.contains("has not answered since start"), "a replica that never reached its store stays out of rotation")
         let listening = try #require(gateway.output.first { $0.contains("sessiongate listening") })
         #expect((try JSONSerialization.jsonObject(with: Data(listening.utf8)) as? [String: Any])?["level"] as? String == "info")
     }
@@ -259,6 +265,50 @@ struct GatewayProcessTests {
         }
         let start = metrics.split(separator: "\n").first { $0.hasPrefix("process_start_time_seconds ") }.flatMap { Double($0.dropFirst(27)) } ?? 0
         #expect(abs(start - Date().timeIntervalSince1970) < 600, "the process started just now: \(start)")
+    }
+
+    @Test("per route: strip_prefix, upstream_host and post_logout_redirect")
+    func routeOptions() async throws {
+        let upstream = try await TestUpstream.start()
+        defer { Task { await upstream.close() } }
+        let routes = """
+              - name: static
+                path_prefix: /static/
+                upstream: "http://127.0.0.1:\(upstream.port)"
+                auth: public
+                strip_prefix: true
+                upstream_host: "assets.internal:8443"
+                post_logout_redirect: "/static/goodbye.html"
+              - name: app
+                upstream: "http://127.0.0.1:\(upstream.port)"
+                auth: public
+            """
+        let gateway = try GatewayProcess.serve(yaml: gatewayYAML(upstreamPort: upstream.port, routes: routes))
+        defer { gateway.stop() }
+        let port = try await gateway.ports().proxy
+        func send(_ raw: String) async throws -> RawClient.Response {
+            try await blocking {
+                let c = try RawClient(port: port)
+                try c.send(raw)
+                return try c.readResponse()
+            }
+        }
+        #expect(try await send("GET /static/css/site.css?v=2 HTTP/1.1\r\nHost: gw.example.com\r\n\r\n").status == 200)
+        var seen = upstream.stats.withLockedValue { ($0.paths.last, $0.lastHeaders) }
+        #expect(seen.0 == "/css/site.css?v=2", "the prefix is stripped")
+        #expect(seen.1["host"] == ["assets.internal:8443"])
+        #expect(seen.1["x-forwarded-host"] == ["gw.example.com"], "the client's host is kept for the app")
+        #expect(try await send("GET /other HTTP/1.1\r\nHost: gw.example.com\r\n\r\n").status == 200)
+        seen = upstream.stats.withLockedValue { ($0.paths.last, $0.lastHeaders) }
+        #expect(seen.0 == "/other" && seen.1["host"] == ["gw.example.com"], "other routes: unchanged")
+
+        let logout = "POST /_auth/logout?rd=%2Fstatic%2Fapp.html HTTP/1.1\r\nHost: gw.example.com\r\nAccept: text/html\r\nContent-Length: 0\r\n\r\n"
+        let out = try await send(logout)
+        #expect(out.status == 303 && out.header("location") == "/static/goodbye.html", "\(out.status) \(out.header("location") ?? "")")
+        let elsewhere = try await send(logout.replacingOccurrences(of: "%2Fstatic%2Fapp.html", with: "%2Fhome"))
+        #expect(elsewhere.header("location") == "/_auth/sign-in?message=signed_out")
+        let confirm = try await send("GET /_auth/logout?rd=/static/app.html HTTP/1.1\r\nHost: gw.example.com\r\n\r\n")
+        #expect(confirm.text.contains("action=\"/_auth/logout?rd=%2Fstatic%2Fapp.html\""), "the confirm page posts rd on")
     }
 
     @Test("upstream errors are counted by kind")
