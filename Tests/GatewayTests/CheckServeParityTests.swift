@@ -53,11 +53,9 @@ struct CheckServeParityTests {
         ("a Redis host that does not resolve", "  timeout: 250ms", "  redis_url: \"redis://no-such-host.invalid:6379/0\"", 14, "store.redis_url: the host 'no-such-host.invalid' does not resolve", ""),
     ])
     func refusedByBoth(name: String, from: String, to: String, line: Int, message: String, detail: String) async throws {
-        let directory = NSTemporaryDirectory() + "parity-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory + "/secrets", withIntermediateDirectories: true)
+        let directory = try makeSecretsDirectory("parity")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
-        try String(repeating: "k", count: 64).write(toFile: directory + "/session.key", atomically: true, encoding: .utf8)
+        try FileManager.default.createDirectory(atPath: directory + "/secrets", withIntermediateDirectories: true)
         try "too short".write(toFile: directory + "/short.key", atomically: true, encoding: .utf8)
         let (listen, admin) = (try closedPort(), try closedPort())
         let from = from.replacingOccurrences(of: "DIR", with: directory).replacingOccurrences(of: "ADMIN", with: "\(admin)")
@@ -83,11 +81,8 @@ struct CheckServeParityTests {
 
     @Test("a listen address in use: both name the key and the address; check --reload skips the bind")
     func addressInUse() async throws {
-        let directory = NSTemporaryDirectory() + "parity-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try makeSecretsDirectory("parity")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
-        try String(repeating: "k", count: 64).write(toFile: directory + "/session.key", atomically: true, encoding: .utf8)
         // Someone else listens on the public port.
         let (fd, busy) = boundLoopbackSocket()
         #expect(listen(fd, 8) == 0)
@@ -108,11 +103,8 @@ struct CheckServeParityTests {
 
     @Test("a good file: check prints ok and serve starts")
     func goodFile() async throws {
-        let directory = NSTemporaryDirectory() + "parity-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try makeSecretsDirectory("parity")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
-        try String(repeating: "k", count: 64).write(toFile: directory + "/session.key", atomically: true, encoding: .utf8)
         let yaml = Self.yaml(directory: directory, listen: try closedPort(), admin: try closedPort())
         let path = directory + "/sessiongate.yaml"
         try yaml.write(toFile: path, atomically: true, encoding: .utf8)

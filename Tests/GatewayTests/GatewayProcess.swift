@@ -1,3 +1,4 @@
+import Crypto
 import TestSupport
 import Foundation
 import NIOConcurrencyHelpers
@@ -10,6 +11,17 @@ var sessiongateBinary: String {
     let path = "\(repositoryRoot)/.build/debug/sessiongate"
     precondition(FileManager.default.isExecutableFile(atPath: path), "build first: swift build (make test does)")
     return path
+}
+
+/// A fresh directory with what a gateway with sign-in reads at start: `AuthKey.p8` (a P-256
+/// key), `session.key` (64 bytes) and `assertion.pem`. The caller removes it.
+func makeSecretsDirectory(_ label: String) throws -> String {
+    let directory = NSTemporaryDirectory() + "\(label)-\(UUID().uuidString)"
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
+    try String(repeating: "k", count: 64).write(toFile: directory + "/session.key", atomically: true, encoding: .utf8)
+    try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/assertion.pem", atomically: true, encoding: .utf8)
+    return directory
 }
 
 /// `sessiongate` run as a real process, its output collected line by line.

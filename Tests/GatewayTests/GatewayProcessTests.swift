@@ -111,10 +111,8 @@ struct GatewayProcessTests {
 
     @Test("check prints ok for the shipped demo configuration once its key exists (the demo writes it)")
     func checkValid() async throws {
-        let directory = NSTemporaryDirectory() + "demo-check-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try makeSecretsDirectory("demo-check")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
         let demo = try String(contentsOfFile: "\(repositoryRoot)/conf/demo.yaml", encoding: .utf8)
         let keyLine = try #require(demo.split(separator: "\n").first { $0.contains("private_key_file:") })
         let path = directory + "/demo.yaml"
@@ -209,26 +207,9 @@ struct GatewayProcessTests {
 
     @Test("every metric family is exported from the first scrape; --version and build_info agree")
     func metricsFromStart() async throws {
-        let directory = NSTemporaryDirectory() + "metrics-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try makeSecretsDirectory("metrics")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
-        let yaml = """
-            server:
-              listen: "127.0.0.1:0"
-              admin_listen: "127.0.0.1:0"
-              public_url: "http://localhost:8080"
-            apple:
-              team_id: "ABCDE12345"
-              client_ids: ["com.example.web"]
-              key_id: "KEY1234567"
-              private_key_file: "\(directory)/AuthKey.p8"
-              base_url: "http://127.0.0.1:1"
-            routes:
-              - name: app
-                upstream: "http://127.0.0.1:1"
-            """
-        let gateway = try GatewayProcess.serve(yaml: yaml)
+        let gateway = try GatewayProcess.serve(yaml: CheckServeParityTests.yaml(directory: directory, listen: 0, admin: 0))
         defer { gateway.stop() }
         let admin = try await gateway.ports().admin
         let metrics = try await blocking {

@@ -104,13 +104,9 @@ struct ReloadProcessTests {
 
     @Test("every reloadable key applies at once for new requests; old and new identity header names are never spoofable")
     func everyReloadableKey() async throws {
-        let directory = NSTemporaryDirectory() + "reload-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try makeSecretsDirectory("reload")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let appleKey = P256.Signing.PrivateKey()
-        try appleKey.pemRepresentation.write(toFile: directory + "/AuthKey.p8", atomically: true, encoding: .utf8)
-        try String(repeating: "s", count: 64).write(toFile: directory + "/session.key", atomically: true, encoding: .utf8)
-        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/assertion.pem", atomically: true, encoding: .utf8)
+        let appleKey = try P256.Signing.PrivateKey(pemRepresentation: String(contentsOfFile: directory + "/AuthKey.p8", encoding: .utf8))
         let port = try closedPort()
         let origin = "http://localhost:\(port)"
         let simulator = try await SimulatedAppleID.start(team: .init(
