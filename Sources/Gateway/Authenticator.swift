@@ -1,5 +1,5 @@
 import AppleID
-import AsyncHTTPClient
+import Crypto
 import Foundation
 import GatewayConfig
 import HTTPProxy
@@ -8,7 +8,6 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-import Redis
 import Sessions
 
 /// A session as the hot path keeps it in the local cache: the stored session plus the identity
@@ -34,248 +33,6 @@ enum Resolution {
     case unavailable
     /// Apple could not confirm the session for longer than `apple.outage_grace`: 503.
     case appleUnavailable
-}
-
-/// How long sessions live (milliseconds); reloadable.
-struct SessionTimes: Sendable, Equatable {
-    var idle: Int64
-    var absolute: Int64
-
-    func isLive(_ s: StoredSession, now t: Int64) -> Bool {
-        !s.isRevoked && t - s.session.created < absolute && t - s.session.lastSeen < idle
-    }
-}
-
-/// What sign-in and admission keep for the life of the process, whatever reloads do: session
-/// keys, the store and its local cache, the Apple client, pub/sub, open tunnels. Built once at
-/// start from the keys a reload may not change (`ReloadRules.restartOnly`).
-final class AuthCore: Sendable {
-    let keys: SessionKeys
-    let store: any SessionStore
-    let cache: LocalSessionCache<CachedSession>
-    let apple: AppleServices?
-    /// The identity-assertion key (PEM), when assertions are enabled; each configuration
-    /// generation makes its signer (issuer and lifetime reload).
-    let assertionKeyPEM: String?
-    let storeTimeout: TimeAmount
-    let now: @Sendable () -> Int64
-    let metrics: GatewayMetrics
-    /// Daily re-validation with Apple (when `apple:` is configured).
-    let revalidator: Revalidator?
-    /// Open WebSocket tunnels, ended when their session is.
-    let tunnels = TunnelRegistry()
-    /// Session lifetimes of the running configuration, for checks outside a request.
-    let times: NIOLockedValueBox<SessionTimes>
-    /// Where background checks (tunnels after an invalidation) run.
-    private let backgroundLoop: any EventLoop
-    let logger: Logger
-    private let redis: RedisClient?
-    private let httpClient: HTTPClient?
-    /// Pub/sub: every instance drops invalidated sessions and users from its local cache.
-    private let subscriber: RedisSubscriber?
-    let invalidationChannel: String
-
-    /// Reads the secrets and connects nothing yet (Redis connects on first use).
-    init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
-         now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
-        let weak = NIOLockedValueBox(WeakCore())
-        backgroundLoop = group.next()
-        times = NIOLockedValueBox(SessionTimes(idle: Authenticator.milliseconds(c.session.idleTimeout),
-                                               absolute: Authenticator.milliseconds(c.session.absoluteTimeout)))
-        let secret: [UInt8]
-        if let reference = c.session.secretFile {
-            secret = try reference.read(key: "session.secret_file")
-        } else {
-            secret = SessionKeys.randomSecret()
-        }
-        do { keys = try SessionKeys(secret: secret) } catch { throw StartupFailure(key: "session.secret_file", "\(error)") }
-        let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
-        self.cache = cache
-        invalidationChannel = c.store.keyPrefix + "invalidate"
-        if let url = c.store.redisURL {
-            let configuration = RedisClient.Configuration(
-                host: url.host, port: url.port, username: url.username, password: url.password, database: url.database,
-                commandTimeout: TimeAmount(c.store.timeout))
-            let client: RedisClient
-            do { client = try RedisClient(configuration: configuration, group: group, logger: logger) } catch {
-                throw StartupFailure(key: "store.redis_url", "the host '\(url.host)' does not resolve")
-            }
-            redis = client
-            store = MeasuredSessionStore(RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix), metrics: metrics)
-            subscriber = try RedisSubscriber(
-                configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
-                onMessage: { _, payload in
-                    Self.applyInvalidation(payload, to: cache, metrics: metrics)
-                    weak.withLockedValue { $0.value }?.recheckTunnels(payload)
-                },
-                onConnected: {
-                    // Messages may have been missed while disconnected.
-                    cache.flush()
-                })
-        } else {
-            redis = nil
-            subscriber = nil
-            store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
-        }
-        if let a = c.apple {
-            var http = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
-            http.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: Revalidator.concurrentAppleCalls)
-            let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: http)
-            httpClient = client
-            do {
-                let services = try AppleServices(configuration: a, httpClient: client, logger: logger)
-                // Minted now, not at the first sign-in: the key is proven at start and the
-                // secret's expiry is a metric from the first scrape.
-                for id in services.clientIDs { _ = services.secrets.secret(for: id) }
-                apple = services
-            } catch {
-                try? client.syncShutdown()
-                throw error
-            }
-        } else {
-            httpClient = nil
-            apple = nil
-        }
-        if c.identity.assertion.enabled, let reference = c.identity.assertion.keyFile {
-            let pem = String(decoding: try reference.read(key: "identity.assertion.key_file"), as: UTF8.self)
-            guard (try? IdentityAssertionSigner(pem: pem, issuer: "", ttl: 1)) != nil else {
-                throw StartupFailure(key: "identity.assertion.key_file", "not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
-            }
-            assertionKeyPEM = pem
-        } else {
-            assertionKeyPEM = nil
-        }
-        storeTimeout = TimeAmount(c.store.timeout)
-        self.now = now
-        self.metrics = metrics
-        self.logger = logger
-        if let apple, let a = c.apple {
-            revalidator = Revalidator(
-                apple: apple, store: store, keys: keys, after: Authenticator.milliseconds(a.revalidateAfter),
-                grace: Authenticator.milliseconds(a.revalidateGrace), outageGrace: Authenticator.milliseconds(a.outageGrace),
-                appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
-                onRevoked: { sub, loop in
-                    guard let core = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
-                    return core.revokeUser(sub, source: .appleInvalidGrant, on: loop)
-                })
-        } else {
-            revalidator = nil
-        }
-        weak.withLockedValue { $0.value = self }
-    }
-
-    /// Starts listening for invalidations (Redis only).
-    func start() {
-        subscriber?.start()
-    }
-
-    /// Releases what `init` made when the process will not run (nothing was started or connected).
-    func abandon() {
-        try? httpClient?.syncShutdown()
-    }
-
-    func shutdown() async {
-        await subscriber?.stop()
-        await redis?.close()
-        try? await httpClient?.shutdown()
-    }
-
-    /// Fails with `SessionStoreError` when `future` has not completed within `store.timeout`.
-    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
-        let promise = loop.makePromise(of: T.self)
-        let timer = loop.scheduleTask(in: storeTimeout) { promise.fail(SessionStoreError("no answer within store.timeout")) }
-        future.hop(to: loop).whenComplete { result in
-            timer.cancel()
-            promise.completeWith(result)
-        }
-        return promise.futureResult
-    }
-
-    // MARK: ending sessions
-
-    /// Why sessions ended (a metric label).
-    enum RevocationSource: String {
-        case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
-    }
-
-    /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this
-    /// instance's cache at once and from every other instance's through pub/sub.
-    func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
-        cache.invalidate(sub: sub)
-        return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
-            self.cache.invalidate(sub: sub)
-            self.publish("user \(sub)", on: loop)
-            self.recheckTunnels(self.tunnels.tunnels(of: sub))
-            self.metrics.recordRevocation(source: source.rawValue)
-            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
-            return count
-        }
-    }
-
-    /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
-    func invalidateUser(_ sub: String, on loop: any EventLoop) {
-        cache.invalidate(sub: sub)
-        publish("user \(sub)", on: loop)
-    }
-
-    /// Ends one session (logout) here and on every instance.
-    func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        cache.invalidate(handle)
-        return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
-            self.publish("session \(handle.key)", on: loop)
-            self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
-        }
-    }
-
-    /// After an invalidation message: the tunnels it names are checked.
-    func recheckTunnels(_ payload: [UInt8]) {
-        guard tunnels.count > 0 else { return }
-        let text = String(decoding: payload, as: UTF8.self)
-        if text.hasPrefix("user ") {
-            recheckTunnels(tunnels.tunnels(of: String(text.dropFirst(5))))
-        } else if text.hasPrefix("session ") {
-            recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
-        }
-    }
-
-    /// Ends each tunnel whose session is gone, revoked or expired. A store that does not answer
-    /// ends nothing (a dependency failure never ends a session).
-    private func recheckTunnels(_ entries: [TunnelRegistry.Entry]) {
-        let loop = backgroundLoop
-        for entry in entries {
-            withDeadline(store.load(entry.handle, on: loop), on: loop).whenSuccess { stored in
-                guard let stored, self.times.withLockedValue({ $0 }).isLive(stored, now: self.now()) else {
-                    self.logger.info("WebSocket tunnel closed: its session ended")
-                    return entry.lease.end()
-                }
-            }
-        }
-    }
-
-    private func publish(_ message: String, on loop: any EventLoop) {
-        guard let redis else { return }
-        redis.send(["PUBLISH", .string(invalidationChannel), .string(message)], on: loop).whenFailure { error in
-            self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
-                                metadata: ["error": "\(error)"])
-        }
-    }
-
-    /// `user <sub>` or `session <hash>`, as published by `revokeUser`, `endSession` and
-    /// `sessiongate sessions revoke`.
-    static func applyInvalidation(_ payload: [UInt8], to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
-        let text = String(decoding: payload, as: UTF8.self)
-        metrics.invalidationsReceived.increment()
-        if text.hasPrefix("user ") {
-            cache.invalidate(sub: String(text.dropFirst(5)))
-        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
-            cache.invalidate(handle)
-        }
-    }
-}
-
-/// Lets the revalidator and the subscriber reach the core without a retain cycle.
-struct WeakCore {
-    weak var value: AuthCore?
 }
 
 /// Sign-in and admission under one configuration generation: the settings a reload may change
@@ -570,6 +327,8 @@ final class Authenticator: Sendable {
             cached.assertion = nil
             let (headers, generation) = (cached.headers, generation)
             cache.update(handle, on: loop) {
+                // A request of an older generation finishing late must not undo a newer rebuild.
+                guard $0.generation < generation else { return }
                 $0.headers = headers
                 $0.generation = generation
                 $0.assertion = nil
@@ -582,7 +341,11 @@ final class Authenticator: Sendable {
         }
         let user = cached.stored.user
         let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name), audience: route, now: t)
-        cache.update(handle, on: loop) { $0.assertion = (route, token, t + assertion.ttl) }
+        let generation = self.generation
+        cache.update(handle, on: loop) {
+            guard $0.generation == generation else { return }
+            $0.assertion = (route, token, t + assertion.ttl)
+        }
         return cached.headers + [(names.assertion, token)]
     }
 
@@ -630,43 +393,3 @@ final class Authenticator: Sendable {
         ("set-cookie", "\(name)=; Path=/; Secure; HttpOnly; SameSite=\(sameSiteNone ? "None" : "Lax"); Max-Age=0")
     }
 }
-
-/// The Apple side of sign-in: the token client and the identity-token verifier.
-struct AppleServices: Sendable {
-    let tokens: AppleTokenClient
-    let verifier: IdentityTokenVerifier
-    let notifications: NotificationVerifier
-    let secrets: ClientSecretMinter
-    let keySet: AppleKeySet
-    let clientIDs: [String]
-    let baseURL: String
-
-    init(configuration a: GatewayConfiguration.Apple, httpClient: HTTPClient, logger: Logger) throws {
-        let pem = String(decoding: try a.privateKeyFile.read(key: "apple.private_key_file"), as: UTF8.self)
-        let minter: ClientSecretMinter
-        do {
-            minter = try ClientSecretMinter(teamID: a.teamID, keyID: a.keyID, privateKeyPEM: pem)
-        } catch {
-            throw StartupFailure(key: "apple.private_key_file", "\(error)")
-        }
-        let timeout = TimeAmount(a.timeout)
-        secrets = minter
-        tokens = AppleTokenClient(baseURL: a.baseURL, httpClient: httpClient, secrets: minter, timeout: timeout, logger: logger)
-        let keySet = AppleKeySet(baseURL: a.baseURL, httpClient: httpClient, timeout: timeout, logger: logger)
-        self.keySet = keySet
-        verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs)
-        notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs)
-        clientIDs = a.clientIDs
-        baseURL = a.baseURL
-    }
-
-    /// The Services ID: the web flow's client id.
-    var webClientID: String { clientIDs[0] }
-}
-
-extension TimeAmount {
-    init(_ duration: Duration) {
-        self = .nanoseconds(duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
-    }
-}
-

@@ -32,10 +32,10 @@ public final class GatewayService: Service, Sendable {
     var authenticator: Authenticator { running.withLockedValue { $0.auth } }
     private let core: AuthCore
 
-    /// - Parameters:
-    ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
     /// Resolves upstream host names (blocking; not on an event loop): a name that does not
     /// resolve is an error, as in nginx.
+    /// - Parameters:
+    ///   - configPath: re-read on SIGHUP; `nil` disables reloads.
     ///   - clock: Unix milliseconds for session times (tests move it; default: the wall clock).
     public init(configuration: GatewayConfiguration, configPath: String?, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger,
                 clock: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
@@ -207,6 +207,7 @@ public final class GatewayService: Service, Sendable {
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(1))
             await checkStore()
+            metrics.collectProcessMetrics()
         }
     }
 
@@ -283,7 +284,8 @@ public final class GatewayService: Service, Sendable {
     @discardableResult
     public func reload() -> ReloadOutcome {
         guard let configPath else { return .invalid }
-        let outcome = attemptReload(configPath)
+        // One reload at a time: the generation read, the checks and the swap are one step.
+        let outcome = reloading.withLock { attemptReload(configPath) }
         switch outcome {
         case .applied: metrics.reloadsSucceeded.increment()
         case .invalid: metrics.reloadsFailed.increment()
@@ -292,6 +294,9 @@ public final class GatewayService: Service, Sendable {
         return outcome
     }
 
+    private let reloading = NIOLock()
+
+    /// Called with `reloading` held. Resolves upstream names (blocking): never on an event loop.
     private func attemptReload(_ configPath: String) -> ReloadOutcome {
         let result = GatewayConfiguration.load(file: configPath)
         for problem in result.problems {
@@ -304,6 +309,7 @@ public final class GatewayService: Service, Sendable {
         }
         let (previous, generation) = running.withLockedValue { ($0.configuration, $0.auth.generation) }
         let refusal = ReloadRules.refusal(running: previous, next: next, locations: result.locations)
+            + core.changedSecrets(next, locations: result.locations)
         guard refusal.isEmpty else {
             for problem in refusal { logger.error("\(configPath):\(problem)") }
             logger.error("configuration reload refused: keys that apply only at restart changed; the running configuration stays",

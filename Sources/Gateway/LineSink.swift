@@ -24,7 +24,8 @@ public final class LineSink: @unchecked Sendable {
     init(fd: Int32, capacity: Int = 8 << 20) {
         self.fd = fd
         self.capacity = capacity
-        let thread = Thread { [unowned self] in self.run() }
+        // The sinks live as long as the process (two static instances): the thread keeps its sink.
+        let thread = Thread { self.run() }
         thread.name = "sessiongate-log-\(fd)"
         thread.start()
     }
@@ -51,11 +52,15 @@ public final class LineSink: @unchecked Sendable {
         return dropped
     }
 
-    /// Suspends the calling thread until every line appended so far is written (exit paths).
-    public func flush() {
+    /// Suspends the calling thread until every line appended so far is written, or `timeout`
+    /// has passed (a reader that stopped reading must not hold the process at exit).
+    public func flush(timeout: TimeInterval = 2) {
+        let deadline = Date(timeIntervalSinceNow: timeout)
         condition.lock()
         defer { condition.unlock() }
-        while !pending.isEmpty || writing { condition.wait() }
+        while !pending.isEmpty || writing {
+            if !condition.wait(until: deadline) { return }
+        }
     }
 
     private func run() {
@@ -74,11 +79,24 @@ public final class LineSink: @unchecked Sendable {
             var offset = 0
             while offset < batch.count {
                 let n = batch.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-                if n > 0 { offset += n } else if n < 0, errno == EINTR { continue } else { break }
+                if n > 0 {
+                    offset += n
+                } else if n < 0, errno == EINTR {
+                    continue
+                } else if n < 0, errno == EAGAIN || errno == EWOULDBLOCK {
+                    // A non-blocking descriptor inherited from the parent: wait until it drains.
+                    var waitFor = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+                    _ = poll(&waitFor, 1, 1000)
+                } else {
+                    break
+                }
             }
+            // What could not be written (a closed pipe, a bad descriptor) is counted as dropped.
+            let lost = offset < batch.count ? batch[offset...].reduce(0) { $1 == UInt8(ascii: "\n") ? $0 + 1 : $0 } : 0
             batch.removeAll(keepingCapacity: true)
 
             condition.lock()
+            dropped += lost
             writing = false
             condition.broadcast()
             condition.unlock()

@@ -47,9 +47,15 @@ func describe(_ error: any Error, file: String, locations: [String: ConfigLocati
     return "\(file): error: \(error)"
 }
 
+/// A line on standard error, in order with the log lines written before it.
 func printError(_ line: String) {
-    var text = line + "\n"
-    text.withUTF8 { buffer in _ = write(2, buffer.baseAddress, buffer.count) }
+    LineSink.standardError.write(line + "\n")
+}
+
+/// Writes out what the logs still hold (every command's exit path).
+func flushLogs() {
+    LineSink.standardError.flush()
+    LineSink.standardOutput.flush()
 }
 
 /// The main log on standard error, as `server.log` says (text, info before a file is read).
@@ -73,9 +79,11 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup var options: ConfigOption
 
     func run() async throws {
+        // A closed log pipe must not kill the gateway (NIO's sockets never raise SIGPIPE).
+        signal(SIGPIPE, SIG_IGN)
+        defer { flushLogs() }
         guard let loaded = loadConfiguration(options.config), let configuration = loaded.configuration else { throw ExitCode(1) }
         let logger = makeLogger(configuration.server.log)
-        defer { LineSink.standardError.flush(); LineSink.standardOutput.flush() }
         let service: GatewayService
         do {
             service = try GatewayService(configuration: configuration, configPath: options.config, logger: logger)
@@ -117,6 +125,7 @@ struct Check: AsyncParsableCommand {
     var reload = false
 
     func run() async throws {
+        defer { flushLogs() }
         let result = GatewayConfiguration.load(file: options.config)
         for problem in result.problems { print("\(options.config):\(problem)") }
         guard let configuration = result.configuration else { throw ExitCode(1) }
@@ -152,6 +161,8 @@ struct Demo: AsyncParsableCommand {
     var config: String = "conf/demo.yaml"
 
     func run() async throws {
+        signal(SIGPIPE, SIG_IGN)
+        defer { flushLogs() }
         guard var configuration = loadConfiguration(config, printWarnings: false)?.configuration, let apple = configuration.apple,
               let upstreamURL = configuration.routes.last?.upstream else { throw ExitCode(1) }
         guard case .file(let keyPath) = apple.privateKeyFile, let base = ListenAddress.parse(String(apple.baseURL.split(separator: "/").last ?? "")),

@@ -43,6 +43,7 @@ struct SessionsCommand: AsyncParsableCommand {
         @OptionGroup var target: Target
 
         func run() async throws {
+            defer { flushLogs() }
             let (store, client, _) = try SessionsCommand.store(target.options.config)
             defer { Task { await client.close() } }
             let loop = MultiThreadedEventLoopGroup.singleton.next()
@@ -68,6 +69,7 @@ struct SessionsCommand: AsyncParsableCommand {
         @OptionGroup var target: Target
 
         func run() async throws {
+            defer { flushLogs() }
             let (store, client, prefix) = try SessionsCommand.store(target.options.config)
             defer { Task { await client.close() } }
             let loop = MultiThreadedEventLoopGroup.singleton.next()

@@ -239,6 +239,16 @@ struct ReloadProcessTests {
         #expect(metrics.contains(#"sessiongate_config_reloads_total{result="refused"} 2"#))
         #expect(metrics.contains(#"sessiongate_config_reloads_total{result="invalid"} 0"#))
 
+        // A secret replaced in place is read only at start: the reload says so instead of
+        // pretending to apply it; put back, the same file reloads again.
+        let secretPath = directory + "/session.key"
+        let original = try Data(contentsOf: URL(fileURLWithPath: secretPath))
+        try Data(String(repeating: "r", count: 64).utf8).write(to: URL(fileURLWithPath: secretPath))
+        let mark = gateway.output.count
+        #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reload refused") == true)
+        #expect(gateway.output.dropFirst(mark).contains { $0.contains("error: session.secret_file: \(secretPath): the content changed") }, "\(gateway.output.dropFirst(mark))")
+        try original.write(to: URL(fileURLWithPath: secretPath))
+
         // Reload E: idle lifetime and drain deadline. Under idle_timeout 2s a session unused for
         // longer has ended (nothing to await but time); under 1h it was live.
         settings.idle = "2s"

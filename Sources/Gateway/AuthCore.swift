@@ -1,0 +1,285 @@
+import AppleID
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import GatewayConfig
+import HTTPProxy
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Redis
+import Sessions
+
+/// How long sessions live (milliseconds); reloadable.
+struct SessionTimes: Sendable, Equatable {
+    var idle: Int64
+    var absolute: Int64
+
+    func isLive(_ s: StoredSession, now t: Int64) -> Bool {
+        !s.isRevoked && t - s.session.created < absolute && t - s.session.lastSeen < idle
+    }
+}
+
+/// What sign-in and admission keep for the life of the process, whatever reloads do: session
+/// keys, the store and its local cache, the Apple client, pub/sub, open tunnels. Built once at
+/// start from the keys a reload may not change (`ReloadRules.restartOnly`).
+final class AuthCore: Sendable {
+    let keys: SessionKeys
+    let store: any SessionStore
+    let cache: LocalSessionCache<CachedSession>
+    let apple: AppleServices?
+    /// The identity-assertion key (PEM), when assertions are enabled; each configuration
+    /// generation makes its signer (issuer and lifetime reload).
+    let assertionKeyPEM: String?
+    let storeTimeout: TimeAmount
+    /// What the secret files held at start, by key: a reload whose files changed in place is
+    /// refused (they are read only at start), not silently ignored.
+    private let secretDigests: [String: SHA256Digest]
+    let now: @Sendable () -> Int64
+    let metrics: GatewayMetrics
+    /// Daily re-validation with Apple (when `apple:` is configured).
+    let revalidator: Revalidator?
+    /// Open WebSocket tunnels, ended when their session is.
+    let tunnels = TunnelRegistry()
+    /// Session lifetimes of the running configuration, for checks outside a request.
+    let times: NIOLockedValueBox<SessionTimes>
+    /// Where background checks (tunnels after an invalidation) run.
+    private let backgroundLoop: any EventLoop
+    let logger: Logger
+    private let redis: RedisClient?
+    private let httpClient: HTTPClient?
+    /// Pub/sub: every instance drops invalidated sessions and users from its local cache.
+    private let subscriber: RedisSubscriber?
+    let invalidationChannel: String
+
+    /// Reads the secrets and connects nothing yet (Redis connects on first use).
+    init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
+         now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
+        let weak = NIOLockedValueBox(WeakCore())
+        backgroundLoop = group.next()
+        times = NIOLockedValueBox(SessionTimes(idle: Authenticator.milliseconds(c.session.idleTimeout),
+                                               absolute: Authenticator.milliseconds(c.session.absoluteTimeout)))
+        let secret: [UInt8]
+        var digests: [String: SHA256Digest] = [:]
+        if let reference = c.session.secretFile {
+            secret = try reference.read(key: "session.secret_file")
+            digests["session.secret_file"] = SHA256.hash(data: secret)
+        } else {
+            secret = SessionKeys.randomSecret()
+        }
+        do { keys = try SessionKeys(secret: secret) } catch { throw StartupFailure(key: "session.secret_file", "\(error)") }
+        let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
+        self.cache = cache
+        invalidationChannel = c.store.keyPrefix + "invalidate"
+        if let url = c.store.redisURL {
+            let configuration = RedisClient.Configuration(
+                host: url.host, port: url.port, username: url.username, password: url.password, database: url.database,
+                commandTimeout: TimeAmount(c.store.timeout))
+            let client: RedisClient
+            do { client = try RedisClient(configuration: configuration, group: group, logger: logger) } catch {
+                throw StartupFailure(key: "store.redis_url", "the host '\(url.host)' does not resolve")
+            }
+            redis = client
+            store = MeasuredSessionStore(RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix), metrics: metrics)
+            subscriber = try RedisSubscriber(
+                configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
+                onMessage: { _, payload in
+                    Self.applyInvalidation(payload, to: cache, metrics: metrics)
+                    weak.withLockedValue { $0.value }?.recheckTunnels(payload)
+                },
+                onConnected: {
+                    // Messages may have been missed while disconnected.
+                    cache.flush()
+                })
+        } else {
+            redis = nil
+            subscriber = nil
+            store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
+        }
+        // Every secret is read before the Apple client exists: a failure here leaves nothing to close.
+        if c.identity.assertion.enabled, let reference = c.identity.assertion.keyFile {
+            let bytes = try reference.read(key: "identity.assertion.key_file")
+            digests["identity.assertion.key_file"] = SHA256.hash(data: bytes)
+            let pem = String(decoding: bytes, as: UTF8.self)
+            guard (try? IdentityAssertionSigner(pem: pem, issuer: "", ttl: 1)) != nil else {
+                throw StartupFailure(key: "identity.assertion.key_file", "not a PEM P-256 private key (openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)")
+            }
+            assertionKeyPEM = pem
+        } else {
+            assertionKeyPEM = nil
+        }
+        if let a = c.apple {
+            var http = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
+            http.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: Revalidator.concurrentAppleCalls)
+            let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: http)
+            httpClient = client
+            do {
+                let services = try AppleServices(configuration: a, httpClient: client, logger: logger)
+                digests["apple.private_key_file"] = services.keyDigest
+                // Minted now, not at the first sign-in: the key is proven at start and the
+                // secret's expiry is a metric from the first scrape.
+                for id in services.clientIDs { _ = services.secrets.secret(for: id) }
+                apple = services
+            } catch {
+                try? client.syncShutdown()
+                throw error
+            }
+        } else {
+            httpClient = nil
+            apple = nil
+        }
+        secretDigests = digests
+        storeTimeout = TimeAmount(c.store.timeout)
+        self.now = now
+        self.metrics = metrics
+        self.logger = logger
+        if let apple, let a = c.apple {
+            revalidator = Revalidator(
+                apple: apple, store: store, keys: keys, after: Authenticator.milliseconds(a.revalidateAfter),
+                grace: Authenticator.milliseconds(a.revalidateGrace), outageGrace: Authenticator.milliseconds(a.outageGrace),
+                appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
+                onRevoked: { sub, loop in
+                    guard let core = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
+                    return core.revokeUser(sub, source: .appleInvalidGrant, on: loop)
+                })
+        } else {
+            revalidator = nil
+        }
+        weak.withLockedValue { $0.value = self }
+    }
+
+    /// The secret files of `c` whose content differs from what was read at start (or that can
+    /// no longer be read), as problems for a refused reload.
+    func changedSecrets(_ c: GatewayConfiguration, locations: [String: ConfigLocation]) -> [ConfigProblem] {
+        let references: [(String, SecretReference?)] = [
+            ("session.secret_file", c.session.secretFile), ("apple.private_key_file", c.apple?.privateKeyFile),
+            ("identity.assertion.key_file", c.identity.assertion.enabled ? c.identity.assertion.keyFile : nil),
+        ]
+        return references.compactMap { key, reference -> ConfigProblem? in
+            guard let reference, let before = secretDigests[key] else { return nil }
+            let message: String
+            do {
+                guard SHA256.hash(data: try reference.read(key: key)) != before else { return nil }
+                message = "\(reference): the content changed; it is read only at start: restart to use it (the reload is refused)"
+            } catch {
+                message = "\((error as? StartupFailure)?.message ?? "\(error)") (the running gateway keeps what it read at start; the reload is refused)"
+            }
+            return StartupFailure(key: key, message).problem(locations: locations)
+        }
+    }
+
+    /// Starts listening for invalidations (Redis only).
+    func start() {
+        subscriber?.start()
+    }
+
+    /// Releases what `init` made when the process will not run (nothing was started or connected).
+    func abandon() {
+        try? httpClient?.syncShutdown()
+    }
+
+    func shutdown() async {
+        await subscriber?.stop()
+        await redis?.close()
+        try? await httpClient?.shutdown()
+    }
+
+    /// Fails with `SessionStoreError` when `future` has not completed within `store.timeout`.
+    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
+        let promise = loop.makePromise(of: T.self)
+        let timer = loop.scheduleTask(in: storeTimeout) { promise.fail(SessionStoreError("no answer within store.timeout")) }
+        future.hop(to: loop).whenComplete { result in
+            timer.cancel()
+            promise.completeWith(result)
+        }
+        return promise.futureResult
+    }
+
+    // MARK: ending sessions
+
+    /// Why sessions ended (a metric label).
+    enum RevocationSource: String {
+        case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
+    }
+
+    /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this
+    /// instance's cache at once and from every other instance's through pub/sub.
+    func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        cache.invalidate(sub: sub)
+        return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
+            self.cache.invalidate(sub: sub)
+            self.publish("user \(sub)", on: loop)
+            self.recheckTunnels(self.tunnels.tunnels(of: sub))
+            self.metrics.recordRevocation(source: source.rawValue)
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
+            return count
+        }
+    }
+
+    /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
+    func invalidateUser(_ sub: String, on loop: any EventLoop) {
+        cache.invalidate(sub: sub)
+        publish("user \(sub)", on: loop)
+    }
+
+    /// Ends one session (logout) here and on every instance.
+    func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        cache.invalidate(handle)
+        return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
+            self.publish("session \(handle.key)", on: loop)
+            self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
+        }
+    }
+
+    /// After an invalidation message: the tunnels it names are checked.
+    func recheckTunnels(_ payload: [UInt8]) {
+        guard tunnels.count > 0 else { return }
+        let text = String(decoding: payload, as: UTF8.self)
+        if text.hasPrefix("user ") {
+            recheckTunnels(tunnels.tunnels(of: String(text.dropFirst(5))))
+        } else if text.hasPrefix("session ") {
+            recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
+        }
+    }
+
+    /// Ends each tunnel whose session is gone, revoked or expired. A store that does not answer
+    /// ends nothing (a dependency failure never ends a session).
+    private func recheckTunnels(_ entries: [TunnelRegistry.Entry]) {
+        let loop = backgroundLoop
+        for entry in entries {
+            withDeadline(store.load(entry.handle, on: loop), on: loop).whenSuccess { stored in
+                guard let stored, self.times.withLockedValue({ $0 }).isLive(stored, now: self.now()) else {
+                    self.logger.info("WebSocket tunnel closed: its session ended")
+                    return entry.lease.end()
+                }
+            }
+        }
+    }
+
+    private func publish(_ message: String, on loop: any EventLoop) {
+        guard let redis else { return }
+        redis.send(["PUBLISH", .string(invalidationChannel), .string(message)], on: loop).whenFailure { error in
+            self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
+                                metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// `user <sub>` or `session <hash>`, as published by `revokeUser`, `endSession` and
+    /// `sessiongate sessions revoke`.
+    static func applyInvalidation(_ payload: [UInt8], to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
+        let text = String(decoding: payload, as: UTF8.self)
+        metrics.invalidationsReceived.increment()
+        if text.hasPrefix("user ") {
+            cache.invalidate(sub: String(text.dropFirst(5)))
+        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
+            cache.invalidate(handle)
+        }
+    }
+}
+
+/// Lets the revalidator and the subscriber reach the core without a retain cycle.
+struct WeakCore {
+    weak var value: AuthCore?
+}
