@@ -40,7 +40,7 @@ struct GatewayProcessTests {
             """.write(toFile: path, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: path) }
         // Two sessions for the user and one for someone else, written as the gateway would.
-        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: redis.port), group: .singleton, logger: Logger(label: "t"))
+        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: redis.port, commandTimeout: .seconds(3)), group: .singleton, logger: Logger(label: "t"))
         let store = RedisSessionStore(client: client, keyPrefix: prefix)
         let keys = try SessionKeys(secret: Array(repeating: 9, count: 32))
         let loop = MultiThreadedEventLoopGroup.singleton.next()

@@ -283,7 +283,7 @@ struct RedisSessionEndToEndTests {
         try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
         let process = try RedisServerProcess(arguments: ["--appendonly", "yes", "--appendfsync", "always", "--dir", dataDirectory])
         let h = try await SignInHarness.start(store: .redis, redis: TestRedis(host: "127.0.0.1", port: 0, database: 0, process: process),
-                                              storeTimeout: .milliseconds(250), localCacheTTL: .zero)
+                                              storeTimeout: .seconds(1), localCacheTTL: .zero)  // a second: the sign-in's writes fsync (appendfsync always) on 2 loaded cores
         defer { Task { await h.stop(); try? FileManager.default.removeItem(atPath: dataDirectory) } }
         let sub = h.simulator.createUser()
         let b = TestBrowser(gatewayOrigin: h.origin)

@@ -241,7 +241,8 @@ struct RedisSessionStoreTests {
 
     @Test func storeDownFailsFastWithStoreError() async throws {
         let server = try RedisServerProcess()
-        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, commandTimeout: .milliseconds(250)),
+        // Seconds for the first ping (2 loaded cores); a refused connection fails at once anyway.
+        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, commandTimeout: .seconds(2)),
                                      group: .singleton, logger: Logger(label: "test"))
         let store = RedisSessionStore(client: client)
         let loop = MultiThreadedEventLoopGroup.singleton.next()
