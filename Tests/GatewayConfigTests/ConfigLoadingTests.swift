@@ -217,5 +217,8 @@ struct ConfigValueTests {
         #expect(url.password == "p@ss")
         #expect(RedisURL.parse("redis://localhost")?.port == 6379)
         #expect(RedisURL.parse("redis://localhost/x") == nil)
+        // An ACL user: user:password (the password may hold ':' and an encoded '@').
+        let acl = try #require(RedisURL.parse("redis://gateway:s3:cr%40t@redis.internal"))
+        #expect(acl.username == "gateway" && acl.password == "s3:cr@t" && acl.host == "redis.internal")
     }
 }

@@ -48,4 +48,40 @@ struct RedisSubscriberTests {
         await publisher.close()
         sink.finish()
     }
+
+    @Test("an ACL user (redis://user:password@…) authenticates the command and the pub/sub connections; the default user is off")
+    func aclUser() async throws {
+        let server = try RedisServerProcess(arguments: ["--user", "default", "off", "--user", "gateway", "on", ">s3cret", "~*", "&*", "+@all"])
+        defer { server.stop() }
+        let configuration = RedisClient.Configuration(host: "127.0.0.1", port: server.port, username: "gateway", password: "s3cret",
+                                                      commandTimeout: .seconds(3), minimumBackoff: .milliseconds(20), maximumBackoff: .milliseconds(200))
+        let (events, sink) = AsyncStream.makeStream(of: Event.self)
+        let subscriber = try RedisSubscriber(
+            configuration: configuration, channels: ["sg:invalidate"], eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
+            logger: Logger(label: "test"),
+            onMessage: { channel, payload in sink.yield(.message(channel, String(decoding: payload, as: UTF8.self))) },
+            onConnected: { sink.yield(.connected) })
+        let client = try RedisClient(configuration: configuration, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+        subscriber.start()
+        var iterator = events.makeAsyncIterator()
+        #expect(await iterator.next() == .connected)
+        #expect(try await client.send(["ACL", "WHOAMI"]).string == "gateway")
+        #expect(try await client.send(["PUBLISH", "sg:invalidate", "user 002"]).int == 1)
+        #expect(await iterator.next() == .message("sg:invalidate", "user 002"))
+
+        var wrong = configuration
+        wrong.password = "nope"
+        let refused = try RedisClient(configuration: wrong, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+        await #expect(throws: RedisError.self) { try await refused.send(["PING"]) }
+        var anonymous = configuration
+        anonymous.username = nil
+        anonymous.password = nil
+        let unauthenticated = try RedisClient(configuration: anonymous, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+        await #expect(throws: RedisError.self) { try await unauthenticated.send(["PING"]) }
+        await subscriber.stop()
+        await client.close()
+        await refused.close()
+        await unauthenticated.close()
+        sink.finish()
+    }
 }
