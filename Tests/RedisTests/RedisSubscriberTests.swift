@@ -13,6 +13,17 @@ struct RedisSubscriberTests {
         case message(String, String)
     }
 
+    /// A subscriber to `sg:invalidate` whose connections and messages arrive as events.
+    static func subscriber(_ configuration: RedisClient.Configuration) throws -> (RedisSubscriber, AsyncStream<Event>, AsyncStream<Event>.Continuation) {
+        let (events, sink) = AsyncStream.makeStream(of: Event.self)
+        let subscriber = try RedisSubscriber(
+            configuration: configuration, channels: ["sg:invalidate"], eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
+            logger: Logger(label: "test"),
+            onMessage: { channel, payload in sink.yield(.message(channel, String(decoding: payload, as: UTF8.self))) },
+            onConnected: { sink.yield(.connected) })
+        return (subscriber, events, sink)
+    }
+
     @Test("messages arrive; after Redis restarts the subscriber reconnects, reports it, and receives again")
     func subscribeAndReconnect() async throws {
         let server = try RedisServerProcess(arguments: ["--requirepass", "pw"])
@@ -21,12 +32,7 @@ struct RedisSubscriberTests {
         // take over 250 ms); the reconnect is what this test is about.
         let configuration = RedisClient.Configuration(host: "127.0.0.1", port: server.port, password: "pw", commandTimeout: .seconds(3),
                                                       minimumBackoff: .milliseconds(20), maximumBackoff: .milliseconds(200))
-        let (events, sink) = AsyncStream.makeStream(of: Event.self)
-        let subscriber = try RedisSubscriber(
-            configuration: configuration, channels: ["sg:invalidate"], eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
-            logger: Logger(label: "test"),
-            onMessage: { channel, payload in sink.yield(.message(channel, String(decoding: payload, as: UTF8.self))) },
-            onConnected: { sink.yield(.connected) })
+        let (subscriber, events, sink) = try Self.subscriber(configuration)
         let publisher = try RedisClient(configuration: configuration, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
         subscriber.start()
         var iterator = events.makeAsyncIterator()
@@ -55,12 +61,7 @@ struct RedisSubscriberTests {
         defer { server.stop() }
         let configuration = RedisClient.Configuration(host: "127.0.0.1", port: server.port, username: "gateway", password: "s3cret",
                                                       commandTimeout: .seconds(3), minimumBackoff: .milliseconds(20), maximumBackoff: .milliseconds(200))
-        let (events, sink) = AsyncStream.makeStream(of: Event.self)
-        let subscriber = try RedisSubscriber(
-            configuration: configuration, channels: ["sg:invalidate"], eventLoop: MultiThreadedEventLoopGroup.singleton.next(),
-            logger: Logger(label: "test"),
-            onMessage: { channel, payload in sink.yield(.message(channel, String(decoding: payload, as: UTF8.self))) },
-            onConnected: { sink.yield(.connected) })
+        let (subscriber, events, sink) = try Self.subscriber(configuration)
         let client = try RedisClient(configuration: configuration, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
         subscriber.start()
         var iterator = events.makeAsyncIterator()
