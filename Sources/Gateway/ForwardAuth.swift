@@ -46,8 +46,9 @@ struct ForwardAuthRequest: Equatable {
 }
 
 /// Where `/_auth/logout` sends a browser: the `post_logout_redirect` of the route that covers the
-/// page it signed out from (`rd`: longest prefix on a segment boundary, a route naming the host
-/// first, as requests are routed), else the sign-in page.
+/// page it signed out from (`rd`, matched as `RouteTable` routes a request: the routes naming
+/// the host if any, else the host-less ones; the longest prefix on a segment boundary), else the
+/// sign-in page.
 struct PostLogoutPolicy: Sendable {
     struct Entry: Sendable {
         var host: String?
@@ -68,8 +69,10 @@ struct PostLogoutPolicy: Sendable {
     func target(from rd: String?, host: String?) -> String {
         guard let rd, rd.hasPrefix("/") else { return signIn }
         let path = String(rd.prefix { $0 != "?" && $0 != "#" })
+        // As `RouteTable.match`: when some route names the host, only those routes count (a
+        // path none of them covers is served by no route: the sign-in page).
         let named = entries.filter { $0.host != nil && $0.host == host }
-        let candidates = named.contains { ProxyRoute.covers(prefix: $0.prefix, path: path) } ? named : entries.filter { $0.host == nil }
+        let candidates = named.isEmpty ? entries.filter { $0.host == nil } : named
         return candidates.first { ProxyRoute.covers(prefix: $0.prefix, path: path) }?.target ?? signIn
     }
 }

@@ -109,7 +109,8 @@ struct AdmissionRulesTests {
         ("/apple", nil, "https://www.example.com/"),
         ("/admin/x", nil, "/_auth/sign-in?message=signed_out"),
         ("/admin/x", "admin.example.com", "/admin-bye"),
-        ("/elsewhere", "admin.example.com", "https://www.example.com/"),
+        ("/elsewhere", "admin.example.com", "/_auth/sign-in?message=signed_out"),  // no route serves it on that host
+        ("/elsewhere", "other.example.com", "https://www.example.com/"),
         (nil, nil, "/_auth/sign-in?message=signed_out"),
         ("https://docs.example.com/x", nil, "/_auth/sign-in?message=signed_out"),
     ] as [(String?, String?, String)])
