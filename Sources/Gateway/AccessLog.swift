@@ -25,6 +25,7 @@ struct GatewayObserver: ProxyObserver {
     func clientConnectionClosed() { metrics.clientConnections.decrement() }
     func upstreamConnectionOpened() { metrics.upstreamConnections.increment() }
     func upstreamConnectionClosed() { metrics.upstreamConnections.decrement() }
+    func tlsHandshakeFailed(_ reason: TLSHandshakeFailure) { metrics.recordTLSHandshakeFailure(reason) }
 }
 
 /// One line per exchange on standard output (through `LineSink`: never blocks an event loop).

@@ -52,6 +52,8 @@ final class AuthCore: Sendable {
     private let httpClient: HTTPClient?
     /// Pub/sub: every instance drops invalidated sessions and users from its local cache.
     private let subscriber: RedisSubscriber?
+    /// Behind Redis Sentinel: follows `+switch-master`.
+    private let sentinelWatcher: RedisSentinelWatcher?
     let invalidationChannel: String
 
     /// Reads the secrets and connects nothing yet (Redis connects on first use).
@@ -73,17 +75,14 @@ final class AuthCore: Sendable {
         let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
         self.cache = cache
         invalidationChannel = c.store.keyPrefix + "invalidate"
-        if let url = c.store.redisURL {
-            let configuration = RedisClient.Configuration(
-                host: url.host, port: url.port, username: url.username, password: url.password, database: url.database,
-                commandTimeout: TimeAmount(c.store.timeout))
-            let client: RedisClient
-            do { client = try RedisClient(configuration: configuration, group: group, logger: logger) } catch {
-                throw StartupFailure(key: "store.redis_url", "the host '\(url.host)' does not resolve")
-            }
+        for (key, reference) in Self.storeTLSFiles(c) {
+            if let reference { digests[key] = SHA256.hash(data: try reference.read(key: key)) }
+        }
+        if c.store.redisURL != nil, let configuration = try StoreConnection.configuration(c.store, commandTimeout: TimeAmount(c.store.timeout)) {
+            let client = try StoreConnection.client(configuration, c.store, group: group, logger: logger)
             redis = client
             store = MeasuredSessionStore(RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix), metrics: metrics)
-            subscriber = try RedisSubscriber(
+            let subscriber = try RedisSubscriber(
                 configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
                 onMessage: { _, payload in
                     Self.applyInvalidation(payload, to: cache, metrics: metrics)
@@ -93,9 +92,20 @@ final class AuthCore: Sendable {
                     // Messages may have been missed while disconnected.
                     cache.flush()
                 })
+            self.subscriber = subscriber
+            if configuration.sentinel != nil {
+                sentinelWatcher = try RedisSentinelWatcher(configuration: configuration, eventLoop: group.next(), logger: logger) { master in
+                    logger.notice("redis sentinel: the master moved; reconnecting", metadata: ["master": "\(master)"])
+                    client.reconnect()
+                    subscriber.reconnect()
+                }
+            } else {
+                sentinelWatcher = nil
+            }
         } else {
             redis = nil
             subscriber = nil
+            sentinelWatcher = nil
             store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
         }
         // Every secret is read before the Apple client exists: a failure here leaves nothing to close.
@@ -156,7 +166,7 @@ final class AuthCore: Sendable {
         let references: [(String, SecretReference?)] = [
             ("session.secret_file", c.session.secretFile), ("apple.private_key_file", c.apple?.privateKeyFile),
             ("identity.assertion.key_file", c.identity.assertion.enabled ? c.identity.assertion.keyFile : nil),
-        ]
+        ] + Self.storeTLSFiles(c)
         return references.compactMap { key, reference -> ConfigProblem? in
             guard let reference, let before = secretDigests[key] else { return nil }
             let message: String
@@ -170,9 +180,18 @@ final class AuthCore: Sendable {
         }
     }
 
+    /// Redis's TLS files: read at start only, like the other secrets (a changed file refuses
+    /// the reload rather than being ignored).
+    static func storeTLSFiles(_ c: GatewayConfiguration) -> [(String, SecretReference?)] {
+        guard c.store.redisURL?.tls == true else { return [] }
+        return [("store.tls.ca_file", c.store.tls.caFile), ("store.tls.certificate_file", c.store.tls.certificateFile),
+                ("store.tls.private_key_file", c.store.tls.privateKeyFile)].map { ($0.0, $0.1.map(SecretReference.file)) }
+    }
+
     /// Starts listening for invalidations (Redis only).
     func start() {
         subscriber?.start()
+        sentinelWatcher?.start()
     }
 
     /// Releases what `init` made when the process will not run (nothing was started or connected).
@@ -181,6 +200,7 @@ final class AuthCore: Sendable {
     }
 
     func shutdown() async {
+        await sentinelWatcher?.stop()
         await subscriber?.stop()
         await redis?.close()
         try? await httpClient?.shutdown()

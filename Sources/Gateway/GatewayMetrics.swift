@@ -99,6 +99,24 @@ public final class GatewayMetrics: Sendable {
         }
     }
 
+    static let tlsFailuresHelp = "Client TLS handshakes on the public listener that did not complete, by reason."
+
+    /// Counts a client TLS handshake that did not complete.
+    func recordTLSHandshakeFailure(_ reason: TLSHandshakeFailure) {
+        counter("tls_handshake_failures", help: Self.tlsFailuresHelp, labels: [("reason", reason.rawValue)]).increment()
+    }
+
+    /// The listener certificate's expiry (Unix seconds), set at start and on every reload.
+    func recordCertificateExpiry(_ notValidAfter: Int64) {
+        gauge("tls_certificate_expiry_timestamp", unit: "seconds", help: "When the listener's certificate expires (Unix seconds): alert well before time().",
+              labels: []).set(Double(notValidAfter))
+    }
+
+    /// The TLS families at 0 (only when the listener speaks TLS).
+    func primeTLS() {
+        for reason in TLSHandshakeFailure.allCases { _ = counter("tls_handshake_failures", help: Self.tlsFailuresHelp, labels: [("reason", reason.rawValue)]) }
+    }
+
     static let appleCallsHelp = "Calls to Apple, by endpoint and outcome."
     static let revalidationsHelp = "Refresh-token validations, by kind."
     static let revocationsHelp = "User revocations, by source."

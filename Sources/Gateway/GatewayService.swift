@@ -23,6 +23,9 @@ public final class GatewayService: Service, Sendable {
     public let metrics = GatewayMetrics()
     private let proxy: ProxyServer
     private let admin = NIOLockedValueBox<SimpleHTTPServer?>(nil)
+    private let redirect = NIOLockedValueBox<SimpleHTTPServer?>(nil)
+    /// The listener's certificate (`server.tls`): re-read on every reload.
+    private let tls: TLSTermination?
     /// The running configuration and the sign-in settings built from it: swapped together.
     private let running: NIOLockedValueBox<(configuration: GatewayConfiguration, auth: Authenticator)>
     private let started = NIOLockedValueBox(false)
@@ -50,6 +53,16 @@ public final class GatewayService: Service, Sendable {
         case .json: accessLog = AccessLog(format: .json, sink: .standardOutput)
         }
         let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
+        // Read before anything that must be closed on failure is made.
+        if let files = configuration.server.tls {
+            let certificate = try TLSContexts.server(files)
+            if let warning = certificate.warning { logger.warning("server.tls.certificate_file: \(warning)") }
+            metrics.primeTLS()
+            metrics.recordCertificateExpiry(certificate.notValidAfter)
+            tls = TLSTermination(context: certificate.context, handshakeTimeout: .init(configuration.server.timeouts.tlsHandshake))
+        } else {
+            tls = nil
+        }
         let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger, now: clock)
         metrics.prime(routes: configuration.routes.map(\.name) + ["auth"])
         if let apple = authenticator.core.apple {
@@ -67,7 +80,9 @@ public final class GatewayService: Service, Sendable {
             authenticator.core.abandon()
             throw error
         }
-        self.proxy = ProxyServer(configuration: Self.proxyConfiguration(configuration), routing: routing, group: group, observer: observer, logger: logger)
+        var proxyConfiguration = Self.proxyConfiguration(configuration)
+        proxyConfiguration.tls = tls
+        self.proxy = ProxyServer(configuration: proxyConfiguration, routing: routing, group: group, observer: observer, logger: logger)
     }
 
     static func proxyConfiguration(_ c: GatewayConfiguration) -> ProxyConfiguration {
@@ -83,12 +98,13 @@ public final class GatewayService: Service, Sendable {
     /// auth endpoints (`server.auth_prefix`) come first for every host.
     static func routing(_ c: GatewayConfiguration, _ auth: Authenticator) throws -> RoutingSnapshot {
         let routes = try c.routes.enumerated().map { index, route in
-            let address: UpstreamAddress
+            var address: UpstreamAddress
             do {
                 address = try UpstreamAddress(host: route.upstream.host, port: route.upstream.port).resolved()
             } catch {
                 throw StartupFailure(key: "routes[\(index)].upstream", "the host '\(route.upstream.host)' does not resolve")
             }
+            address.tls = try TLSContexts.upstream(route, index: index)
             var proxyRoute = ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
                                         requestGuard: SessionGuard(auth: auth, route: route),
                                         maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace)
@@ -111,10 +127,16 @@ public final class GatewayService: Service, Sendable {
     // MARK: start-up checks (`check` runs them too)
 
     /// Everything `serve` does before it binds: reads and parses every secret and key file
-    /// (`session.secret_file`, `apple.private_key_file`, `identity.assertion.key_file`) and
-    /// resolves every host name (Redis, upstreams). Connects to nothing. `check` runs it, so
-    /// that a file `check` passes is one `serve` starts with.
-    public static func preflight(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) async throws {
+    /// (`session.secret_file`, `apple.private_key_file`, `identity.assertion.key_file`, TLS
+    /// certificates and keys, CA files) and resolves every host name (Redis, upstreams).
+    /// Connects to nothing. `check` runs it, so that a file `check` passes is one `serve` starts
+    /// with. Returns what is worth a warning (a certificate close to its expiry).
+    @discardableResult
+    public static func preflight(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger) async throws -> [StartupFailure] {
+        var warnings: [StartupFailure] = []
+        if let files = c.server.tls, let warning = try TLSContexts.server(files).warning {
+            warnings.append(StartupFailure(key: "server.tls.certificate_file", warning))
+        }
         let core = try AuthCore(configuration: c, group: group, metrics: GatewayMetrics(), logger: logger)
         do {
             _ = try routing(c, Authenticator(core: core, configuration: c, generation: 0))
@@ -123,13 +145,16 @@ public final class GatewayService: Service, Sendable {
             throw error
         }
         await core.shutdown()
+        return warnings
     }
 
     /// Binds and at once closes each listen address with a fixed port: an address in use (or
     /// not local) is reported as `serve` would report it.
     public static func probeListeners(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup = .singleton) async -> [StartupFailure] {
         var failures: [StartupFailure] = []
-        for (key, address) in [("server.listen", c.server.listen), ("server.admin_listen", c.server.adminListen)] where address.port != 0 {
+        let listeners = [("server.listen", c.server.listen), ("server.admin_listen", c.server.adminListen)]
+            + (c.server.redirectHTTPListen.map { [("server.redirect_http_listen", $0)] } ?? [])
+        for (key, address) in listeners where address.port != 0 {
             do {
                 let channel = try await ServerBootstrap(group: group).serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                     .bind(host: address.host, port: address.port).get()
@@ -160,6 +185,7 @@ public final class GatewayService: Service, Sendable {
     /// The bound public address once running (tests listen on port 0).
     public var proxyAddress: SocketAddress? { proxy.localAddress }
     public var adminAddress: SocketAddress? { admin.withLockedValue { $0?.localAddress } }
+    public var redirectAddress: SocketAddress? { redirect.withLockedValue { $0?.localAddress } }
 
     /// Suspends until both listeners are bound.
     public func waitUntilStarted() async {
@@ -231,10 +257,25 @@ public final class GatewayService: Service, Sendable {
             throw Self.bindFailure(error, key: "server.admin_listen", initial.server.adminListen)
         }
         admin.withLockedValue { $0 = adminServer }
+        if let listen = initial.server.redirectHTTPListen {
+            let rule = HTTPSRedirect(initial)
+            do {
+                let server = try await SimpleHTTPServer.start(host: listen.host, port: listen.port, group: group) { request in
+                    rule.response(host: request.head.headers.first(name: "host"), target: request.head.uri)
+                }
+                redirect.withLockedValue { $0 = server }
+            } catch {
+                await adminServer.close()
+                await proxy.shutdown(deadline: .zero)
+                await core.shutdown()
+                throw Self.bindFailure(error, key: "server.redirect_http_listen", listen)
+            }
+        }
         core.start()
         await checkStore()
         logger.info("sessiongate listening", metadata: [
-            "listen": "\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",
+            "listen": "\(tls == nil ? "http" : "https")://\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",
+            "redirect_http": "\(redirectAddress.map { "\($0)" } ?? "-")",
             "routes": "\(initial.routes.count)",
         ])
         let waiters = started.withLockedValue { isStarted in
@@ -256,6 +297,7 @@ public final class GatewayService: Service, Sendable {
         logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(drain))"])
         await proxy.shutdown(deadline: .init(drain))
         await adminServer.close()
+        await redirect.withLockedValue { $0 }?.close()
         await core.shutdown()
         logger.info("stopped")
     }
@@ -318,11 +360,18 @@ public final class GatewayService: Service, Sendable {
         }
         let auth: Authenticator
         let routing: RoutingSnapshot
+        var certificate: TLSContexts.ServerCertificate? = nil
         do {
+            // The certificate is re-read on every reload (certbot renews it in place).
+            if let files = next.server.tls { certificate = try TLSContexts.server(files) }
             auth = try Authenticator(core: core, configuration: next, generation: generation + 1)
             routing = try Self.routing(next, auth)
         } catch {
-            logger.error("\(configPath): \(error)")
+            if let failure = error as? StartupFailure {
+                logger.error("\(configPath):\(failure.problem(locations: result.locations))")
+            } else {
+                logger.error("\(configPath): \(error)")
+            }
             logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)"])
             return .invalid
         }
@@ -330,6 +379,11 @@ public final class GatewayService: Service, Sendable {
         running.withLockedValue { $0 = (next, auth) }
         auth.activate()
         proxy.replaceRouting(routing)
+        if let certificate {
+            tls?.replace(certificate.context)
+            metrics.recordCertificateExpiry(certificate.notValidAfter)
+            if let warning = certificate.warning { logger.warning("server.tls.certificate_file: \(warning)") }
+        }
         logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": "\(next.routes.count)"])
         return .applied
     }

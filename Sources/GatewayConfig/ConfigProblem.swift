@@ -84,8 +84,8 @@ public struct StartupFailure: Error, Sendable, CustomStringConvertible {
 
     public var description: String { "\(key): \(message)" }
 
-    public func problem(locations: [String: ConfigLocation]) -> ConfigProblem {
+    public func problem(locations: [String: ConfigLocation], severity: ConfigProblem.Severity = .error) -> ConfigProblem {
         let location = ConfigLocation.nearest(key, in: locations)
-        return ConfigProblem(.error, path: key, line: location?.line, column: location?.column, message: message)
+        return ConfigProblem(severity, path: key, line: location?.line, column: location?.column, message: message)
     }
 }

@@ -147,6 +147,21 @@ final class ConfigReader {
         return failed ? nil : out
     }
 
+    /// A file path (non-empty, no NUL). With `required`, a missing key is an error saying what
+    /// the file holds.
+    func path(_ section: Section, _ key: String, required: String? = nil) -> String? {
+        if section.values[key] == nil {
+            if let required { report(section.child(key), section.mark, "is required (\(required))") }
+            return nil
+        }
+        guard let text = string(section, key) else { return nil }
+        guard !text.isEmpty, !text.contains("\0") else {
+            report(section.child(key), mark(section, key), "is not a file path")
+            return nil
+        }
+        return text
+    }
+
     func sequence(_ section: Section, _ key: String) -> [Node]? {
         guard let node = section.values[key] else { return nil }
         guard case .sequence(let sequence) = node else {

@@ -81,7 +81,7 @@ extension GatewayConfiguration {
     private mutating func readServer(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard let s = r.section(root.values["server"], path: "server", keys: [
             "listen", "public_url", "auth_prefix", "admin_listen", "trusted_proxies", "allowed_redirect_hosts", "allowed_origins", "tls", "access_log", "log", "timeouts",
-            "limits",
+            "limits", "redirect_http_listen",
         ]) else { return }
         if let text = r.string(s, "listen") {
             if let v = ListenAddress.parse(text) { server.listen = v }
@@ -117,16 +117,23 @@ extension GatewayConfiguration {
         if let v = r.list(s, "allowed_origins", what: "an origin like https://app.example.com (scheme and host, no path)", parse: Self.parseOrigin) {
             server.allowedOrigins = v
         }
-        if let tls = r.section(s.values["tls"], path: s.child("tls"), keys: ["certificate_file", "private_key_file"]), !tls.values.isEmpty {
-            r.report(s.child("tls"), s.values["tls"]?.mark, "TLS termination is not available in this version; terminate TLS in front of SessionGate (load balancer, nginx) and remove server.tls")
+        if let t = r.section(s.values["tls"], path: s.child("tls"), keys: ["certificate_file", "private_key_file"]) {
+            let certificate = r.path(t, "certificate_file", required: "the PEM certificate, leaf first, then its chain")
+            let key = r.path(t, "private_key_file", required: "the PEM private key of the certificate")
+            if let certificate, let key { server.tls = TLSFiles(certificateFile: certificate, privateKeyFile: key) }
+        }
+        if let text = r.string(s, "redirect_http_listen") {
+            if let v = ListenAddress.parse(text) { server.redirectHTTPListen = v }
+            else { r.report(s.child("redirect_http_listen"), r.mark(s, "redirect_http_listen"), "'\(text)' is not host:port (e.g. 0.0.0.0:80)") }
         }
         if let v = r.enumeration(s, "access_log", as: AccessLogFormat.self) { server.accessLog = v }
         if let l = r.section(s.values["log"], path: s.child("log"), keys: ["format", "level"]) {
             if let v = r.enumeration(l, "format", as: LogFormat.self) { server.log.format = v }
             if let v = r.enumeration(l, "level", as: LogLevel.self) { server.log.level = v }
         }
-        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown", "request_body"]) {
+        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown", "request_body", "tls_handshake"]) {
             if let v = r.duration(t, "request_body") { server.timeouts.requestBody = v }
+            if let v = r.duration(t, "tls_handshake") { server.timeouts.tlsHandshake = v }
             if let v = r.duration(t, "upstream_connect") { server.timeouts.upstreamConnect = v }
             if let v = r.duration(t, "upstream_response") { server.timeouts.upstreamResponse = v }
             if let v = r.duration(t, "idle") { server.timeouts.idle = v }
@@ -210,12 +217,47 @@ extension GatewayConfiguration {
     }
 
     private mutating func readStore(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["store"], path: "store", keys: ["redis_url", "key_prefix", "timeout", "local_cache_ttl"]) else { return }
+        guard let s = r.section(root.values["store"], path: "store", keys: ["redis_url", "key_prefix", "timeout", "local_cache_ttl", "tls", "sentinel"]) else { return }
         if let v = r.string(s, "redis_url") {
-            if let url = RedisURL.parse(v), url.tls {
-                r.report(s.child("redis_url"), r.mark(s, "redis_url"), "rediss:// (TLS to Redis) is not available in this version; reach Redis over a private network or a TLS tunnel (stunnel) with redis://")
-            } else if let url = RedisURL.parse(v) { store.redisURL = url }
-            else { r.report(s.child("redis_url"), r.mark(s, "redis_url"), "not a redis URL (redis://[:password@]host[:port][/db])") }
+            if let url = RedisURL.parse(v) { store.redisURL = url }
+            else { r.report(s.child("redis_url"), r.mark(s, "redis_url"), "not a redis URL (redis://[user:password@]host[:port][/db], or rediss:// for TLS)") }
+        }
+        if let t = r.section(s.values["tls"], path: s.child("tls"), keys: ["ca_file", "certificate_file", "private_key_file", "server_name"]) {
+            store.tls.caFile = r.path(t, "ca_file")
+            store.tls.certificateFile = r.path(t, "certificate_file")
+            store.tls.privateKeyFile = r.path(t, "private_key_file")
+            if (store.tls.certificateFile == nil) != (store.tls.privateKeyFile == nil) {
+                r.report(t.child(store.tls.certificateFile == nil ? "certificate_file" : "private_key_file"), t.mark,
+                         "is required with store.tls.\(store.tls.certificateFile == nil ? "private_key_file" : "certificate_file"): a client certificate needs its key")
+            }
+            if let v = r.string(t, "server_name") {
+                if Self.isHostName(v) { store.tls.serverName = v }
+                else { r.report(t.child("server_name"), r.mark(t, "server_name"), "'\(v)' is not a host name") }
+            }
+            if store.redisURL?.tls != true {
+                r.report(s.child("tls"), s.values["tls"]?.mark, "applies only to a rediss:// store.redis_url; write rediss:// to reach Redis over TLS")
+            }
+        }
+        if let t = r.section(s.values["sentinel"], path: s.child("sentinel"), keys: ["master_name", "addresses", "password"]) {
+            let name = r.string(t, "master_name")
+            if t.values["master_name"] == nil { r.report(t.child("master_name"), t.mark, "is required (the name in sentinel.conf's 'sentinel monitor')") }
+            let addresses = r.list(t, "addresses", what: "host:port of a sentinel (e.g. 10.0.0.1:26379)", parse: { text in
+                ListenAddress.parse(text).flatMap { $0.port > 0 ? $0 : nil }
+            }) ?? []
+            if t.values["addresses"] == nil || addresses.isEmpty { r.report(t.child("addresses"), r.mark(t, "addresses"), "needs at least one sentinel host:port (three or more in production)") }
+            var password: SecretReference? = nil
+            if let v = r.string(t, "password") {
+                password = SecretReference.parse(v)
+                if password == nil { r.report(t.child("password"), r.mark(t, "password"), "'\(v)' is not a file path or env:NAME") }
+            }
+            if store.redisURL == nil {
+                r.report(s.child("redis_url"), s.mark, "is required with store.sentinel: it gives the scheme, user, password and database of the master (its host is not dialled)")
+            }
+            if let name, !name.isEmpty, !addresses.isEmpty {
+                var sentinel = Sentinel(masterName: name, addresses: addresses)
+                sentinel.password = password
+                store.sentinel = sentinel
+            }
         }
         if let v = r.string(s, "key_prefix") {
             if !v.isEmpty, !v.contains(where: { $0.isWhitespace || $0 == "{" || $0 == "}" }) { store.keyPrefix = v }
@@ -272,7 +314,7 @@ extension GatewayConfiguration {
             let path = "routes[\(index)]"
             guard let s = r.section(node, path: path, keys: [
                 "name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated", "max_body_bytes", "allow_trace",
-                "strip_prefix", "upstream_host", "post_logout_redirect",
+                "strip_prefix", "upstream_host", "post_logout_redirect", "upstream_ca_file", "upstream_server_name", "upstream_insecure_skip_verify",
             ]) else { continue }
             let name = r.string(s, "name") ?? ""
             if s.values["name"] == nil { r.report(s.child("name"), s.mark, "is required") }
@@ -301,7 +343,7 @@ extension GatewayConfiguration {
             else if let v = r.string(s, "upstream") {
                 switch UpstreamURL.parse(v) {
                 case .success(let u): upstream = u
-                case .failure(.scheme): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)': only http:// upstreams are supported")
+                case .failure(.scheme): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)': an upstream is http://host:port or https://host:port")
                 case .failure(.path): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)': an upstream is an origin (http://host:port), without path or query")
                 case .failure(.authority): r.report(s.child("upstream"), r.mark(s, "upstream"), "'\(v)' has no valid host:port")
                 }
@@ -347,6 +389,25 @@ extension GatewayConfiguration {
                     r.report(s.child("post_logout_redirect"), r.mark(s, "post_logout_redirect"), "'\(v)' is not a path (/bye) or an http(s) URL")
                 }
             }
+            let caFile = r.path(s, "upstream_ca_file")
+            var serverName: String? = nil
+            if let v = r.string(s, "upstream_server_name") {
+                if Self.isHostName(v) { serverName = v }
+                else { r.report(s.child("upstream_server_name"), r.mark(s, "upstream_server_name"), "'\(v)' is not a host name") }
+            }
+            let skipVerify = r.bool(s, "upstream_insecure_skip_verify") ?? false
+            if skipVerify {
+                r.warn(s.child("upstream_insecure_skip_verify"), r.mark(s, "upstream_insecure_skip_verify"),
+                       "INSECURE: the upstream's certificate is not verified, so anyone on the network path can read and change this route's traffic, identity headers included; for tests only, never in production")
+            }
+            if let upstream, !upstream.tls {
+                for key in ["upstream_ca_file", "upstream_server_name", "upstream_insecure_skip_verify"] where s.values[key] != nil {
+                    r.report(s.child(key), r.mark(s, key), "applies only to an https:// upstream")
+                }
+            }
+            if skipVerify, caFile != nil {
+                r.report(s.child("upstream_insecure_skip_verify"), r.mark(s, "upstream_insecure_skip_verify"), "contradicts upstream_ca_file; keep one")
+            }
             if let upstream {
                 var route = Route(name: name, host: host, pathPrefix: prefix, upstream: upstream, auth: auth, allow: allow, unauthenticated: unauthenticated)
                 route.maxBodyBytes = maxBody
@@ -354,6 +415,9 @@ extension GatewayConfiguration {
                 route.stripPrefix = stripPrefix
                 route.upstreamHost = upstreamHost
                 route.postLogoutRedirect = postLogout
+                route.upstreamCAFile = caFile
+                route.upstreamServerName = serverName
+                route.upstreamInsecureSkipVerify = skipVerify
                 routes.append(route)
             }
         }
@@ -361,6 +425,15 @@ extension GatewayConfiguration {
 
     private func crossCheck(_ r: ConfigReader, _ root: ConfigReader.Section) {
         let wildcard = ["0.0.0.0", "::"]
+        if let redirect = server.redirectHTTPListen {
+            if server.tls == nil {
+                r.report("server.redirect_http_listen", root.values["server"]?.mark, "needs server.tls: it sends clients to the https listener")
+            }
+            for (key, other) in [("server.listen", server.listen), ("server.admin_listen", server.adminListen)]
+            where redirect.port != 0 && redirect.port == other.port && (redirect.host == other.host || wildcard.contains(redirect.host) || wildcard.contains(other.host)) {
+                r.report("server.redirect_http_listen", root.values["server"]?.mark, "\(redirect) is also \(key) (\(other)); give it its own port")
+            }
+        }
         if server.listen.port != 0, server.listen.port == server.adminListen.port,
            server.listen.host == server.adminListen.host || wildcard.contains(server.listen.host) || wildcard.contains(server.adminListen.host) {
             r.report("server.admin_listen", "\(server.adminListen) is the public listener's address (server.listen \(server.listen)); give the admin listener its own port")
@@ -396,6 +469,12 @@ extension GatewayConfiguration {
         guard !authority.isEmpty, !authority.contains(where: { "/?#@ ".contains($0) }) else { return nil }
         if ListenAddress.parse(String(authority)) == nil, ListenAddress.parse(String(authority) + ":1") == nil { return nil }
         return String(t)
+    }
+
+    /// A DNS name (letters, digits, `-`, `.`), as SNI carries it.
+    static func isHostName(_ text: String) -> Bool {
+        !text.isEmpty && text.count <= 253 && !text.hasPrefix(".") && !text.hasPrefix("-") && !text.contains("..")
+            && text.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == ".") }
     }
 
     static func isLoopbackOrigin(_ origin: String) -> Bool {

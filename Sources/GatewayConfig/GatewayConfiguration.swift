@@ -38,7 +38,21 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var log = Log()
         public var timeouts = Timeouts()
         public var limits = Limits()
+        /// TLS termination on `listen`; nil: plain HTTP.
+        public var tls: TLSFiles? = nil
+        /// A plain-HTTP listener that answers every request with a 308 to the https URL.
+        public var redirectHTTPListen: ListenAddress? = nil
         public init() {}
+    }
+
+    /// A certificate (PEM, leaf first, chain after) and its private key (PEM).
+    public struct TLSFiles: Sendable, Equatable {
+        public var certificateFile: String
+        public var privateKeyFile: String
+        public init(certificateFile: String, privateKeyFile: String) {
+            self.certificateFile = certificateFile
+            self.privateKeyFile = privateKeyFile
+        }
     }
 
     public enum AccessLogFormat: String, Sendable, Equatable, CaseIterable {
@@ -72,6 +86,8 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// second per KiB received and any time the gateway held the client back; then 408 (or
         /// the connection is aborted if the upstream already answered).
         public var requestBody: Duration = .seconds(60)
+        /// A TLS client must finish its handshake within this time of connecting.
+        public var tlsHandshake: Duration = .seconds(10)
         public init() {}
     }
 
@@ -114,7 +130,34 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var keyPrefix = "sg:"
         public var timeout: Duration = .milliseconds(250)
         public var localCacheTTL: Duration = .seconds(5)
+        /// TLS settings for a `rediss://` URL.
+        public var tls = StoreTLS()
+        /// Ask Redis Sentinel for the master instead of dialling `redis_url`'s host.
+        public var sentinel: Sentinel? = nil
         public init() {}
+    }
+
+    /// How a `rediss://` connection verifies the server and, for mutual TLS, presents itself.
+    public struct StoreTLS: Sendable, Equatable {
+        /// Trusted CA certificates (PEM); nil: the system trust store.
+        public var caFile: String? = nil
+        /// Client certificate and key (PEM), for servers with `tls-auth-clients yes`.
+        public var certificateFile: String? = nil
+        public var privateKeyFile: String? = nil
+        /// The name the server's certificate must carry (and SNI); nil: the host dialled.
+        public var serverName: String? = nil
+        public init() {}
+    }
+
+    public struct Sentinel: Sendable, Equatable {
+        public var masterName: String
+        public var addresses: [ListenAddress]
+        /// AUTH for the sentinels themselves (`requirepass` in sentinel.conf).
+        public var password: SecretReference? = nil
+        public init(masterName: String, addresses: [ListenAddress]) {
+            self.masterName = masterName
+            self.addresses = addresses
+        }
     }
 
     public struct Identity: Sendable, Equatable {
@@ -152,6 +195,12 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var upstreamHost: String? = nil
         /// Where `/_auth/logout` sends a browser that signed out from this route (`rd`).
         public var postLogoutRedirect: String? = nil
+        /// https upstreams: CA certificates (PEM) to verify it with; nil: the system trust store.
+        public var upstreamCAFile: String? = nil
+        /// https upstreams: the name sent as SNI and required in its certificate; nil: the host.
+        public var upstreamServerName: String? = nil
+        /// https upstreams, tests only: no certificate verification (`check` warns).
+        public var upstreamInsecureSkipVerify = false
 
         public init(
             name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,

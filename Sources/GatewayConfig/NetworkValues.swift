@@ -108,32 +108,37 @@ public struct CIDR: Sendable, Equatable, CustomStringConvertible {
     public static func == (a: CIDR, b: CIDR) -> Bool { a.network == b.network && a.prefixLength == b.prefixLength }
 }
 
-/// A plain `http://host:port` upstream origin.
+/// An upstream origin: `http://host[:port]` or `https://host[:port]` (ports 80 and 443 by default).
 public struct UpstreamURL: Sendable, Equatable, CustomStringConvertible {
     public var host: String
     public var port: Int
+    public var tls: Bool
 
-    public init(host: String, port: Int) {
+    public init(host: String, port: Int, tls: Bool = false) {
         self.host = host
         self.port = port
+        self.tls = tls
     }
 
     public enum ParseError: Error, Equatable { case scheme, authority, path }
 
     public static func parse(_ text: String) -> Result<UpstreamURL, ParseError> {
-        guard text.hasPrefix("http://") else { return .failure(.scheme) }
-        var rest = Substring(text.dropFirst("http://".count))
+        let tls: Bool
+        var rest: Substring
+        if text.hasPrefix("http://") { tls = false; rest = Substring(text.dropFirst("http://".count)) }
+        else if text.hasPrefix("https://") { tls = true; rest = Substring(text.dropFirst("https://".count)) }
+        else { return .failure(.scheme) }
         if rest.hasSuffix("/") { rest = rest.dropLast() }
         if rest.contains("/") || rest.contains("?") || rest.contains("#") { return .failure(.path) }
         if rest.contains("@") { return .failure(.authority) }
         if let address = ListenAddress.parse(String(rest)) {
             guard address.port > 0 else { return .failure(.authority) }
-            return .success(UpstreamURL(host: address.host, port: address.port))
+            return .success(UpstreamURL(host: address.host, port: address.port, tls: tls))
         }
         guard !rest.isEmpty, !rest.contains(":"), !rest.contains("[") else { return .failure(.authority) }
         guard ListenAddress.parse(String(rest) + ":80") != nil else { return .failure(.authority) }
-        return .success(UpstreamURL(host: String(rest), port: 80))
+        return .success(UpstreamURL(host: String(rest), port: tls ? 443 : 80, tls: tls))
     }
 
-    public var description: String { "http://\(host.contains(":") ? "[\(host)]" : host):\(port)" }
+    public var description: String { "\(tls ? "https" : "http")://\(host.contains(":") ? "[\(host)]" : host):\(port)" }
 }

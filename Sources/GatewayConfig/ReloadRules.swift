@@ -5,7 +5,8 @@
 /// The keys here are bound to what the process holds open or has already handed out: sockets
 /// and their per-connection limits, the store and its key space, the session cookie's name and
 /// signing secret (changing them signs everyone out), the Apple client and its credentials, the
-/// identity-assertion key, the log sinks.
+/// identity-assertion key, the log sinks, whether the listener speaks TLS. The listener's
+/// certificate and key files are re-read on every reload; their paths may change too.
 public enum ReloadRules {
     public struct Key: Sendable {
         public let path: String
@@ -20,6 +21,8 @@ public enum ReloadRules {
     public static let restartOnly: [Key] = [
         .on("server.listen") { $0.server.listen },
         .on("server.admin_listen") { $0.server.adminListen },
+        .on("server.redirect_http_listen") { $0.server.redirectHTTPListen },
+        .on("server.tls") { $0.server.tls == nil },
         .on("server.access_log") { $0.server.accessLog },
         .on("server.log.format") { $0.server.log.format },
         .on("server.log.level") { $0.server.log.level },
@@ -27,6 +30,7 @@ public enum ReloadRules {
         .on("server.timeouts.upstream_response") { $0.server.timeouts.upstreamResponse },
         .on("server.timeouts.idle") { $0.server.timeouts.idle },
         .on("server.timeouts.request_body") { $0.server.timeouts.requestBody },
+        .on("server.timeouts.tls_handshake") { $0.server.timeouts.tlsHandshake },
         .on("server.limits.max_header_bytes") { $0.server.limits.maxHeaderBytes },
         .on("server.limits.max_header_count") { $0.server.limits.maxHeaderCount },
         .on("apple") { $0.apple == nil },
@@ -45,6 +49,14 @@ public enum ReloadRules {
         .on("store.key_prefix") { $0.store.keyPrefix },
         .on("store.timeout") { $0.store.timeout },
         .on("store.local_cache_ttl") { $0.store.localCacheTTL },
+        .on("store.tls.ca_file") { $0.store.tls.caFile },
+        .on("store.tls.certificate_file") { $0.store.tls.certificateFile },
+        .on("store.tls.private_key_file") { $0.store.tls.privateKeyFile },
+        .on("store.tls.server_name") { $0.store.tls.serverName },
+        .on("store.sentinel") { $0.store.sentinel == nil },
+        .on("store.sentinel.master_name") { $0.store.sentinel?.masterName },
+        .on("store.sentinel.addresses") { $0.store.sentinel?.addresses },
+        .on("store.sentinel.password") { $0.store.sentinel?.password },
         .on("identity.assertion.enabled") { $0.identity.assertion.enabled },
         .on("identity.assertion.key_file") { $0.identity.assertion.keyFile },
     ]

@@ -10,6 +10,9 @@ public enum UpstreamErrorKind: String, Sendable, CaseIterable {
     case idleTimeout = "idle_timeout"
     /// A response head the gateway will not relay (ambiguous `Transfer-Encoding`): 502.
     case invalidResponse = "invalid_response"
+    /// The TLS handshake with an https upstream failed (certificate not trusted, wrong name) or
+    /// timed out: 502.
+    case tlsHandshake = "tls_handshake"
 }
 
 /// One completed (or abandoned) exchange, for the access log and metrics.
@@ -45,6 +48,12 @@ public protocol ProxyObserver: Sendable {
     func clientConnectionClosed()
     func upstreamConnectionOpened()
     func upstreamConnectionClosed()
+    /// A client's TLS handshake on the public listener did not complete.
+    func tlsHandshakeFailed(_ reason: TLSHandshakeFailure)
+}
+
+extension ProxyObserver {
+    public func tlsHandshakeFailed(_ reason: TLSHandshakeFailure) {}
 }
 
 public struct SilentProxyObserver: ProxyObserver {

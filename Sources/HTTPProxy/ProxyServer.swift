@@ -11,6 +11,8 @@ public struct ProxyConfiguration: Sendable {
     public var listen: ListenAddress
     public var timeouts: Timeouts
     public var limits: GatewayConfiguration.Limits
+    /// TLS termination on `listen`; nil: plain HTTP.
+    public var tls: TLSTermination? = nil
 
     public struct Timeouts: Sendable {
         public var upstreamConnect: TimeAmount
@@ -66,12 +68,15 @@ final class ProxyShared: Sendable {
     let timeouts: ProxyConfiguration.Timeouts
     let limits: GatewayConfiguration.Limits
     let observer: any ProxyObserver
+    /// `X-Forwarded-Proto` for requests from untrusted peers: the listener's own scheme.
+    let scheme: String
 
     init(snapshot: RoutingSnapshot, configuration: ProxyConfiguration, observer: any ProxyObserver) {
         self.current = NIOLockedValueBox(snapshot)
         self.timeouts = configuration.timeouts
         self.limits = configuration.limits
         self.observer = observer
+        self.scheme = configuration.tls == nil ? "http" : "https"
     }
 
     var snapshot: RoutingSnapshot { current.withLockedValue { $0 } }
@@ -97,7 +102,7 @@ public final class ProxyServer: Sendable {
         for loop in group.makeIterator() {
             pools[ObjectIdentifier(loop)] = NIOLoopBoundBox.makeBoxSendingValue(
                 UpstreamPool(eventLoop: loop, connectTimeout: configuration.timeouts.upstreamConnect,
-                             idleTimeout: configuration.timeouts.idle, observer: observer),
+                             idleTimeout: configuration.timeouts.idle, observer: observer, logger: logger),
                 eventLoop: loop)
         }
         self.pools = pools
@@ -110,6 +115,8 @@ public final class ProxyServer: Sendable {
         let shared = self.shared
         let pools = self.pools
         let limits = configuration.limits
+        let tls = configuration.tls
+        let logger = self.logger
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -130,6 +137,7 @@ public final class ProxyServer: Sendable {
                     decoderLimits.maxHeaderListSize = limits.maxHeaderBytes
                     decoderLimits.maxHeaderFieldCount = limits.maxHeaderCount
                     let sync = channel.pipeline.syncOperations
+                    try tls?.addHandlers(to: sync, observer: shared.observer, logger: logger)
                     // After an upgrade request the decoder stops parsing and only buffers: bound
                     // what it may hold unparsed (otherwise at most one partial head).
                     let meter = RequestBodyMeter()

@@ -406,7 +406,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             inbound.upstreamHeaders = [:]
             for name in removeHeaders { headers.remove(name: name) }
             headers.add(name: "X-Forwarded-For", value: inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString)
-            headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? "http")
+            headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? shared.scheme)
             if let host = inbound.host?.authority { headers.add(name: "X-Forwarded-Host", value: host) }
             if let host = route.upstreamHost {
                 headers.replaceOrAdd(name: "Host", value: host)
@@ -487,6 +487,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 guard handler.generation == gen, handler.phase == .connecting else { return }
                 if let channelError = error as? ChannelError, case .connectTimeout = channelError {
                     handler.upstreamFailure(.connectTimeout, .gatewayTimeout, "upstream did not accept the connection in time")
+                } else if error is UpstreamTLSFailure {
+                    handler.upstreamFailure(.tlsHandshake, .badGateway, "TLS handshake with the upstream failed")
                 } else {
                     handler.upstreamFailure(.connectRefused, .badGateway, "upstream refused the connection")
                 }

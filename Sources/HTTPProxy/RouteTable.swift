@@ -14,6 +14,8 @@ public struct UpstreamAddress: Sendable, Hashable, CustomStringConvertible {
     /// a host name is resolved by `resolved()` when the configuration is loaded — never on an
     /// event loop, where `getaddrinfo` would block every connection of that loop.
     public private(set) var socketAddresses: [SocketAddress]
+    /// https: how connections to it speak TLS; nil: plain HTTP.
+    public var tls: UpstreamTLS? = nil
 
     public init(host: String, port: Int) {
         self.host = host

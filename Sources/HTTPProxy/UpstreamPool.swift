@@ -1,6 +1,8 @@
+import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 
 /// A route's upstream host name was never resolved (routes must come from `resolved()`).
 struct UnresolvedUpstream: Error {
@@ -16,10 +18,13 @@ final class UpstreamPool {
     private let connectTimeout: TimeAmount
     private let idleTimeout: TimeAmount
     private let observer: ProxyObserver
+    private let logger: Logger
     private var sweep: Scheduled<Void>? = nil
 
-    init(eventLoop: any EventLoop, connectTimeout: TimeAmount, idleTimeout: TimeAmount, maxIdlePerUpstream: Int = 128, observer: ProxyObserver) {
+    init(eventLoop: any EventLoop, connectTimeout: TimeAmount, idleTimeout: TimeAmount, maxIdlePerUpstream: Int = 128, observer: ProxyObserver,
+         logger: Logger = Logger(label: "sessiongate.upstream")) {
         self.eventLoop = eventLoop
+        self.logger = logger
         self.connectTimeout = connectTimeout
         self.idleTimeout = idleTimeout
         self.maxIdlePerUpstream = maxIdlePerUpstream
@@ -68,7 +73,8 @@ final class UpstreamPool {
         handler.pool = self
         let bound = NIOLoopBound(handler, eventLoop: eventLoop)
         let observer = self.observer
-        return ClientBootstrap(group: eventLoop)
+        let handshake = address.tls.map { _ in NIOLoopBound(UpstreamHandshakeWaiter(promise: eventLoop.makePromise()), eventLoop: eventLoop) }
+        let connected = ClientBootstrap(group: eventLoop)
             .connectTimeout(connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelOption(.autoRead, value: true)
@@ -77,6 +83,10 @@ final class UpstreamPool {
                     var encoderConfiguration = HTTPRequestEncoder.Configuration()
                     encoderConfiguration.automaticallySetFramingHeaders = false
                     let sync = channel.pipeline.syncOperations
+                    if let tls = address.tls, let handshake {
+                        try sync.addHandler(NIOSSLClientHandler(context: tls.context, serverHostname: tls.serverName))
+                        try sync.addHandler(handshake.value)
+                    }
                     try sync.addHandler(HTTPRequestEncoder(configuration: encoderConfiguration))
                     try sync.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .forward)))
                     try sync.addHandler(bound.value)
@@ -86,8 +96,24 @@ final class UpstreamPool {
             .map { channel in
                 observer.upstreamConnectionOpened()
                 channel.closeFuture.whenComplete { _ in observer.upstreamConnectionClosed() }
-                return bound
+                return channel
             }
+        guard let handshake else { return connected.map { _ in bound } }
+        // An https upstream is usable once its handshake is done, within the connect timeout.
+        let logger = self.logger
+        let timeout = connectTimeout
+        return connected.flatMap { channel in
+            let deadline = channel.eventLoop.scheduleTask(in: timeout) {
+                handshake.value.complete(.failure(UpstreamTLSFailure(detail: "no handshake within \(timeout.nanoseconds / 1_000_000) ms")))
+                channel.close(promise: nil)
+            }
+            return handshake.value.finished.always { _ in deadline.cancel() }.map { bound }
+        }.flatMapErrorThrowing { error in
+            if let failure = error as? UpstreamTLSFailure {
+                logger.warning("upstream TLS handshake failed", metadata: ["upstream": "\(address)", "error": "\(failure.detail)"])
+            }
+            throw error
+        }
     }
 
     /// Returns a connection after a complete exchange.

@@ -20,6 +20,10 @@ public final class RedisClient: Sendable {
         /// Backoff after a failed connection: doubles from `minimumBackoff` up to `maximumBackoff`.
         public var minimumBackoff: TimeAmount
         public var maximumBackoff: TimeAmount
+        /// TLS (`rediss://`); nil: plain TCP.
+        public var tls: RedisTLS? = nil
+        /// Ask these sentinels for the master instead of dialling `host:port`.
+        public var sentinel: RedisSentinelConfiguration? = nil
 
         public init(host: String, port: Int = 6379, username: String? = nil, password: String? = nil, database: Int = 0,
                     commandTimeout: TimeAmount = .milliseconds(250), connectTimeout: TimeAmount = .seconds(1),
@@ -47,19 +51,26 @@ public final class RedisClient: Sendable {
     private let connections: [ObjectIdentifier: NIOLoopBoundBox<LoopConnection>]
     private let logger: Logger
 
-    /// Resolves the host once, here (blocking: not on an event loop).
+    /// Resolves the host (or the sentinels' hosts) once, here (blocking: not on an event loop).
     public init(configuration: Configuration, group: MultiThreadedEventLoopGroup, logger: Logger) throws {
         self.configuration = configuration
         self.group = group
         self.logger = logger
-        let address = try (try? SocketAddress(ipAddress: configuration.host, port: configuration.port))
-            ?? SocketAddress.makeAddressResolvingHost(configuration.host, port: configuration.port)
+        let dialer = try RedisDialer(configuration: configuration)
         var connections: [ObjectIdentifier: NIOLoopBoundBox<LoopConnection>] = [:]
         for loop in group.makeIterator() {
             connections[ObjectIdentifier(loop)] = NIOLoopBoundBox.makeBoxSendingValue(
-                LoopConnection(loop: loop, address: address, configuration: configuration, logger: logger), eventLoop: loop)
+                LoopConnection(loop: loop, dialer: dialer, configuration: configuration, logger: logger), eventLoop: loop)
         }
         self.connections = connections
+    }
+
+    /// Closes every connection and dials again at once, without backoff (the sentinels
+    /// announced a new master).
+    public func reconnect() {
+        for (_, box) in connections {
+            box.eventLoop.execute { box.value.reconnect() }
+        }
     }
 
     /// Sends a command on `eventLoop`'s connection (default: the current loop, else any).
@@ -102,16 +113,16 @@ final class LoopConnection {
     }
 
     private let loop: any EventLoop
-    private let address: SocketAddress
+    private let dialer: RedisDialer
     private let configuration: RedisClient.Configuration
     private let logger: Logger
     private var state: State = .idle
     private var backoff: TimeAmount
     private var retryAt: NIODeadline = .uptimeNanoseconds(0)
 
-    init(loop: any EventLoop, address: SocketAddress, configuration: RedisClient.Configuration, logger: Logger) {
+    init(loop: any EventLoop, dialer: RedisDialer, configuration: RedisClient.Configuration, logger: Logger) {
         self.loop = loop
-        self.address = address
+        self.dialer = dialer
         self.configuration = configuration
         self.logger = logger
         self.backoff = configuration.minimumBackoff
@@ -158,48 +169,22 @@ final class LoopConnection {
     }
 
     private func write(_ arguments: [RedisArgument], to handler: RedisConnectionHandler, flush: Bool = true) -> EventLoopFuture<RESPValue> {
-        var buffer = ByteBufferAllocator().buffer(capacity: 64)
-        RESPCodec.encode(arguments, into: &buffer)
-        let command = PendingCommand(promise: loop.makePromise())
-        let bound = NIOLoopBound(command, eventLoop: loop)
-        command.timeout = loop.scheduleTask(in: configuration.commandTimeout) { bound.value.complete(.failure(.timeout)) }
-        handler.write(buffer, command)
-        if flush { handler.flush() }
-        return command.promise.futureResult
+        handler.send(arguments, timeout: configuration.commandTimeout, on: loop, flush: flush)
     }
 
-    /// Connects, authenticates and selects the database; the connection is usable when done.
+    /// Connects (asking the sentinels where, if configured), authenticates and selects the
+    /// database; the connection is usable when done.
     private func connect() -> EventLoopFuture<NIOLoopBound<RedisConnectionHandler>> {
         let handler = RedisConnectionHandler()
         let boundHandler = NIOLoopBound(handler, eventLoop: loop)
         let this = NIOLoopBound(self, eventLoop: loop)
         let configuration = self.configuration
-        let connected = ClientBootstrap(group: loop)
-            .connectTimeout(configuration.connectTimeout)
-            .channelOption(.socketOption(.tcp_nodelay), value: 1)
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(boundHandler.value) }
-            }
-            .connect(to: address)
-        return connected.flatMap { channel -> EventLoopFuture<NIOLoopBound<RedisConnectionHandler>> in
+        return dialer.dial(on: loop, handler: handler).map { channel -> NIOLoopBound<RedisConnectionHandler> in
             let connection = this.value
-            var setup: [EventLoopFuture<RESPValue>] = []
-            if let auth = configuration.authCommand {
-                setup.append(connection.write(auth, to: boundHandler.value))
-            }
-            if configuration.database != 0 {
-                setup.append(connection.write(["SELECT", RedisArgument(Int64(configuration.database))], to: boundHandler.value))
-            }
-            return EventLoopFuture.andAllSucceed(setup, on: channel.eventLoop).map {
-                let connection = this.value
-                connection.state = .connected(channel, boundHandler.value)
-                connection.backoff = configuration.minimumBackoff
-                channel.closeFuture.whenComplete { _ in this.value.connectionClosed() }
-                return boundHandler
-            }.flatMapErrorThrowing { error in
-                channel.close(promise: nil)
-                throw error
-            }
+            connection.state = .connected(channel, boundHandler.value)
+            connection.backoff = configuration.minimumBackoff
+            channel.closeFuture.whenComplete { _ in this.value.connectionClosed() }
+            return boundHandler
         }.flatMapErrorThrowing { error in
             this.value.connectFailed(error)
             throw (error as? RedisError) ?? RedisError.unavailable
@@ -211,7 +196,7 @@ final class LoopConnection {
         state = .idle
         retryAt = .now() + backoff
         logger.warning("redis connection failed", metadata: [
-            "host": "\(configuration.host):\(configuration.port)", "error": "\(error)", "retry_in_ms": "\(backoff.nanoseconds / 1_000_000)",
+            "redis": "\(dialer.label)", "error": "\(error)", "retry_in_ms": "\(backoff.nanoseconds / 1_000_000)",
         ])
         backoff = min(backoff * 2, configuration.maximumBackoff)
     }
@@ -220,6 +205,12 @@ final class LoopConnection {
         if case .closed = state { return }
         state = .idle
         retryAt = .now() + configuration.minimumBackoff
+    }
+
+    func reconnect() {
+        backoff = configuration.minimumBackoff
+        retryAt = .uptimeNanoseconds(0)
+        if case .connected(let channel, _) = state { channel.close(promise: nil) }
     }
 
     func close() -> EventLoopFuture<Void> {

@@ -1,4 +1,5 @@
 import NIOCore
+import NIOSSL
 
 /// One outstanding command; completed once, by its reply, its timeout or the connection's end.
 final class PendingCommand {
@@ -42,6 +43,18 @@ final class RedisConnectionHandler: ChannelInboundHandler {
 
     func flush() { context?.flush() }
 
+    /// Encodes and writes one command with its own timeout; the reply completes the future.
+    func send(_ arguments: [RedisArgument], timeout: TimeAmount, on loop: any EventLoop, flush: Bool = true) -> EventLoopFuture<RESPValue> {
+        var buffer = ByteBufferAllocator().buffer(capacity: 64)
+        RESPCodec.encode(arguments, into: &buffer)
+        let command = PendingCommand(promise: loop.makePromise())
+        let bound = NIOLoopBound(command, eventLoop: loop)
+        command.timeout = loop.scheduleTask(in: timeout) { bound.value.complete(.failure(.timeout)) }
+        write(buffer, command)
+        if flush { self.flush() }
+        return command.promise.futureResult
+    }
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let replies: [RESPValue]
         do {
@@ -59,6 +72,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
             guard let command = pending.popFirst() else { continue }
             if case .error(let message) = reply {
                 command.complete(.failure(.server(message)))
+                // A master demoted to replica (a failover while connected): dial again, which
+                // finds the new master.
+                if message.hasPrefix("READONLY") { context.close(promise: nil) }
             } else {
                 command.complete(.success(reply))
             }
@@ -71,7 +87,13 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        failAll(.unavailable)
+        if let tls = error as? NIOSSLError {
+            failAll(.tls("\(tls)"))
+        } else if let tls = error as? BoringSSLError {
+            failAll(.tls("\(tls)"))
+        } else {
+            failAll(.unavailable)
+        }
         context.close(promise: nil)
     }
 

@@ -8,6 +8,12 @@ public enum RedisError: Error, Equatable, Sendable, CustomStringConvertible {
     case unavailable
     /// The byte stream was not RESP; the connection is closed.
     case protocolError
+    /// The TLS handshake failed (certificate not trusted, wrong name, client certificate refused).
+    case tls(String)
+    /// No sentinel could name the master.
+    case sentinel(String)
+    /// Behind sentinels, the server dialled is not (or no longer) the master.
+    case notMaster
 
     public var description: String {
         switch self {
@@ -15,6 +21,9 @@ public enum RedisError: Error, Equatable, Sendable, CustomStringConvertible {
         case .timeout: return "redis timeout"
         case .unavailable: return "redis unavailable"
         case .protocolError: return "redis protocol error"
+        case .tls(let detail): return "TLS handshake with redis failed: \(detail)"
+        case .sentinel(let detail): return "redis sentinel: \(detail)"
+        case .notMaster: return "the server the sentinels named is not the master (a failover in progress)"
         }
     }
 }

@@ -15,15 +15,26 @@ public final class RedisSubscriber: Sendable {
     /// - Parameters:
     ///   - onMessage: called on the subscriber's event loop for every message.
     ///   - onConnected: called once all channels are subscribed, after every (re)connect.
-    public init(configuration: RedisClient.Configuration, channels: [String], eventLoop: any EventLoop, logger: Logger,
-                onMessage: @escaping MessageHandler, onConnected: @escaping @Sendable () -> Void) throws {
-        let address = try (try? SocketAddress(ipAddress: configuration.host, port: configuration.port))
-            ?? SocketAddress.makeAddressResolvingHost(configuration.host, port: configuration.port)
+    public convenience init(configuration: RedisClient.Configuration, channels: [String], eventLoop: any EventLoop, logger: Logger,
+                            onMessage: @escaping MessageHandler, onConnected: @escaping @Sendable () -> Void) throws {
+        self.init(dialer: try RedisDialer(configuration: configuration), configuration: configuration, channels: channels, eventLoop: eventLoop,
+                  logger: logger, onMessage: onMessage, onConnected: onConnected)
+    }
+
+    init(dialer: RedisDialer, configuration: RedisClient.Configuration, channels: [String], eventLoop: any EventLoop, logger: Logger,
+         onMessage: @escaping MessageHandler, onConnected: @escaping @Sendable () -> Void) {
         self.eventLoop = eventLoop
         self.state = NIOLoopBoundBox.makeBoxSendingValue(
-            SubscriberState(loop: eventLoop, address: address, configuration: configuration, channels: channels, logger: logger,
+            SubscriberState(loop: eventLoop, dialer: dialer, configuration: configuration, channels: channels, logger: logger,
                             onMessage: onMessage, onConnected: onConnected),
             eventLoop: eventLoop)
+    }
+
+    /// Drops the connection and subscribes again at once, without backoff (the sentinels
+    /// announced a new master).
+    public func reconnect() {
+        let state = self.state
+        eventLoop.execute { state.value.reconnectNow() }
     }
 
     public func start() {
@@ -39,7 +50,7 @@ public final class RedisSubscriber: Sendable {
 
 final class SubscriberState {
     private let loop: any EventLoop
-    private let address: SocketAddress
+    private let dialer: RedisDialer
     private let configuration: RedisClient.Configuration
     private let channels: [String]
     private let logger: Logger
@@ -50,10 +61,10 @@ final class SubscriberState {
     private var backoff: TimeAmount
     private var confirmed = 0
 
-    init(loop: any EventLoop, address: SocketAddress, configuration: RedisClient.Configuration, channels: [String], logger: Logger,
+    init(loop: any EventLoop, dialer: RedisDialer, configuration: RedisClient.Configuration, channels: [String], logger: Logger,
          onMessage: @escaping RedisSubscriber.MessageHandler, onConnected: @escaping @Sendable () -> Void) {
         self.loop = loop
-        self.address = address
+        self.dialer = dialer
         self.configuration = configuration
         self.channels = channels
         self.logger = logger
@@ -65,49 +76,41 @@ final class SubscriberState {
     /// Why the last attempt failed, for the log line of the retry.
     private var lastError: (any Error)? = nil
 
+    private var pendingRetry: Scheduled<Void>? = nil
+    private var connecting = false
+
     func connect() {
-        guard !stopped else { return }
+        guard !stopped, !connecting else { return }
+        connecting = true
+        pendingRetry = nil
         let handler = RedisConnectionHandler()
         let bound = NIOLoopBound(handler, eventLoop: loop)
         let this = NIOLoopBound(self, eventLoop: loop)
-        ClientBootstrap(group: loop)
-            .connectTimeout(configuration.connectTimeout)
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(bound.value) }
+        // AUTH (and, behind sentinels, ROLE) are ordinary commands, run by the dialer; the
+        // connection becomes a subscriber after them.
+        dialer.dial(on: loop, handler: handler).whenComplete { result in
+            let state = this.value
+            state.connecting = false
+            switch result {
+            case .failure(let error):
+                state.lastError = error
+                state.retry()
+            case .success(let channel):
+                guard !state.stopped else { channel.close(promise: nil); return }
+                state.channel = channel
+                channel.closeFuture.whenComplete { _ in this.value.retry() }
+                state.startSubscription(bound.value)
             }
-            .connect(to: address)
-            .whenComplete { result in
-                let state = this.value
-                switch result {
-                case .failure(let error):
-                    state.lastError = error
-                    state.retry()
-                case .success(let channel):
-                    guard !state.stopped else { channel.close(promise: nil); return }
-                    state.channel = channel
-                    channel.closeFuture.whenComplete { _ in this.value.retry() }
-                    state.subscribe(bound.value)
-                }
-            }
+        }
     }
 
-    private func subscribe(_ handler: RedisConnectionHandler) {
-        guard let auth = configuration.authCommand else { return startSubscription(handler) }
-        // AUTH is an ordinary command; the connection becomes a subscriber after it.
-        let command = PendingCommand(promise: loop.makePromise())
-        var buffer = ByteBufferAllocator().buffer(capacity: 64)
-        RESPCodec.encode(auth, into: &buffer)
-        handler.write(buffer, command)
-        handler.flush()
-        let this = NIOLoopBound(self, eventLoop: loop)
-        let boundHandler = NIOLoopBound(handler, eventLoop: loop)
-        command.promise.futureResult.whenComplete { result in
-            switch result {
-            case .success: this.value.startSubscription(boundHandler.value)
-            case .failure(let error):
-                this.value.lastError = error
-                this.value.channel?.close(promise: nil)
-            }
+    func reconnectNow() {
+        backoff = configuration.minimumBackoff
+        if let channel {
+            channel.close(promise: nil)
+        } else if let pending = pendingRetry {
+            pending.cancel()
+            connect()
         }
     }
 
@@ -146,10 +149,10 @@ final class SubscriberState {
         let cause = lastError.map { "\($0)" } ?? "connection closed"
         lastError = nil
         logger.warning("redis subscription lost; reconnecting", metadata: [
-            "host": "\(configuration.host):\(configuration.port)", "error": "\(cause)", "retry_in_ms": "\(delay.nanoseconds / 1_000_000)",
+            "redis": "\(dialer.label)", "error": "\(cause)", "retry_in_ms": "\(delay.nanoseconds / 1_000_000)",
         ])
         let this = NIOLoopBound(self, eventLoop: loop)
-        loop.scheduleTask(in: delay) { this.value.connect() }
+        pendingRetry = loop.scheduleTask(in: delay) { this.value.connect() }
     }
 
     func stop() -> EventLoopFuture<Void> {

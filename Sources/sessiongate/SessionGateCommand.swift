@@ -109,7 +109,8 @@ struct Check: AsyncParsableCommand {
         abstract: "Validate a configuration file.",
         discussion: """
             Prints every problem with its key path and line:column, or 'ok'. Exit status 1 if there is any error.
-            Runs everything serve runs before it binds: reads and parses every secret and key file, resolves every
+            Runs everything serve runs before it binds: reads and parses every secret and key file (TLS certificates
+            too: each key must fit its certificate, which must be valid now; under 14 days left is a warning), resolves every
             host name, and test-binds the listen addresses (skipped with --reload), so that a file check passes is one
             serve starts with.
             With --online it also fetches Apple's keys, mints a client secret for every client id and proves Apple
@@ -133,7 +134,11 @@ struct Check: AsyncParsableCommand {
         logger.logLevel = .error
         // What serve does before it binds, then the binds themselves.
         var failures: [any Error] = []
-        do { try await GatewayService.preflight(configuration, logger: logger) } catch { failures.append(error) }
+        do {
+            for warning in try await GatewayService.preflight(configuration, logger: logger) {
+                print("\(options.config):\(warning.problem(locations: result.locations, severity: .warning))")
+            }
+        } catch { failures.append(error) }
         if !reload { failures += await GatewayService.probeListeners(configuration) as [any Error] }
         for failure in failures { print(describe(failure, file: options.config, locations: result.locations)) }
         guard failures.isEmpty else { throw ExitCode(1) }

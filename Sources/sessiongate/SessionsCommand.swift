@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Gateway
 import GatewayConfig
 import Logging
 import NIOPosix
@@ -27,9 +28,15 @@ struct SessionsCommand: AsyncParsableCommand {
         }
         var logger = makeLogger()
         logger.logLevel = .warning
-        let client = try RedisClient(configuration: .init(host: url.host, port: url.port, username: url.username, password: url.password,
-                                                          database: url.database, commandTimeout: .seconds(5)),
-                                     group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        _ = url
+        let client: RedisClient
+        do {
+            guard let redis = try StoreConnection.configuration(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
+            client = try StoreConnection.client(redis, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        } catch let failure as StartupFailure {
+            printError("\(path):\(failure.problem(locations: [:]))")
+            throw ExitCode(1)
+        }
         return (RedisSessionStore(client: client, keyPrefix: configuration.store.keyPrefix), client, configuration.store.keyPrefix)
     }
 
