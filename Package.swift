@@ -166,6 +166,7 @@ let package = Package(
             dependencies: [
                 "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleIDSimulator", "Redis",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

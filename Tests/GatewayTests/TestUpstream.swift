@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 
 /// A real upstream on loopback whose behaviour is chosen by the request path:
 ///
@@ -31,7 +32,8 @@ final class TestUpstream: Sendable {
 
     var port: Int { channel.localAddress!.port! }
 
-    static func start() async throws -> TestUpstream {
+    /// With `tls`, it speaks https (the context holds its certificate).
+    static func start(tls: NIOSSLContext? = nil) async throws -> TestUpstream {
         let box = NIOLockedValueBox<TestUpstream?>(nil)
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -39,6 +41,7 @@ final class TestUpstream: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     guard let upstream = box.withLockedValue({ $0 }) else { throw ChannelError.ioOnClosedChannel }
                     upstream.stats.withLockedValue { $0.connections += 1 }
+                    if let tls { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false)
                     try channel.pipeline.syncOperations.addHandler(TestUpstreamHandler(upstream: upstream))
                 }

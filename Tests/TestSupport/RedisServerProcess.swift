@@ -4,16 +4,42 @@ import Foundation
 import Glibc
 #endif
 
-/// A real `redis-server` on a free loopback port, for one test; stopped by `stop()`.
+/// A real `redis-server` on a free loopback port, for one test; stopped by `stop()`. It serves
+/// plain TCP, TLS only (`tls`), or runs as a sentinel (`sentinelConfigFile`).
 public final class RedisServerProcess: @unchecked Sendable {
+    /// The port it listens on: the TLS port with `tls`.
     public private(set) var port: Int
     private var pid: pid_t = 0
     private let extraArguments: [String]
+    private let tls: TLS?
+    private let sentinelConfigFile: String?
+
+    /// TLS on `port` and no plain TCP port (`--port 0 --tls-port …`).
+    public struct TLS: Sendable {
+        public var certificateFile: String
+        public var privateKeyFile: String
+        /// The CA clients' certificates must chain to (also required by redis-server when no
+        /// client is asked for one).
+        public var caFile: String
+        /// `tls-auth-clients yes`: a client without a certificate from `caFile` is refused.
+        public var authClients: Bool
+
+        public init(certificateFile: String, privateKeyFile: String, caFile: String, authClients: Bool = false) {
+            self.certificateFile = certificateFile
+            self.privateKeyFile = privateKeyFile
+            self.caFile = caFile
+            self.authClients = authClients
+        }
+    }
 
     /// Without a `port`, a free one is chosen — and another, should a parallel test take it
     /// between the choice and redis-server's bind (seen in full runs).
-    public init(port: Int? = nil, arguments: [String] = []) throws {
+    /// - Parameter sentinelConfigFile: run as a sentinel (`redis-server <file> --sentinel`); the
+    ///   file must be writable (the sentinel rewrites it).
+    public init(port: Int? = nil, arguments: [String] = [], tls: TLS? = nil, sentinelConfigFile: String? = nil) throws {
         self.extraArguments = arguments
+        self.tls = tls
+        self.sentinelConfigFile = sentinelConfigFile
         self.port = try port ?? closedPort()
         for attempt in 1...5 {
             do {
@@ -26,10 +52,22 @@ public final class RedisServerProcess: @unchecked Sendable {
         }
     }
 
-    /// Starts (again, on the same port) and waits for "Ready to accept connections".
+    /// Starts (again, on the same port) and waits until it listens: "Ready to accept
+    /// connections" (a sentinel: its "+monitor" line, logged once it listens).
     public func start() throws {
-        let arguments = ["redis-server", "--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                         "--enable-debug-command", "yes", "--loglevel", "notice"] + extraArguments
+        var arguments = ["redis-server"]
+        var ready = "Ready to accept connections"
+        if let sentinelConfigFile {
+            arguments += [sentinelConfigFile, "--sentinel"]
+            ready = "+monitor master"
+        }
+        if let tls {
+            arguments += ["--port", "0", "--tls-port", String(port), "--tls-cert-file", tls.certificateFile, "--tls-key-file", tls.privateKeyFile,
+                          "--tls-ca-cert-file", tls.caFile, "--tls-auth-clients", tls.authClients ? "yes" : "no"]
+        } else {
+            arguments += ["--port", String(port)]
+        }
+        arguments += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--enable-debug-command", "yes", "--loglevel", "notice"] + extraArguments
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { throw Failure.didNotStart("pipe") }
         var actions = posix_spawn_file_actions_t()
@@ -45,7 +83,7 @@ public final class RedisServerProcess: @unchecked Sendable {
         let reader = fds[0]
         var seen = ""
         var chunk = [UInt8](repeating: 0, count: 4096)
-        while !seen.contains("Ready to accept connections") {
+        while !seen.contains(ready) {
             let n = read(reader, &chunk, chunk.count)
             guard n > 0 else { close(reader); throw Failure.didNotStart(seen) }
             seen += String(decoding: chunk[0..<n], as: UTF8.self)
@@ -63,6 +101,17 @@ public final class RedisServerProcess: @unchecked Sendable {
         guard pid > 0 else { return }
         kill(pid, SIGCONT)  // a frozen server must be able to exit
         kill(pid, SIGTERM)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        Self.unregister(pid)
+        pid = 0
+    }
+
+    /// Kills the server (SIGKILL: a crash, nothing flushed or handed over) and waits until it
+    /// has exited.
+    public func crash() {
+        guard pid > 0 else { return }
+        kill(pid, SIGKILL)
         var status: Int32 = 0
         waitpid(pid, &status, 0)
         Self.unregister(pid)
