@@ -123,6 +123,7 @@ let package = Package(
             name: "RedisTests",
             dependencies: [
                 "Redis", "TestSupport",
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

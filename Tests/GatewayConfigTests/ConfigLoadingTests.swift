@@ -74,7 +74,7 @@ struct ConfigLoadingTests {
         BadCase(name: "negative duration", yaml: "store:\n  timeout: \"-5s\"\n" + minimal, path: "store.timeout", line: 2, column: 12, message: "not a duration"),
         BadCase(name: "bad CIDR", yaml: "server:\n  trusted_proxies: [\"10.0.0.0/33\"]\n" + minimal, path: "server.trusted_proxies[0]", line: 2, column: 21, message: "CIDR"),
         BadCase(name: "bad listen address", yaml: "server:\n  listen: \"8080\"\n" + minimal, path: "server.listen", line: 2, column: 11, message: "host:port"),
-        BadCase(name: "bad upstream scheme", yaml: "routes:\n  - name: a\n    upstream: \"https://x:1\"\n", path: "routes[0].upstream", line: 3, column: 15, message: "only http://"),
+        BadCase(name: "bad upstream scheme", yaml: "routes:\n  - name: a\n    upstream: \"ftp://x:1\"\n", path: "routes[0].upstream", line: 3, column: 15, message: "http://host:port or https://host:port"),
         BadCase(name: "upstream with a path", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1/base\"\n", path: "routes[0].upstream", line: 3, column: 15, message: "without path"),
         BadCase(name: "route without upstream", yaml: "routes:\n  - name: a\n    path_prefix: /x\n", path: "routes[0].upstream", line: 2, column: 5, message: "is required"),
         BadCase(name: "route without name", yaml: "routes:\n  - upstream: \"http://x:1\"\n", path: "routes[0].name", line: 2, column: 5, message: "is required"),
@@ -92,9 +92,62 @@ struct ConfigLoadingTests {
         BadCase(name: "duplicate key", yaml: "server:\n  listen: \"0.0.0.0:1\"\n  listen: \"0.0.0.0:2\"\n" + minimal, path: "", line: nil, column: nil, message: "duplicate key 'listen'"),
         BadCase(name: "YAML syntax error", yaml: "server:\n  listen: [\n", path: "", line: 3, column: 1, message: "YAML syntax"),
         BadCase(name: "identity headers that collide", yaml: "identity:\n  headers:\n    email: X_Auth_User\n" + minimal, path: "identity.headers", line: 3, column: 5, message: "same name"),
-        BadCase(name: "TLS not yet available", yaml: "server:\n  tls: { certificate_file: a, private_key_file: b }\n" + minimal, path: "server.tls", line: 2, column: 8, message: "not available"),
+        BadCase(name: "TLS without its key", yaml: "server:\n  tls: { certificate_file: a }\n" + minimal, path: "server.tls.private_key_file", line: 2, column: 8, message: "is required"),
+        BadCase(name: "redirect listener without TLS", yaml: "server:\n  redirect_http_listen: \"0.0.0.0:80\"\n" + minimal, path: "server.redirect_http_listen", line: 2, column: 3, message: "needs server.tls"),
+        BadCase(name: "redirect listener on the public port", yaml: "server:\n  listen: \"0.0.0.0:8443\"\n  tls: { certificate_file: a, private_key_file: b }\n  redirect_http_listen: \"127.0.0.1:8443\"\n" + minimal, path: "server.redirect_http_listen", line: 2, column: 3, message: "is also server.listen"),
+        BadCase(name: "store.tls without rediss://", yaml: "store:\n  redis_url: \"redis://r:6379\"\n  tls: { ca_file: /ca.pem }\n" + minimal, path: "store.tls", line: 3, column: 8, message: "rediss://"),
+        BadCase(name: "client certificate without its key", yaml: "store:\n  redis_url: \"rediss://r:6380\"\n  tls: { certificate_file: /c.pem }\n" + minimal, path: "store.tls.private_key_file", line: 3, column: 8, message: "a client certificate needs its key"),
+        BadCase(name: "bad SNI name", yaml: "store:\n  redis_url: \"rediss://r:6380\"\n  tls: { server_name: \"a b\" }\n" + minimal, path: "store.tls.server_name", line: 3, column: 23, message: "not a host name"),
+        BadCase(name: "sentinel without addresses", yaml: "store:\n  redis_url: \"redis://mymaster/0\"\n  sentinel: { master_name: mymaster }\n" + minimal, path: "store.sentinel.addresses", line: 3, column: 13, message: "at least one sentinel"),
+        BadCase(name: "sentinel without redis_url", yaml: "store:\n  sentinel: { master_name: m, addresses: [\"10.0.0.1:26379\"] }\n" + minimal, path: "store.redis_url", line: 2, column: 3, message: "is required with store.sentinel"),
+        BadCase(name: "bad sentinel address", yaml: "store:\n  redis_url: \"redis://m/0\"\n  sentinel: { master_name: m, addresses: [\"10.0.0.1\"] }\n" + minimal, path: "store.sentinel.addresses[0]", line: 3, column: 43, message: "host:port of a sentinel"),
+        BadCase(name: "CA file for an http:// upstream", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_ca_file: /ca.pem\n", path: "routes[0].upstream_ca_file", line: 4, column: 23, message: "only to an https:// upstream"),
+        BadCase(name: "skip-verify beside a CA file", yaml: "routes:\n  - name: a\n    upstream: \"https://x\"\n    upstream_ca_file: /ca.pem\n    upstream_insecure_skip_verify: true\n", path: "routes[0].upstream_insecure_skip_verify", line: 5, column: 36, message: "contradicts"),
         BadCase(name: "bad access_log", yaml: "server:\n  access_log: verbose\n" + minimal, path: "server.access_log", line: 2, column: 15, message: "text | json | off"),
     ]
+
+    @Test("https upstreams, TLS, rediss:// and sentinels parse; skipping verification is a loud warning")
+    func tlsKeys() throws {
+        let yaml = """
+            server:
+              listen: "0.0.0.0:443"
+              tls: { certificate_file: /etc/sg/cert.pem, private_key_file: /etc/sg/key.pem }
+              redirect_http_listen: "0.0.0.0:80"
+              timeouts: { tls_handshake: 3s }
+            store:
+              redis_url: "rediss://gw:pw@mymaster:6380/2"
+              tls: { ca_file: /etc/sg/redis-ca.pem, certificate_file: /etc/sg/c.pem, private_key_file: /etc/sg/c.key, server_name: redis.internal }
+              sentinel: { master_name: mymaster, addresses: ["10.0.0.1:26379", "[::1]:26380"], password: "env:SENTINEL_PASSWORD" }
+            routes:
+              - name: a
+                upstream: "https://app.internal"
+                upstream_ca_file: /etc/sg/internal-ca.pem
+                upstream_server_name: app.internal
+                auth: public
+              - name: b
+                path_prefix: /b/
+                upstream: "https://127.0.0.1:8443"
+                upstream_insecure_skip_verify: true
+                auth: public
+            """
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        let c = try #require(result.configuration, "\(result.errors)")
+        #expect(c.server.tls == .init(certificateFile: "/etc/sg/cert.pem", privateKeyFile: "/etc/sg/key.pem"))
+        #expect(c.server.redirectHTTPListen == ListenAddress(host: "0.0.0.0", port: 80))
+        #expect(c.server.timeouts.tlsHandshake == .seconds(3))
+        #expect(c.store.redisURL?.tls == true)
+        #expect(c.store.redisURL?.username == "gw")
+        #expect(c.store.tls.serverName == "redis.internal")
+        #expect(c.store.tls.privateKeyFile == "/etc/sg/c.key")
+        #expect(c.store.sentinel?.addresses == [ListenAddress(host: "10.0.0.1", port: 26379), ListenAddress(host: "::1", port: 26380)])
+        #expect(c.store.sentinel?.password == .environment("SENTINEL_PASSWORD"))
+        #expect(c.routes[0].upstream == UpstreamURL(host: "app.internal", port: 443, tls: true))
+        #expect(c.routes[0].upstreamServerName == "app.internal")
+        #expect(c.routes[1].upstreamInsecureSkipVerify)
+        let warning = result.problems.first { $0.path == "routes[1].upstream_insecure_skip_verify" }
+        #expect(warning?.severity == .warning)
+        #expect(warning?.message.contains("INSECURE") == true)
+    }
 
     @Test("each problem names its key path and line:column", arguments: badCases)
     func badConfiguration(_ c: BadCase) throws {

@@ -15,12 +15,15 @@ struct ReloadRulesTests {
           allowed_redirect_hosts: []
           allowed_origins: []
           access_log: text
+          redirect_http_listen: "0.0.0.0:80"
+          tls: { certificate_file: "/etc/sessiongate/cert.pem", private_key_file: "/etc/sessiongate/key.pem" }
           timeouts:
             upstream_connect: 5s
             upstream_response: 60s
             idle: 60s
             shutdown: 30s
             request_body: 60s
+            tls_handshake: 10s
           limits:
             max_header_bytes: 16384
             max_header_count: 100
@@ -42,10 +45,12 @@ struct ReloadRulesTests {
           idle_timeout: 12h
           absolute_timeout: 30d
         store:
-          redis_url: "redis://127.0.0.1:6379/0"
+          redis_url: "rediss://127.0.0.1:6379/0"
           key_prefix: "sg:"
           timeout: 250ms
           local_cache_ttl: 5s
+          tls: { ca_file: "/etc/sessiongate/redis-ca.pem", server_name: "redis.internal" }
+          sentinel: { master_name: "mymaster", addresses: ["10.0.0.1:26379"] }
         identity:
           header_prefix: "X-Auth-"
           assertion:
@@ -59,6 +64,10 @@ struct ReloadRulesTests {
             upstream: "http://127.0.0.1:9000"
             allow:
               users: []
+          - name: secure
+            path_prefix: /s/
+            upstream: "https://app.internal:8443"
+            upstream_ca_file: "/etc/sessiongate/internal-ca.pem"
         """
 
     static func load(_ yaml: String) throws -> GatewayConfiguration.LoadResult {
@@ -94,6 +103,12 @@ struct ReloadRulesTests {
         ("store.local_cache_ttl", "local_cache_ttl: 5s", "local_cache_ttl: 1s"),
         ("identity.assertion.enabled", "enabled: true", "enabled: false"),
         ("identity.assertion.key_file", "assertion.pem", "assertion2.pem"),
+        ("server.redirect_http_listen", #"redirect_http_listen: "0.0.0.0:80""#, #"redirect_http_listen: "0.0.0.0:81""#),
+        ("server.timeouts.tls_handshake", "tls_handshake: 10s", "tls_handshake: 5s"),
+        ("store.tls.ca_file", "redis-ca.pem", "redis-ca2.pem"),
+        ("store.tls.server_name", #"server_name: "redis.internal""#, #"server_name: "redis2.internal""#),
+        ("store.sentinel.master_name", #"master_name: "mymaster""#, #"master_name: "other""#),
+        ("store.sentinel.addresses", #"addresses: ["10.0.0.1:26379"]"#, #"addresses: ["10.0.0.2:26379"]"#),
     ])
     func restartOnly(key: String, from: String, to: String) throws {
         #expect(Self.base.contains(from), "the case edits the base")
@@ -124,6 +139,10 @@ struct ReloadRulesTests {
         #"user: "X-Auth-User""#: #"user: "X-User""#,
         "users: []": #"users: ["someone"]"#,
         "upstream: \"http://127.0.0.1:9000\"": "upstream: \"http://127.0.0.1:9001\"",
+        "/etc/sessiongate/cert.pem": "/etc/letsencrypt/live/app/fullchain.pem",
+        "/etc/sessiongate/key.pem": "/etc/letsencrypt/live/app/privkey.pem",
+        "internal-ca.pem": "internal-ca-2.pem",
+        "https://app.internal:8443": "https://app2.internal:8443",
     ])
     func reloadable(from: String, to: String) throws {
         #expect(Self.base.contains(from))
