@@ -73,9 +73,9 @@ struct ProxyEndToEndTests {
         withExtendedLifetime(dead) {}
     }
 
-    @Test("keep-alive: consecutive requests reuse one upstream connection")
-    func keepAliveReuse() async throws {
-        let h = try await ProxyHarness.start()
+    @Test("keep-alive: consecutive requests reuse one upstream connection (plain and https upstream)", arguments: [false, true])
+    func keepAliveReuse(tls: Bool) async throws {
+        let h = try await ProxyHarness.start(upstreamTLS: tls)
         defer { Task { await h.stop() } }
         let port = h.port
         let statuses = try await blocking {
@@ -108,9 +108,9 @@ struct ProxyEndToEndTests {
         #expect(bodies[3].status == 400)
     }
 
-    @Test("HTTP/1.0: closed after the response unless keep-alive was asked for")
-    func http10() async throws {
-        let h = try await ProxyHarness.start()
+    @Test("HTTP/1.0: closed after the response unless keep-alive was asked for (plain and https upstream)", arguments: [false, true])
+    func http10(tls: Bool) async throws {
+        let h = try await ProxyHarness.start(upstreamTLS: tls)
         defer { Task { await h.stop() } }
         let port = h.port
         let (first, closed, second, keptOpen) = try await blocking {
@@ -190,9 +190,9 @@ struct ProxyEndToEndTests {
         withExtendedLifetime(dead) {}
     }
 
-    @Test("upstream response timeout: 504")
-    func responseTimeout() async throws {
-        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .milliseconds(300), idle: .seconds(10)))
+    @Test("upstream response timeout: 504 (plain and https upstream)", arguments: [false, true])
+    func responseTimeout(tls: Bool) async throws {
+        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .milliseconds(300), idle: .seconds(10)), upstreamTLS: tls)
         defer { Task { await h.stop() } }
         let response = try await h.request("GET /hang HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(response.status == 504)
@@ -278,9 +278,9 @@ struct ProxyEndToEndTests {
         #expect(outcome == "aborted")
     }
 
-    @Test("idempotent requests are retried once when a pooled connection was closed before answering")
-    func retryOnStaleConnection() async throws {
-        let h = try await ProxyHarness.start()
+    @Test("idempotent requests are retried once when a pooled connection was closed before answering (plain and https upstream)", arguments: [false, true])
+    func retryOnStaleConnection(tls: Bool) async throws {
+        let h = try await ProxyHarness.start(upstreamTLS: tls)
         defer { Task { await h.stop() } }
         let port = h.port
         let (first, retried, post) = try await blocking {
@@ -299,9 +299,9 @@ struct ProxyEndToEndTests {
         #expect(h.upstream.stats.withLockedValue { $0.connections } == 2)
     }
 
-    @Test("WebSocket upgrade passes bytes both ways until a side closes")
-    func websocket() async throws {
-        let h = try await ProxyHarness.start()
+    @Test("WebSocket upgrade passes bytes both ways until a side closes (plain and https upstream)", arguments: [false, true])
+    func websocket(tls: Bool) async throws {
+        let h = try await ProxyHarness.start(upstreamTLS: tls)
         defer { Task { await h.stop() } }
         let port = h.port
         let (status, echoed, closed) = try await blocking {

@@ -4,6 +4,7 @@ import HTTPProxy
 import Logging
 import NIOCore
 import NIOPosix
+import NIOSSL
 
 /// A proxy in front of a `TestUpstream`, both real servers on loopback.
 struct ProxyHarness {
@@ -22,10 +23,15 @@ struct ProxyHarness {
         maxBodyBytes: Int = 0,
         hiddenCookies: [String] = [],
         origins: OriginPolicy = .sameHost,
+        upstreamTLS: Bool = false,
         routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil
     ) async throws -> ProxyHarness {
-        let upstream = try await TestUpstream.start()
-        let address = try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst)
+        let upstream = try await TestUpstream.start(tls: upstreamTLS ? try Self.upstreamCertificate.server : nil)
+        var address = try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst)
+        if upstreamTLS {
+            // Verified by address: the certificate names 127.0.0.1 (and localhost).
+            address.tls = UpstreamTLS(context: try Self.upstreamCertificate.client, serverName: nil)
+        }
         let routes = makeRoutes?(address) ?? [
             ProxyRoute(name: "test", pathPrefix: "/", upstream: address, requestGuard: requestGuard, maxBodyBytes: maxBodyBytes),
         ]
@@ -37,6 +43,27 @@ struct ProxyHarness {
         try await proxy.start()
         return ProxyHarness(proxy: proxy, upstream: upstream)
     }
+
+    /// An https upstream's certificate from a test CA, and a client context trusting only that CA.
+    struct UpstreamCertificate: Sendable {
+        let server: NIOSSLContext
+        let client: NIOSSLContext
+    }
+
+    static let upstreamCertificateResult: Result<UpstreamCertificate, any Error> = Result {
+        let ca = try TestCA()
+        let leaf = try ca.issue("upstream")
+        let server = try NIOSSLContext(configuration: .makeServerConfiguration(
+            certificateChain: try NIOSSLCertificate.fromPEMFile(leaf.certificateFile).map { .certificate($0) },
+            privateKey: .privateKey(try NIOSSLPrivateKey(file: leaf.privateKeyFile, format: .pem))))
+        var client = TLSConfiguration.makeClientConfiguration()
+        client.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(ca.certificateFile))
+        let context = UpstreamCertificate(server: server, client: try NIOSSLContext(configuration: client))
+        ca.remove()
+        return context
+    }
+
+    static var upstreamCertificate: UpstreamCertificate { get throws { try upstreamCertificateResult.get() } }
 
     private static func address(_ host: String, _ port: Int, _ before: [SocketAddress]) throws -> UpstreamAddress {
         let resolved = try UpstreamAddress(host: host, port: port).resolved()
