@@ -37,7 +37,7 @@ demo:
 	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
-## make bench: release build; the public data path, then 10,000 authenticated sessions, each beside
+## make bench: release build; the public data path, then 10,000 authenticated sessions, re-validation, TLS termination, each beside
 ## nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
@@ -45,6 +45,7 @@ bench:
 	bench/run.sh
 	bench/auth.sh
 	bench/revalidation.sh
+	bench/tls.sh
 
 clean:
 	rm -rf .build

@@ -13,7 +13,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-start_nginx() {  # upstream_port proxy_port
+start_nginx() {  # upstream_port proxy_port [tls_port cert key]: the third adds proxy_pass behind TLS
+  local tls_server=""
+  [ -n "${3:-}" ] && tls_server="server { listen 127.0.0.1:$3 ssl; ssl_certificate $4; ssl_certificate_key $5; ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache off; ssl_session_tickets off; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
   cat > "$WORK/nginx.conf" <<CONF
 worker_processes 1;
 daemon on;
@@ -26,6 +28,7 @@ http {
   upstream app { server 127.0.0.1:$1; keepalive 256; }
   server { listen 127.0.0.1:$1; location / { return 200 "$(printf '%0100d' 0)"; } }
   server { listen 127.0.0.1:$2; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  $tls_server
 }
 CONF
   nginx -c "$WORK/nginx.conf" -p "$WORK"

@@ -3,7 +3,7 @@
 # Set WORK_NAME before sourcing; `gateway NAME PORT ADMIN CACHE_TTL [EXTRA_APPLE_YAML]`.
 source bench/common.sh
 UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187
-start_nginx $UPSTREAM $NGINX
+start_nginx $UPSTREAM $NGINX ${NGINX_TLS_ARGS:-}
 redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
 PIDS+=($!)
 "$BIN" apple-simulator --listen "127.0.0.1:$SIM" --out "$WORK" --web-client "com.example.web=http://localhost:$SG_A/_auth/callback" \
@@ -14,13 +14,14 @@ wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; 
 wait_for "$WORK/simulator.log" "private_key_file"
 wait_for "$WORK/redis.log" "Ready to accept connections"
 
-gateway() {  # name port admin cache_ttl [extra apple: lines]
+gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines]
   cat > "$WORK/$1.yaml" <<CONF
 server:
   listen: "127.0.0.1:$2"
   public_url: "http://localhost:$2"
   admin_listen: "127.0.0.1:$3"
   access_log: off
+${6:-}
 apple:
   team_id: "SIMTEAM001"
   key_id: "SIMKEY0001"

@@ -4,6 +4,9 @@
 local values = {}
 for line in io.lines(os.getenv("COOKIES")) do values[#values + 1] = line end
 local name = os.getenv("COOKIE_NAME") or "__Host-sessiongate"
+-- CLOSE=1: one request per connection (every request pays a new connection, a TLS handshake
+-- on https).
+local close = os.getenv("CLOSE") == "1"
 local counter = 0
 local threads = 0
 
@@ -19,5 +22,7 @@ end
 function request()
   counter = counter + 1
   local value = values[(counter % #values) + 1]
-  return wrk.format("GET", "/", { ["Cookie"] = name .. "=" .. value })
+  local headers = { ["Cookie"] = name .. "=" .. value }
+  if close then headers["Connection"] = "close" end
+  return wrk.format("GET", "/", headers)
 end
