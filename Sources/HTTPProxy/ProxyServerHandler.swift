@@ -1,6 +1,7 @@
 import GatewayConfig
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 
 /// The client side of the proxy: one per client connection, last in the pipeline after the
 /// request decoder. It decides, per request, what happens (reject, answer, forward), streams
@@ -160,8 +161,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // Decoder errors: framing is in doubt, so answer (if nothing was answered yet) and close.
         guard phase != .closed else { return }
+        // The transport failed (a reset, TLS ended without close_notify): nothing can be
+        // answered; channelInactive records what was in flight.
+        if error is IOError || error is NIOSSLError { return context.close(promise: nil) }
+        // Decoder errors: framing is in doubt, so answer (if nothing was answered yet) and close.
         let status: HTTPResponseStatus
         let reason: String
         if (error as? HTTPParserError) == .headerOverflow || error is ByteToMessageDecoderError.PayloadTooLargeError {

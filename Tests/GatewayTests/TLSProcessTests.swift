@@ -147,7 +147,28 @@ struct TLSProcessTests {
             return c.waitForClose()
         }
         #expect(closed)
+        // A client that closes TCP without TLS's close_notify (common) is not a malformed request.
+        let abrupt = try await blocking {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            process.arguments = ["-c", """
+                import socket, ssl
+                context = ssl.create_default_context(cafile="\(ca.certificateFile)")
+                s = context.wrap_socket(socket.create_connection(("127.0.0.1", \(listen))), server_hostname="localhost")
+                s.sendall(b"GET /echo HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n")
+                print(s.recv(12).decode())
+                s.close()
+                """]
+            let output = Pipe()
+            process.standardOutput = output
+            try process.run()
+            let data = output.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return String(decoding: data, as: UTF8.self)
+        }
+        #expect(abrupt.hasPrefix("HTTP/1.1 200"), "\(abrupt)")
         let counted = try await Self.metrics(admin: ports.admin)
+        #expect(counted.contains(#"sessiongate_requests_total{route="-",status_class="4xx"} 0"#), "an unclean TLS close is not answered 400")
         #expect(counted.contains(#"sessiongate_tls_handshake_failures_total{reason="plaintext"} 1"#), "\(counted)")
         #expect(counted.contains(#"sessiongate_tls_handshake_failures_total{reason="timeout"} 1"#), "\(counted)")
         #expect(!counted.contains(#"sessiongate_tls_handshake_failures_total{reason="handshake"} 0"#), "the TLS 1.1 hello is counted")
