@@ -52,10 +52,15 @@ struct TLSProcessTests {
 
     /// `openssl s_client` against the listener: its output (subject, protocol, ALPN).
     static func handshake(port: Int, ca: String, extra: [String] = []) async throws -> String {
+        try await output(of: "/usr/bin/openssl", ["s_client", "-connect", "127.0.0.1:\(port)", "-CAfile", ca, "-verify_return_error", "-alpn", "http/1.1"] + extra)
+    }
+
+    /// Runs a program to its end; what it wrote (standard output and error).
+    static func output(of executable: String, _ arguments: [String]) async throws -> String {
         try await blocking {
             let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-            process.arguments = ["s_client", "-connect", "127.0.0.1:\(port)", "-CAfile", ca, "-verify_return_error", "-alpn", "http/1.1"] + extra
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = arguments
             let output = Pipe()
             process.standardOutput = output
             process.standardError = output
@@ -148,24 +153,14 @@ struct TLSProcessTests {
         }
         #expect(closed)
         // A client that closes TCP without TLS's close_notify (common) is not a malformed request.
-        let abrupt = try await blocking {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            process.arguments = ["-c", """
-                import socket, ssl
-                context = ssl.create_default_context(cafile="\(ca.certificateFile)")
-                s = context.wrap_socket(socket.create_connection(("127.0.0.1", \(listen))), server_hostname="localhost")
-                s.sendall(b"GET /echo HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n")
-                print(s.recv(12).decode())
-                s.close()
-                """]
-            let output = Pipe()
-            process.standardOutput = output
-            try process.run()
-            let data = output.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            return String(decoding: data, as: UTF8.self)
-        }
+        let abrupt = try await Self.output(of: "/usr/bin/python3", ["-c", """
+            import socket, ssl
+            context = ssl.create_default_context(cafile="\(ca.certificateFile)")
+            s = context.wrap_socket(socket.create_connection(("127.0.0.1", \(listen))), server_hostname="localhost")
+            s.sendall(b"GET /echo HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n")
+            print(s.recv(12).decode())
+            s.close()
+            """])
         #expect(abrupt.hasPrefix("HTTP/1.1 200"), "\(abrupt)")
         let counted = try await Self.metrics(admin: ports.admin)
         #expect(counted.contains(#"sessiongate_requests_total{route="-",status_class="4xx"} 0"#), "an unclean TLS close is not answered 400")
