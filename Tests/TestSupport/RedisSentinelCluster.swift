@@ -102,6 +102,15 @@ public final class RedisSentinelCluster: @unchecked Sendable {
         return port
     }
 
+    /// Freezes (SIGSTOP) the master the sentinels name, as a network partition would look:
+    /// connections stay open, nothing is answered. Its port.
+    @discardableResult
+    public func freezeMaster() throws -> Int {
+        guard let port = reportedMasterPort(), let master = server(on: port) else { throw Failure(description: "no master reported") }
+        master.freeze()
+        return port
+    }
+
     /// Polls the sentinels (every 50 ms) until one names a master other than `old`: its port,
     /// and when that was first seen.
     public func waitForNewMaster(replacing old: Int, within limit: Duration = .seconds(30)) async throws -> (port: Int, seen: ContinuousClock.Instant) {
@@ -111,6 +120,18 @@ public final class RedisSentinelCluster: @unchecked Sendable {
             return found != nil
         }
         return (found!, .now)
+    }
+
+    /// Polls until every sentinel names `port` as the master (the others learn a failover from
+    /// the leader's hello messages, each announcing `+switch-master` as it does).
+    public func waitUntilAllSentinelsName(_ port: Int, within limit: Duration = .seconds(15)) async throws {
+        try await Self.poll(within: limit, "every sentinel names \(port)") {
+            self.sentinelPorts.allSatisfy { sentinel in
+                guard case .array(let parts)? = try? RedisCommand.send(["SENTINEL", "get-master-addr-by-name", self.masterName], port: sentinel),
+                      parts.count == 2 else { return false }
+                return parts[1].string == String(port)
+            }
+        }
     }
 
     /// How many connections are subscribed to something on the sentinels (`CLIENT LIST`

@@ -67,7 +67,10 @@ public final class RedisServerProcess: @unchecked Sendable {
         } else {
             arguments += ["--port", String(port)]
         }
-        arguments += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--enable-debug-command", "yes", "--loglevel", "notice"] + extraArguments
+        // A replica writes the snapshot it syncs from its master even with `--save ""`: in the
+        // temporary directory, one file per port, never in the checkout.
+        arguments += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--enable-debug-command", "yes", "--loglevel", "notice",
+                      "--dir", NSTemporaryDirectory(), "--dbfilename", snapshotFile] + extraArguments
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { throw Failure.didNotStart("pipe") }
         var actions = posix_spawn_file_actions_t()
@@ -96,6 +99,9 @@ public final class RedisServerProcess: @unchecked Sendable {
         }.start()
     }
 
+    /// The snapshot a replica writes (in the temporary directory), removed at `stop()`.
+    private var snapshotFile: String { "sessiongate-test-\(port).rdb" }
+
     /// Stops the server and waits until it has exited (its port is free again).
     public func stop() {
         guard pid > 0 else { return }
@@ -105,6 +111,7 @@ public final class RedisServerProcess: @unchecked Sendable {
         waitpid(pid, &status, 0)
         Self.unregister(pid)
         pid = 0
+        unlink(NSTemporaryDirectory() + snapshotFile)
     }
 
     /// Kills the server (SIGKILL: a crash, nothing flushed or handed over) and waits until it
