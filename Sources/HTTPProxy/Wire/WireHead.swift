@@ -1,0 +1,74 @@
+import NIOCore
+import NIOHTTP1
+
+/// Where one header field sits in a head's bytes (offsets from the head's first byte). The line
+/// runs from `nameStart` to `lineEnd` (after its CRLF); the value is trimmed of OWS.
+struct WireField: Equatable {
+    var nameStart: Int32
+    var nameLength: Int32
+    var valueStart: Int32
+    var valueLength: Int32
+    var lineEnd: Int32
+}
+
+/// A request or response head as received: its bytes, unchanged, and where each part is. Nothing
+/// is decoded into `String`s until asked for; forwarding copies the unchanged lines as they are.
+struct WireHead {
+    /// The whole head: any empty lines before the start line, the start line, the fields and the
+    /// empty line that ends the head.
+    var bytes: ByteBuffer
+    var version: HTTPVersion
+    /// Requests: the method (llhttp's list of methods, the set NIO's decoder accepted before).
+    var method: HTTPMethod = .GET
+    /// Requests: the request target, as sent.
+    var targetStart: Int32 = 0
+    var targetLength: Int32 = 0
+    /// Responses: the status code, and the reason phrase as sent.
+    var status: Int = 0
+    var reasonStart: Int32 = 0
+    var reasonLength: Int32 = 0
+    /// Where the first field line starts (after the start line's CRLF).
+    var fieldsStart: Int32
+    var fields: [WireField]
+
+    /// The request target as a `String`.
+    var target: String { string(targetStart, targetLength) }
+    var reason: String { string(reasonStart, reasonLength) }
+
+    func name(_ field: WireField) -> String { string(field.nameStart, field.nameLength) }
+    func value(_ field: WireField) -> String { string(field.valueStart, field.valueLength) }
+
+    /// Whether the field's name is `lower` (a lower-case ASCII literal), without regard to case.
+    @inline(__always)
+    func nameIs(_ field: WireField, _ lower: StaticString) -> Bool {
+        guard Int(field.nameLength) == lower.utf8CodeUnitCount else { return false }
+        return bytes.withUnsafeReadableBytes { raw in
+            let start = Int(field.nameStart)
+            for i in 0..<Int(field.nameLength) where raw[start + i] | 0x20 != lower.utf8Start[i] { return false }
+            return true
+        }
+    }
+
+    /// Every field as `HTTPHeaders`, in order (names and values as sent).
+    var headers: HTTPHeaders {
+        HTTPHeaders(fields.map { (name($0), value($0)) })
+    }
+
+    private func string(_ start: Int32, _ length: Int32) -> String {
+        bytes.getString(at: bytes.readerIndex + Int(start), length: Int(length)) ?? ""
+    }
+}
+
+/// Why bytes are not an HTTP/1.1 message: the client gets 400 (`malformed`) or 431
+/// (`tooLarge`) and the connection is closed.
+enum WireError: Error, Equatable, CustomStringConvertible {
+    case malformed(String)
+    case tooLarge(String)
+
+    var description: String {
+        switch self {
+        case .malformed(let reason): return reason
+        case .tooLarge(let reason): return reason
+        }
+    }
+}

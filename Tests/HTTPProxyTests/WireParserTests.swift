@@ -1,0 +1,200 @@
+import NIOCore
+import NIOHTTP1
+import Testing
+
+@testable import HTTPProxy
+
+/// The wire engine's parsing rules, one row each: what a head or body reads as, or why it is
+/// refused (400: `malformed`, 431: `tooLarge`).
+@Suite("Wire engine: heads, framing and bodies")
+struct WireParserTests {
+    enum Expected: Equatable, Sendable {
+        /// Parsed: the body (chunks joined) and the trailers as `name: value` lines.
+        case request(method: String, target: String, minor: Int, headers: [String], body: String = "", trailers: [String] = [])
+        case malformed
+        case tooLarge
+    }
+
+    struct Case: CustomTestStringConvertible, Sendable {
+        let name: String
+        let raw: String
+        let expected: Expected
+        var testDescription: String { name }
+        init(_ name: String, _ raw: String, _ expected: Expected) {
+            self.name = name
+            self.raw = raw
+            self.expected = expected
+        }
+    }
+
+    static let long = String(repeating: "a", count: 17_000)
+
+    static let cases: [Case] = [
+        Case("plain GET", "GET /a?b HTTP/1.1\r\nHost: a\r\nX-A:  spaced \t\r\n\r\n",
+             .request(method: "GET", target: "/a?b", minor: 1, headers: ["Host: a", "X-A: spaced"])),
+        Case("HTTP/1.0, no Host", "GET / HTTP/1.0\r\n\r\n", .request(method: "GET", target: "/", minor: 0, headers: [])),
+        Case("empty lines before the request line", "\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+             .request(method: "GET", target: "/", minor: 1, headers: ["Host: a"])),
+        Case("empty value", "GET / HTTP/1.1\r\nHost: a\r\nX-E:\r\n\r\n", .request(method: "GET", target: "/", minor: 1, headers: ["Host: a", "X-E: "])),
+        Case("obs-text in a value", "GET / HTTP/1.1\r\nHost: a\r\nX-A: \u{e9}\r\n\r\n",
+             .request(method: "GET", target: "/", minor: 1, headers: ["Host: a", "X-A: \u{e9}"])),
+        Case("length body", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+             .request(method: "POST", target: "/", minor: 1, headers: ["Host: a", "Content-Length: 5"], body: "hello")),
+        Case("chunked body with extensions and trailers",
+             "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n5;a=b\r\nhello\r\nA\r\n0123456789\r\n0;last\r\nX-T: 1\r\n\r\n",
+             .request(method: "POST", target: "/", minor: 1, headers: ["Host: a", "Transfer-Encoding: Chunked"], body: "hello0123456789",
+                      trailers: ["X-T: 1"])),
+        Case("WebDAV and llhttp's other methods", "M-SEARCH * HTTP/1.1\r\nHost: a\r\n\r\n",
+             .request(method: HTTPMethod.MSEARCH.rawValue, target: "*", minor: 1, headers: ["Host: a"])),
+        // framing (FramingTests sends the same to the whole gateway)
+        Case("CL then TE", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", .malformed),
+        Case("TE then CL", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n", .malformed),
+        Case("duplicate CL, same value", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx", .malformed),
+        Case("CL list", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1, 1\r\n\r\nx", .malformed),
+        Case("empty CL", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \r\n\r\n", .malformed),
+        Case("signed CL", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\nx", .malformed),
+        Case("TE gzip", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", .malformed),
+        Case("TE chunked, gzip", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n", .malformed),
+        Case("TE twice", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", .malformed),
+        Case("TE in HTTP/1.0", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", .malformed),
+        Case("obs-fold with space", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\r\n b\r\n\r\n", .malformed),
+        Case("obs-fold with tab", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\r\n\tb\r\n\r\n", .malformed),
+        Case("bare LF everywhere", "GET / HTTP/1.1\nHost: a\n\n", .malformed),
+        Case("bare LF after a header", "GET / HTTP/1.1\r\nHost: a\nX-A: b\r\n\r\n", .malformed),
+        Case("bare LF ending the head", "GET / HTTP/1.1\r\nHost: a\r\n\n", .malformed),
+        Case("bare CR in a value", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\rb\r\n\r\n", .malformed),
+        Case("a line starting with CR", "GET / HTTP/1.1\r\nHost: a\r\n\rX-A: b\r\n\r\n", .malformed),
+        Case("empty header name", "GET / HTTP/1.1\r\nHost: a\r\n: x\r\n\r\n", .malformed),
+        Case("space before colon", "GET / HTTP/1.1\r\nHost : a\r\n\r\n", .malformed),
+        Case("space in name", "GET / HTTP/1.1\r\nHost: a\r\nX A: b\r\n\r\n", .malformed),
+        Case("NUL in value", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\u{0}b\r\n\r\n", .malformed),
+        Case("DEL in value", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\u{7f}\r\n\r\n", .malformed),
+        Case("bad chunk size", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nx\r\n0\r\n\r\n", .malformed),
+        Case("chunk size overflow", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff1\r\nx\r\n0\r\n\r\n", .malformed),
+        Case("chunk data without CRLF", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nxy\r\n0\r\n\r\n", .malformed),
+        Case("endless chunk extension", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1;" + String(repeating: "a", count: 5000), .malformed),
+        Case("trailer with space before colon", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T : 1\r\n\r\n", .malformed),
+        // request line
+        Case("HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", .malformed),
+        Case("garbage request line", "HELLO\r\n\r\n", .malformed),
+        Case("unknown method", "FOO / HTTP/1.1\r\nHost: a\r\n\r\n", .malformed),
+        Case("lower-case method", "get / HTTP/1.1\r\nHost: a\r\n\r\n", .malformed),
+        Case("two spaces after the method", "GET  / HTTP/1.1\r\nHost: a\r\n\r\n", .malformed),
+        Case("HTTP/1.2", "GET / HTTP/1.2\r\nHost: a\r\n\r\n", .malformed),
+        Case("control character in the target", "GET /a\u{1}b HTTP/1.1\r\nHost: a\r\n\r\n", .malformed),
+        Case("non-ASCII target", "GET /\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n", .malformed),
+        // sizes
+        Case("endless request line", "GET /\(String(repeating: "a", count: 100_000))", .tooLarge),
+        Case("huge request target", "GET /\(String(repeating: "a", count: 40_000)) HTTP/1.1\r\nHost: a\r\n\r\n", .tooLarge),
+        Case("one huge header", "GET / HTTP/1.1\r\nHost: a\r\nX-A: \(long)\r\n\r\n", .tooLarge),
+        Case("too many headers", "GET / HTTP/1.1\r\nHost: a\r\n" + (0..<120).map { "X-\($0): v\r\n" }.joined() + "\r\n", .tooLarge),
+        Case("large header block", "GET / HTTP/1.1\r\nHost: a\r\n" + (0..<20).map { "X-\($0): \(String(repeating: "b", count: 1000))\r\n" }.joined() + "\r\n", .tooLarge),
+    ]
+
+    /// Parses one request from `raw`, fed in pieces of `piece` bytes.
+    static func parse(_ raw: [UInt8], piece: Int) -> Expected? {
+        var parser = HeadParser(kind: .request)
+        var buffer = ByteBuffer()
+        var head: WireHead? = nil
+        var decoder: BodyDecoder? = nil
+        var body: [UInt8] = []
+        var offset = 0
+        do {
+            while offset < raw.count {
+                buffer.writeBytes(raw[offset..<min(offset + piece, raw.count)])
+                offset += piece
+                if head == nil {
+                    head = try parser.parse(&buffer)
+                    if let head { decoder = BodyDecoder(try MessageFraming.request(head)) }
+                }
+                while let part = try decoder?.next(&buffer) {
+                    switch part {
+                    case .body(let bytes): body += bytes.readableBytesView
+                    case .end(let trailers):
+                        let head = head!
+                        return .request(method: head.method.rawValue, target: head.target, minor: head.version.minor,
+                                        headers: head.fields.map { "\(head.name($0)): \(head.value($0))" },
+                                        body: String(decoding: body, as: UTF8.self),
+                                        trailers: trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } } ?? [])
+                    }
+                }
+            }
+        } catch let error as WireError {
+            if case .tooLarge = error { return .tooLarge }
+            return .malformed
+        } catch {
+            Issue.record("not a WireError: \(error)")
+        }
+        return nil
+    }
+
+    @Test("each row, whole and byte by byte", arguments: cases)
+    func row(_ c: Case) {
+        let raw = Array(c.raw.utf8)
+        #expect(Self.parse(raw, piece: raw.count) == c.expected, "whole")
+        #expect(Self.parse(raw, piece: 1) == c.expected, "byte by byte")
+    }
+
+    @Test("pipelined requests leave the next one's bytes in the buffer")
+    func pipelined() throws {
+        var parser = HeadParser(kind: .request)
+        var buffer = ByteBuffer(string: "POST /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nokGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        let first = try #require(try parser.parse(&buffer))
+        var body = BodyDecoder(try MessageFraming.request(first))
+        #expect(try body.next(&buffer) == .body(ByteBuffer(string: "ok")))
+        #expect(try body.next(&buffer) == .end(nil))
+        #expect(try body.next(&buffer) == nil)
+        let second = try #require(try parser.parse(&buffer))
+        #expect(second.target == "/2")
+        #expect(buffer.readableBytes == 0)
+    }
+
+    @Test("the head keeps the bytes as sent: each field line is where its offsets say")
+    func offsets() throws {
+        var parser = HeadParser(kind: .request)
+        let raw = "GET / HTTP/1.1\r\nHost: a\r\nX-Mixed-Case:  v1 \r\n\r\n"
+        var buffer = ByteBuffer(string: raw)
+        let head = try #require(try parser.parse(&buffer))
+        #expect(head.bytes.readableBytes == raw.utf8.count)
+        #expect(Int(head.fieldsStart) == "GET / HTTP/1.1\r\n".utf8.count)
+        let field = head.fields[1]
+        #expect(head.bytes.getString(at: Int(field.nameStart), length: Int(field.lineEnd - field.nameStart)) == "X-Mixed-Case:  v1 \r\n")
+        #expect(head.nameIs(field, "x-mixed-case"))
+        #expect(!head.nameIs(field, "x-mixed-cas"))
+        #expect(head.value(field) == "v1")
+    }
+
+    @Test("status lines", arguments: [
+        ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", 200, "OK"),
+        ("HTTP/1.0 404 Not Found\r\n\r\n", 404, "Not Found"),
+        ("HTTP/1.1 204\r\n\r\n", 204, ""),
+        ("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", 101, "Switching Protocols"),
+    ])
+    func statusLine(_ raw: String, _ status: Int, _ reason: String) throws {
+        var parser = HeadParser(kind: .response)
+        var buffer = ByteBuffer(string: raw)
+        let head = try #require(try parser.parse(&buffer))
+        #expect(head.status == status)
+        #expect(head.reason == reason)
+    }
+
+    @Test("bad status lines", arguments: ["HTTP/1.1 20 OK\r\n\r\n", "HTTP/1.1 2000 OK\r\n\r\n", "HTTP/1.1 099 x\r\n\r\n", "HTTP/2 200 OK\r\n\r\n",
+                                          "\r\nHTTP/1.1 200 OK\r\n\r\n", "HTTP/1.1  200 OK\r\n\r\n", "HTTP/1.1 200 O\u{1}K\r\n\r\n"])
+    func badStatusLine(_ raw: String) {
+        var parser = HeadParser(kind: .response)
+        var buffer = ByteBuffer(string: raw)
+        #expect(throws: WireError.self) { try parser.parse(&buffer) }
+    }
+
+    @Test("a body read until close ends at EOF; a length or chunked body cut short is an error")
+    func endOfInput() throws {
+        var untilClose = BodyDecoder(.untilClose)
+        var buffer = ByteBuffer(string: "abc")
+        #expect(try untilClose.next(&buffer) == .body(ByteBuffer(string: "abc")))
+        #expect(try untilClose.next(&buffer) == nil)
+        #expect(try untilClose.finish() == .end(nil))
+        var length = BodyDecoder(.contentLength(10))
+        _ = try length.next(&buffer)
+        #expect(throws: WireError.self) { try length.finish() }
+    }
+}
