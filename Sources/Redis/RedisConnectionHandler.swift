@@ -30,6 +30,8 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     var onPush: ((RESPValue) -> Void)?
 
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    /// The context holds this handler: dropped here, or both outlive the connection.
+    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
     /// Writes one command; its reply completes `command`. Flushing is the caller's.
     func write(_ bytes: ByteBuffer, _ command: PendingCommand?) {

@@ -124,6 +124,22 @@ struct ProxyServerHandlerTests {
         #expect(try output(f.channel).hasPrefix("HTTP/1.1 400 Bad Request\r\n"))
         #expect(!f.channel.isActive)
     }
+
+    @Test("a closed connection's handler is freed (it once kept itself alive through its context: ~2 KiB per connection, forever)")
+    func freedAfterClose() throws {
+        weak var handler: ProxyServerHandler?
+        do {
+            let f = try makeChannel(ScriptedGuard { _, _ in .verdict(.respond(.error(.forbidden, "no"))) })
+            handler = try f.channel.pipeline.syncOperations.handler(type: ProxyServerHandler.self)
+            #expect(handler != nil)
+            try f.channel.writeInbound(ByteBuffer(string: "GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"))
+            f.channel.embeddedEventLoop.run()
+            #expect(try output(f.channel).hasPrefix("HTTP/1.1 403 Forbidden\r\n"))
+            #expect(!f.channel.isActive)
+            _ = try? f.channel.finish()
+        }
+        #expect(handler == nil, "the handler outlived its closed connection")
+    }
 }
 
 final class PromiseBox: @unchecked Sendable {
