@@ -37,13 +37,14 @@ demo:
 	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
-## make bench: release build; the public data path, then 10,000 authenticated sessions, re-validation, TLS termination, each beside
+## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, re-validation, TLS termination, each beside
 ## nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
 	bench/run.sh
 	bench/auth.sh
+	SESSIONS=100000 REPS=1 DURATION=8s CONNECTIONS=50 BENCH_NOTE="100,000 sessions: the cache at fleet scale" bench/auth.sh
 	bench/revalidation.sh
 	bench/tls.sh
 

@@ -72,8 +72,13 @@ final class AuthCore: Sendable {
             secret = SessionKeys.randomSecret()
         }
         do { keys = try SessionKeys(secret: secret) } catch { throw StartupFailure(key: "session.secret_file", "\(error)") }
-        let cache = LocalSessionCache<CachedSession>(group: group, ttl: TimeAmount(c.store.localCacheTTL))
+        let cache = LocalSessionCache<CachedSession>(ttl: TimeAmount(c.store.localCacheTTL), capacity: c.store.localCacheEntries)
         self.cache = cache
+        metrics.addCollector { [weak cache, unowned metrics] in
+            guard let cache else { return }
+            let (entries, evictions) = cache.statistics
+            metrics.recordSessionCache(entries: entries, evictions: evictions)
+        }
         invalidationChannel = c.store.keyPrefix + "invalidate"
         for (key, reference) in Self.storeTLSFiles(c) {
             if let reference { digests[key] = SHA256.hash(data: try reference.read(key: key)) }

@@ -225,7 +225,7 @@ final class Authenticator: Sendable {
         }
         guard let handle = keys.handle(forCookie: value) else { return .now(.invalid) }
         let t = now()
-        if let cached = cache.get(handle, on: loop) {
+        if let cached = cache.get(handle) {
             metrics.cacheHits.increment()
             return admit(handle, cached, now: t, on: loop)
         }
@@ -234,7 +234,7 @@ final class Authenticator: Sendable {
         return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
             guard let stored else { return loop.makeSucceededFuture(.invalid) }
             let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored.user), generation: self.generation)
-            if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached, on: loop) }
+            if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached) }
             switch self.admit(handle, cached, now: t, on: loop) {
             case .now(let resolution): return loop.makeSucceededFuture(resolution)
             case .later(let future): return future
@@ -263,7 +263,7 @@ final class Authenticator: Sendable {
         let session = cached.stored.session
         if t - session.lastSeen >= touchInterval {
             let expiresAt = min(session.created + absoluteTimeout, t + idleTimeout)
-            cache.update(handle, on: loop) { $0.stored.session.lastSeen = t }
+            cache.update(handle) { $0.stored.session.lastSeen = t }
             store.touch(handle, lastSeen: t, expiresAt: expiresAt, on: loop).whenFailure { error in
                 self.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
             }
@@ -275,7 +275,7 @@ final class Authenticator: Sendable {
         case .background:
             metrics.recordRevalidation(kind: "background")
             revalidator.validate(session, on: loop).whenSuccess { outcome in
-                if case .valid(let at) = outcome { self.cache.update(handle, on: loop) { $0.stored.session.validatedAt = at } }
+                if case .valid(let at) = outcome { self.cache.update(handle) { $0.stored.session.validatedAt = at } }
             }
             return .now(.session(handle, cached))
         case .blocking:
@@ -283,7 +283,7 @@ final class Authenticator: Sendable {
             return .later(revalidator.validate(session, on: loop).hop(to: loop).map { outcome in
                 switch outcome {
                 case .valid(let at):
-                    self.cache.update(handle, on: loop) { $0.stored.session.validatedAt = at }
+                    self.cache.update(handle) { $0.stored.session.validatedAt = at }
                     var fresh = cached
                     fresh.stored.session.validatedAt = at
                     return .session(handle, fresh)
@@ -326,7 +326,7 @@ final class Authenticator: Sendable {
             cached.generation = generation
             cached.assertion = nil
             let (headers, generation) = (cached.headers, generation)
-            cache.update(handle, on: loop) {
+            cache.update(handle) {
                 // A request of an older generation finishing late must not undo a newer rebuild.
                 guard $0.generation < generation else { return }
                 $0.headers = headers
@@ -342,7 +342,7 @@ final class Authenticator: Sendable {
         let user = cached.stored.user
         let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name), audience: route, now: t)
         let generation = self.generation
-        cache.update(handle, on: loop) {
+        cache.update(handle) {
             guard $0.generation == generation else { return }
             $0.assertion = (route, token, t + assertion.ttl)
         }

@@ -92,6 +92,7 @@ public final class GatewayMetrics: Sendable {
         }
         for operation in Self.storeOperations { _ = storeLatency(operation) }
         for stream in ["stdout", "stderr"] { _ = counter("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)]) }
+        recordSessionCache(entries: 0, evictions: 0)
         _ = routeMetrics("-")
         let sinks: [(String, LineSink)] = [("stdout", .standardOutput), ("stderr", .standardError)]
         addCollector { [unowned self] in
@@ -100,6 +101,13 @@ public final class GatewayMetrics: Sendable {
     }
 
     static let tlsFailuresHelp = "Client TLS handshakes on the public listener that did not complete, by reason."
+    static let cacheEvictionsHelp = "Live sessions the local cache evicted for room (store.local_cache_entries reached): a steady rate means the cache is too small."
+
+    /// The local session cache's size and evictions, read at each scrape.
+    func recordSessionCache(entries: Int, evictions: Int) {
+        gauge("session_cache_entries", help: "Sessions held by the local cache.", labels: []).set(Double(entries))
+        mirror("session_cache_evictions", help: Self.cacheEvictionsHelp, labels: [], total: evictions)
+    }
 
     /// Counts a client TLS handshake that did not complete.
     func recordTLSHandshakeFailure(_ reason: TLSHandshakeFailure) {

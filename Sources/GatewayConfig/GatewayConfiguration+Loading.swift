@@ -217,7 +217,7 @@ extension GatewayConfiguration {
     }
 
     private mutating func readStore(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["store"], path: "store", keys: ["redis_url", "key_prefix", "timeout", "local_cache_ttl", "tls", "sentinel"]) else { return }
+        guard let s = r.section(root.values["store"], path: "store", keys: ["redis_url", "key_prefix", "timeout", "local_cache_ttl", "local_cache_entries", "tls", "sentinel"]) else { return }
         if let v = r.string(s, "redis_url") {
             if let url = RedisURL.parse(v) { store.redisURL = url }
             else { r.report(s.child("redis_url"), r.mark(s, "redis_url"), "not a redis URL (redis://[user:password@]host[:port][/db], or rediss:// for TLS)") }
@@ -265,6 +265,7 @@ extension GatewayConfiguration {
         }
         if let v = r.duration(s, "timeout") { store.timeout = v }
         if let v = r.duration(s, "local_cache_ttl", atLeast: .zero) { store.localCacheTTL = v }
+        if let v = r.int(s, "local_cache_entries", range: 1...100_000_000) { store.localCacheEntries = v }
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {

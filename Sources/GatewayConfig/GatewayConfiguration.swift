@@ -130,6 +130,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var keyPrefix = "sg:"
         public var timeout: Duration = .milliseconds(250)
         public var localCacheTTL: Duration = .seconds(5)
+        /// Sessions the local cache holds at most (shared by every event loop); beyond it the
+        /// least recently used are evicted.
+        public var localCacheEntries = 100_000
         /// TLS settings for a `rediss://` URL.
         public var tls = StoreTLS()
         /// Ask Redis Sentinel for the master instead of dialling `redis_url`'s host.

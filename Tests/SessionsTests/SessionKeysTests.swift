@@ -70,40 +70,88 @@ struct SessionKeysTests {
 
 @Suite("Local session cache")
 struct LocalSessionCacheTests {
-    @Test func perLoopEntriesAndInvalidation() async throws {
+    static let keys = try! SessionKeys(secret: Array(repeating: 3, count: 32))
+    static func handles(_ count: Int) -> [SessionHandle] { (0..<count).map { _ in keys.newSession().1 } }
+
+    @Test func sharedByEveryLoopAndInvalidatedAtOnce() async throws {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-        let keys = try SessionKeys(secret: Array(repeating: 3, count: 32))
-        let cache = LocalSessionCache<String>(group: group, ttl: .seconds(60))
-        let (_, h1) = keys.newSession()
-        let (_, h2) = keys.newSession()
+        let cache = LocalSessionCache<String>(ttl: .seconds(60))
+        let h = Self.handles(3)
         let loops = Array(group.makeIterator())
-        for loop in loops {
-            try await loop.submit {
-                cache.put(h1, sub: "u1", "one", on: loop)
-                cache.put(h2, sub: "u2", "two", on: loop)
-            }.get()
-        }
-        #expect(try await loops[0].submit { cache.get(h1, on: loops[0]) }.get() == "one")
+        try await loops[0].submit {
+            cache.put(h[0], sub: "u1", "one")
+            cache.put(h[1], sub: "u1", "one bis")
+            cache.put(h[2], sub: "u2", "two")
+        }.get()
+        // Put on one loop, found on the other: one copy, not a replica per loop.
+        #expect(try await loops[1].submit { cache.get(h[0]) }.get() == "one")
+        #expect(cache.statistics.entries == 3)
         cache.invalidate(sub: "u1")
-        cache.invalidate(h2)
-        // Invalidations are queued on each loop: a task submitted after them sees their effect.
-        for loop in loops {
-            #expect(try await loop.submit { cache.get(h1, on: loop) }.get() == nil)
-            #expect(try await loop.submit { cache.get(h2, on: loop) }.get() == nil)
-        }
+        #expect(cache.get(h[0]) == nil && cache.get(h[1]) == nil, "every session of the user")
+        #expect(cache.get(h[2]) == "two", "and only that user's")
+        cache.invalidate(h[2])
+        #expect(cache.get(h[2]) == nil)
+        #expect(cache.statistics.entries == 0)
         try await group.shutdownGracefully()
     }
 
     @Test func zeroTTLDisablesAndEntriesExpire() async throws {
-        let loop = MultiThreadedEventLoopGroup.singleton.next()
-        let keys = try SessionKeys(secret: Array(repeating: 3, count: 32))
-        let (_, h) = keys.newSession()
-        let off = LocalSessionCache<Int>(group: .singleton, ttl: .zero)
-        #expect(try await loop.submit { off.put(h, sub: "u", 1, on: loop); return off.get(h, on: loop) }.get() == nil)
-        let short = LocalSessionCache<Int>(group: .singleton, ttl: .milliseconds(1))
-        try await loop.submit { short.put(h, sub: "u", 1, on: loop) }.get()
+        let h = Self.handles(1)[0]
+        let off = LocalSessionCache<Int>(ttl: .zero)
+        off.put(h, sub: "u", 1)
+        #expect(off.get(h) == nil)
+        let short = LocalSessionCache<Int>(ttl: .milliseconds(1))
+        short.put(h, sub: "u", 1)
         try await Task.sleep(for: .milliseconds(5))  // the TTL itself is what is tested
-        #expect(try await loop.submit { short.get(h, on: loop) }.get() == nil)
+        #expect(short.get(h) == nil)
+    }
+
+    @Test func updateKeepsTheEntryAndPutReplaces() {
+        let cache = LocalSessionCache<Int>(ttl: .seconds(60))
+        let h = Self.handles(1)[0]
+        cache.update(h) { $0 += 1 }
+        #expect(cache.get(h) == nil, "update does not create")
+        cache.put(h, sub: "u", 1)
+        cache.update(h) { $0 += 1 }
+        #expect(cache.get(h) == 2)
+        cache.put(h, sub: "v", 5)
+        #expect(cache.get(h) == 5 && cache.statistics.entries == 1)
+        cache.invalidate(sub: "u")
+        #expect(cache.get(h) == 5, "the entry moved to its new user")
+    }
+
+    @Test func boundedWithLeastRecentlyUsedEviction() {
+        // One stripe, so that the order of eviction is the CLOCK's alone.
+        let cache = LocalSessionCache<Int>(ttl: .seconds(60), capacity: 4, stripes: 1)
+        let h = Self.handles(8)
+        for i in 0..<4 { cache.put(h[i], sub: "u\(i)", i) }
+        // 0 and 2 are in use; 1 and 3 are not: the next two puts take the places of 1 and 3.
+        #expect(cache.get(h[0]) == 0 && cache.get(h[2]) == 2)
+        cache.put(h[4], sub: "u4", 4)
+        cache.put(h[5], sub: "u5", 5)
+        #expect(cache.get(h[1]) == nil && cache.get(h[3]) == nil)
+        #expect(cache.get(h[0]) == 0 && cache.get(h[2]) == 2 && cache.get(h[4]) == 4 && cache.get(h[5]) == 5)
+        #expect(cache.statistics == (entries: 4, evictions: 2))
+        cache.invalidate(sub: "u1")  // evicted: its index went with it
+        #expect(cache.statistics.entries == 4)
+        cache.flush()
+        #expect(cache.statistics.entries == 0)
+        for i in 0..<4 { cache.put(h[i], sub: "u", i) }
+        #expect(cache.statistics == (entries: 4, evictions: 2), "freed slots are reused before anything is evicted")
+        cache.invalidate(sub: "u")
+        #expect(cache.statistics.entries == 0)
+    }
+
+    @Test func neverHoldsMoreThanItsCapacity() {
+        let cache = LocalSessionCache<Int>(ttl: .seconds(60), capacity: 64)
+        for (i, h) in Self.handles(1_000).enumerated() {
+            cache.put(h, sub: "u\(i % 10)", i)
+            _ = cache.get(h)
+        }
+        #expect(cache.statistics.entries <= cache.capacity)
+        #expect(cache.statistics.evictions >= 1_000 - cache.capacity)
+        for i in 0..<10 { cache.invalidate(sub: "u\(i)") }
+        #expect(cache.statistics.entries == 0)
     }
 }
 
