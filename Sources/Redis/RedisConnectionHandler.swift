@@ -93,6 +93,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
             failAll(.tls("\(tls)"))
         } else if let tls = error as? BoringSSLError {
             failAll(.tls("\(tls)"))
+        } else if let tls = error as? NIOSSLExtraError {
+            // A certificate that does not name the host (failedToValidateHostname) and the like.
+            failAll(.tls("\(tls)"))
         } else {
             failAll(.unavailable)
         }

@@ -45,19 +45,6 @@ enum MessageFraming {
 }
 
 extension WireHead {
-    /// Whether the field's value is `lower` (a lower-case ASCII literal), without regard to case.
-    @inline(__always)
-    func valueIs(_ field: WireField, _ lower: StaticString) -> Bool {
-        guard Int(field.valueLength) == lower.utf8CodeUnitCount else { return false }
-        return bytes.withUnsafeReadableBytes { raw in
-            let start = Int(field.valueStart)
-            for i in 0..<Int(field.valueLength) where raw[start + i] | 0x20 != lower.utf8Start[i] { return false }
-            return true
-        }
-    }
-}
-
-extension WireHead {
     /// Whether an HTAB followed the value on its line (trimmed from the value).
     func hasTrailingTab(_ field: WireField) -> Bool {
         let end = field.valueStart + field.valueLength

@@ -38,13 +38,20 @@ struct WireHead {
     func name(_ field: WireField) -> String { string(field.nameStart, field.nameLength) }
     func value(_ field: WireField) -> String { string(field.valueStart, field.valueLength) }
 
-    /// Whether the field's name is `lower` (a lower-case ASCII literal), without regard to case.
+    /// Whether the field's name is `lower` (a lower-case literal of letters and `-`), without
+    /// regard to case.
     @inline(__always)
-    func nameIs(_ field: WireField, _ lower: StaticString) -> Bool {
-        guard Int(field.nameLength) == lower.utf8CodeUnitCount else { return false }
+    func nameIs(_ field: WireField, _ lower: StaticString) -> Bool { bytesAre(field.nameStart, field.nameLength, lower) }
+
+    /// Whether the field's value is `lower` (as for `nameIs`).
+    @inline(__always)
+    func valueIs(_ field: WireField, _ lower: StaticString) -> Bool { bytesAre(field.valueStart, field.valueLength, lower) }
+
+    @inline(__always)
+    private func bytesAre(_ start: Int32, _ length: Int32, _ lower: StaticString) -> Bool {
+        guard Int(length) == lower.utf8CodeUnitCount else { return false }
         return bytes.withUnsafeReadableBytes { raw in
-            let start = Int(field.nameStart)
-            for i in 0..<Int(field.nameLength) where raw[start + i] | 0x20 != lower.utf8Start[i] { return false }
+            for i in 0..<Int(length) where raw[Int(start) + i] | 0x20 != lower.utf8Start[i] { return false }
             return true
         }
     }
