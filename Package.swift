@@ -155,7 +155,7 @@ let package = Package(
         .testTarget(
             name: "HTTPProxyTests",
             dependencies: [
-                "HTTPProxy",
+                "HTTPProxy", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

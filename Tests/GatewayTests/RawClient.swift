@@ -152,12 +152,5 @@ extension String {
     }
 }
 
-/// Runs blocking socket work off the cooperative thread pool.
-func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        let thread = Thread { continuation.resume(with: Result { try work() }) }
-        thread.start()
-    }
-}
 
 import Foundation

@@ -21,7 +21,7 @@ struct SentinelFailoverTests {
 
     @Test("master killed: 503 with the cookie kept meanwhile, the session admitted again on both instances, then logout and sign-in on the new master")
     func failover() async throws {
-        let cluster = try RedisSentinelCluster()
+        let cluster = try await blocking { try RedisSentinelCluster() }
         defer { cluster.stop() }
         // The local cache keeps a session an hour: an instance refusing it soon after a logout
         // elsewhere proves the invalidation reached it over pub/sub.

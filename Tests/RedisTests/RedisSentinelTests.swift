@@ -80,7 +80,7 @@ struct RedisSentinelTests {
     @Test("the master is killed or frozen: SET works again on the promoted replica, the watcher reports it, pub/sub follows",
           arguments: [Outage.killed, .frozen])
     func failover(_ outage: Outage) async throws {
-        let cluster = try RedisSentinelCluster()
+        let cluster = try await blocking { try RedisSentinelCluster() }
         defer { cluster.stop() }
         let wiring = try Wiring(Self.configuration(cluster))
         wiring.start()
@@ -140,7 +140,7 @@ struct RedisSentinelTests {
 
     @Test("a switchover (SENTINEL FAILOVER): the old master stays up as a replica; every connection moves to the new master")
     func switchover() async throws {
-        let cluster = try RedisSentinelCluster()
+        let cluster = try await blocking { try RedisSentinelCluster() }
         defer { cluster.stop() }
         let wiring = try Wiring(Self.configuration(cluster))
         wiring.start()
@@ -176,7 +176,7 @@ struct RedisSentinelTests {
 
     @Test("a master name no sentinel knows fails with .sentinel at once")
     func unknownMaster() async throws {
-        let cluster = try RedisSentinelCluster()
+        let cluster = try await blocking { try RedisSentinelCluster() }
         defer { cluster.stop() }
         let client = try RedisClient(configuration: Self.configuration(cluster, masterName: "nosuchmaster"), group: MultiThreadedEventLoopGroup.singleton,
                                      logger: Logger(label: "test"))

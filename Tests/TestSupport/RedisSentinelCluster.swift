@@ -4,11 +4,22 @@ import Foundation
 import Glibc
 #endif
 
+/// Runs blocking work (sockets, processes, a long CPU loop) on a thread of its own: the
+/// cooperative pool has one thread per core (two here), and a test that holds one stalls every
+/// other test of the run.
+public func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread { continuation.resume(with: Result { try work() }) }
+        thread.start()
+    }
+}
+
 /// Redis Sentinel on loopback for one test: a master, its replica and three sentinels
 /// (quorum 2, `down-after-milliseconds` 1000, `failover-timeout` 5000), every process on a free
 /// port. Ready when constructed: the replica is in sync and every sentinel knows the replica
 /// and the two other sentinels, so a failover can be authorised. `stop()` ends all of them
-/// (and the exit handler of `RedisServerProcess` any that a failed test left behind).
+/// (and the exit handler of `RedisServerProcess` any that a failed test left behind). Its
+/// start-up blocks for seconds: make it with `blocking { try RedisSentinelCluster() }`.
 public final class RedisSentinelCluster: @unchecked Sendable {
     public let masterName: String
     /// The data servers: `[0]` the first master, `[1]` its replica.
