@@ -101,7 +101,7 @@ final class AuthCore: Sendable {
             if configuration.sentinel != nil {
                 sentinelWatcher = try RedisSentinelWatcher(configuration: configuration, eventLoop: group.next(), logger: logger) { master in
                     logger.notice("redis sentinel: the master moved; reconnecting", metadata: ["master": "\(master)"])
-                    client.reconnect()
+                    client.reconnect(unlessConnectedTo: master)
                     subscriber.reconnect()
                 }
             } else {

@@ -66,10 +66,11 @@ public final class RedisClient: Sendable {
     }
 
     /// Closes every connection and dials again at once, without backoff (the sentinels
-    /// announced a new master).
-    public func reconnect() {
+    /// announced a new master) — except a connection already to `master` (`host:port`, as the
+    /// sentinels name it): one that found the new master by itself keeps serving.
+    public func reconnect(unlessConnectedTo master: String? = nil) {
         for (_, box) in connections {
-            box.eventLoop.execute { box.value.reconnect() }
+            box.eventLoop.execute { box.value.reconnect(unlessConnectedTo: master) }
         }
     }
 
@@ -119,6 +120,8 @@ final class LoopConnection {
     private var state: State = .idle
     private var backoff: TimeAmount
     private var retryAt: NIODeadline = .uptimeNanoseconds(0)
+    /// The connection is being closed by `reconnect`.
+    private var reconnecting = false
 
     init(loop: any EventLoop, dialer: RedisDialer, configuration: RedisClient.Configuration, logger: Logger) {
         self.loop = loop
@@ -204,13 +207,21 @@ final class LoopConnection {
     private func connectionClosed() {
         if case .closed = state { return }
         state = .idle
-        retryAt = .now() + configuration.minimumBackoff
+        // Closed on purpose to follow a new master: dial again at once, not after a backoff.
+        retryAt = reconnecting ? .uptimeNanoseconds(0) : .now() + configuration.minimumBackoff
+        reconnecting = false
     }
 
-    func reconnect() {
+    func reconnect(unlessConnectedTo master: String?) {
         backoff = configuration.minimumBackoff
         retryAt = .uptimeNanoseconds(0)
-        if case .connected(let channel, _) = state { channel.close(promise: nil) }
+        guard case .connected(let channel, _) = state else { return }
+        if let master, let remote = channel.remoteAddress, let ip = remote.ipAddress, let port = remote.port,
+           RedisAddress(host: ip, port: port).description == master {
+            return
+        }
+        reconnecting = true
+        channel.close(promise: nil)
     }
 
     func close() -> EventLoopFuture<Void> {

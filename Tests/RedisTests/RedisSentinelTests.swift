@@ -38,7 +38,7 @@ struct RedisSentinelTests {
                 onConnected: { events.append(.connected) })
             watcher = try RedisSentinelWatcher(configuration: configuration, eventLoop: loop, logger: Logger(label: "test")) { master in
                 events.append(.switched(master))
-                client.reconnect()
+                client.reconnect(unlessConnectedTo: master)
                 subscriber.reconnect()
             }
             self.client = client
