@@ -123,6 +123,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func handlerRemoved(context: ChannelHandlerContext) {
         timer?.cancel()
         timer = nil
+        // No upstream may call back into a handler without a pipeline (closing it clears its
+        // owner); normally channelInactive or the upgrade has let it go already.
+        if let upstream { upstream.close(); self.upstream = nil }
         // The context holds this handler: keeping it would keep both, and the connection's
         // every buffer, for the life of the process (measured: ~2 KiB per closed connection).
         self.context = nil
@@ -549,12 +552,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     var clientIsWritable: Bool { context?.channel.isWritable ?? false }
 
     func upstreamWritabilityChanged(isWritable: Bool) {
-        guard context != nil else { return }  // removed from its pipeline
         if isWritable { resumeReading() }
     }
 
     func upstreamRead(_ part: HTTPClientResponsePart) {
-        guard context != nil else { return }  // removed from its pipeline
         lastActivity = .now()
         switch part {
         case .head(let head):
@@ -588,7 +589,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func upstreamReadComplete() {
-        guard context != nil else { return }  // removed from its pipeline
         context.flush()
     }
 
@@ -677,7 +677,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func upstreamClosed(_ error: (any Error)?) {
-        guard context != nil else { return }  // removed from its pipeline
         guard phase == .forwarding, let connection = upstream else { return }
         upstream = nil
         if !exchange.responseStarted {

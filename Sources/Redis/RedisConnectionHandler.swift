@@ -89,13 +89,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if let tls = error as? NIOSSLError {
-            failAll(.tls("\(tls)"))
-        } else if let tls = error as? BoringSSLError {
-            failAll(.tls("\(tls)"))
-        } else if let tls = error as? NIOSSLExtraError {
-            // A certificate that does not name the host (failedToValidateHostname) and the like.
-            failAll(.tls("\(tls)"))
+        // NIOSSLExtraError: a certificate that does not name the host, and the like.
+        if error is NIOSSLError || error is BoringSSLError || error is NIOSSLExtraError {
+            failAll(.tls("\(error)"))
         } else {
             failAll(.unavailable)
         }

@@ -91,18 +91,26 @@ public final class LocalSessionCache<Value>: Sendable {
     ///   - ttl: zero disables the cache (every lookup misses).
     ///   - capacity: entries at most (`store.local_cache_entries`); beyond it the least recently
     ///     used go.
-    ///   - stripes: how many locks share the entries (a power of two).
+    ///   - stripes: how many locks share the entries (a power of two, at most 256).
     public init(ttl: TimeAmount, capacity: Int = 100_000, stripes: Int = 16) {
-        precondition(stripes > 0 && stripes & (stripes - 1) == 0, "stripes must be a power of two")
+        precondition(stripes > 0 && stripes <= 256 && stripes & (stripes - 1) == 0, "stripes must be a power of two up to 256")
         let perStripe = max(1, (capacity + stripes - 1) / stripes)
         self.stripes = (0..<stripes).map { _ in Stripe(capacity: perStripe) }
         self.ttl = ttl
         self.capacity = perStripe * stripes
     }
 
+    /// The handle's first two hex digits pick its stripe: a handle is a SHA-256, so they are
+    /// uniform, and reading them costs nothing beside hashing the whole key once more.
     @inlinable
     func stripe(_ handle: SessionHandle) -> Stripe {
-        stripes[handle.hashValue & (stripes.count - 1)]
+        var digits = handle.key.utf8.makeIterator()
+        func value(_ digit: UInt8?) -> Int {
+            guard let digit else { return 0 }
+            return Int(digit <= 0x39 ? digit &- 0x30 : digit &- 0x57)  // 0-9, a-f (lower-case only)
+        }
+        let high = value(digits.next())
+        return stripes[(high << 4 | value(digits.next())) & (stripes.count - 1)]
     }
 
     /// The cached value, if fresh.

@@ -71,6 +71,7 @@ struct ConfigLoadingTests {
         BadCase(name: "wrong type: list expected", yaml: "server:\n  trusted_proxies: \"10.0.0.0/8\"\n" + minimal, path: "server.trusted_proxies", line: 2, column: 20, message: "expected a list"),
         BadCase(name: "wrong type: number expected", yaml: "server:\n  limits:\n    max_header_count: many\n" + minimal, path: "server.limits.max_header_count", line: 3, column: 23, message: "whole number"),
         BadCase(name: "bad duration", yaml: "store:\n  timeout: \"5 seconds\"\n" + minimal, path: "store.timeout", line: 2, column: 12, message: "not a duration"),
+        BadCase(name: "a cache without room", yaml: "store:\n  local_cache_entries: 0\n" + minimal, path: "store.local_cache_entries", line: 2, column: 24, message: "must be between 1 and"),
         BadCase(name: "negative duration", yaml: "store:\n  timeout: \"-5s\"\n" + minimal, path: "store.timeout", line: 2, column: 12, message: "not a duration"),
         BadCase(name: "bad CIDR", yaml: "server:\n  trusted_proxies: [\"10.0.0.0/33\"]\n" + minimal, path: "server.trusted_proxies[0]", line: 2, column: 21, message: "CIDR"),
         BadCase(name: "bad listen address", yaml: "server:\n  listen: \"8080\"\n" + minimal, path: "server.listen", line: 2, column: 11, message: "host:port"),

@@ -4,16 +4,6 @@ import Foundation
 import Glibc
 #endif
 
-/// Runs blocking work (sockets, processes, a long CPU loop) on a thread of its own: the
-/// cooperative pool has one thread per core (two here), and a test that holds one stalls every
-/// other test of the run.
-public func blocking<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        let thread = Thread { continuation.resume(with: Result { try work() }) }
-        thread.start()
-    }
-}
-
 /// Redis Sentinel on loopback for one test: a master, its replica and three sentinels
 /// (quorum 2, `down-after-milliseconds` 1000, `failover-timeout` 5000), every process on a free
 /// port. Ready when constructed: the replica is in sync and every sentinel knows the replica
