@@ -57,26 +57,38 @@ struct WireDifferentialTests {
         } catch {
             outcome.rejected = true
         }
+        var parts: [HTTPServerRequestPart] = []
+        while let part = try? channel.readInbound(as: HTTPServerRequestPart.self) { parts.append(part) }
+        collect(parts, into: &outcome) { head in
+            Message(method: head.method.rawValue, target: head.uri, version: "\(head.version)", headers: lines(head.headers), body: [], trailers: nil)
+        }
+        return outcome
+    }
+
+    /// What NIO's decoder delivered, as messages; the head of one left incomplete is `pending`.
+    static func collect<Head>(_ parts: [HTTPPart<Head, ByteBuffer>], into outcome: inout Outcome, _ message: (Head) -> Message) {
         var current: Message? = nil
-        while let part = try? channel.readInbound(as: HTTPServerRequestPart.self) {
+        for part in parts {
             switch part {
             case .head(let head):
-                // llhttp keeps a value's trailing OWS; ours trims it (RFC 9110 §5.5: not part of
-                // the value). Compared without it.
-                current = Message(method: head.method.rawValue, target: head.uri, version: "\(head.version)",
-                                  headers: head.headers.map { "\($0.name): \(trimmed($0.value))" }, body: [], trailers: nil)
+                current = message(head)
             case .body(let buffer):
                 current?.body += buffer.readableBytesView
             case .end(let trailers):
                 if var message = current {
-                    message.trailers = trailers.map { $0.map { "\($0.name): \(trimmed($0.value))" } }
+                    message.trailers = trailers.map(lines)
                     outcome.messages.append(message)
                 }
                 current = nil
             }
         }
         outcome.pending = current
-        return outcome
+    }
+
+    /// `name: value` lines. llhttp keeps a value's trailing OWS; ours trims it (RFC 9110 §5.5:
+    /// not part of the value): compared without it.
+    static func lines(_ headers: HTTPHeaders) -> [String] {
+        headers.map { "\($0.name): \(trimmed($0.value))" }
     }
 
     /// Ours, fed in the pieces `splits` cuts (offsets into `input`).
@@ -198,6 +210,20 @@ struct WireDifferentialTests {
         var accepted = 0
         var stricterSeen: [String: Int] = [:]
         var failures: [String] = []
+
+        /// Counts one case: equal, explained by a listed rule, or a failure; false once ten
+        /// failures are recorded.
+        mutating func tally(_ expected: Outcome, _ got: Outcome, explained: () -> String?, case describe: () -> String) -> Bool {
+            ran += 1
+            if !expected.rejected { accepted += 1 }
+            guard got != expected else { return true }
+            if let rule = explained() {
+                stricterSeen[rule, default: 0] += 1
+                return true
+            }
+            failures.append("\(describe())\n  llhttp: \(expected)\n  ours:   \(got)")
+            return failures.count < 10
+        }
     }
 
     /// `cases` cases from `seed`, stopping at the tenth disagreement.
@@ -209,16 +235,9 @@ struct WireDifferentialTests {
             let splits = (0..<Int(random.next() % 4)).map { _ in Int(random.next() % UInt64(max(input.count, 1))) }
             let expected = comparable(reference(input))
             let got = comparable(ours(input, splits: splits))
-            report.ran += 1
-            if !expected.rejected { report.accepted += 1 }
-            guard got != expected else { continue }
-            if let rule = explained(expected: expected, got: got, input: input) {
-                report.stricterSeen[rule, default: 0] += 1
-                continue
-            }
-            let text = String(decoding: input, as: UTF8.self).debugDescription
-            report.failures.append("case \(index) (WIRE_FUZZ_SEED=\(seed)): \(text)\n  llhttp: \(expected)\n  ours:   \(got)")
-            if report.failures.count >= 10 { break }
+            let more = report.tally(expected, got, explained: { explained(expected: expected, got: got, input: input) },
+                                    case: { "case \(index) (WIRE_FUZZ_SEED=\(seed)): \(String(decoding: input, as: UTF8.self).debugDescription)" })
+            if !more { break }
         }
         return report
     }

@@ -41,23 +41,10 @@ struct WireResponseDifferentialTests {
             while let part = try? channel.readInbound(as: HTTPClientResponsePart.self) { parts.append(part) }
         }
         _ = try? channel.finish(acceptAlreadyClosed: true)
-        var current: Message? = nil
-        for part in parts {
-            switch part {
-            case .head(let head):
-                current = Message(method: "\(head.status.code)", target: "", version: "\(head.version)",
-                                  headers: head.headers.map { "\($0.name): \(WireDifferentialTests.trimmed($0.value))" }, body: [], trailers: nil)
-            case .body(let buffer):
-                current?.body += buffer.readableBytesView
-            case .end(let trailers):
-                if var message = current {
-                    message.trailers = trailers.map { $0.map { "\($0.name): \(WireDifferentialTests.trimmed($0.value))" } }
-                    outcome.messages.append(message)
-                }
-                current = nil
-            }
+        WireDifferentialTests.collect(parts, into: &outcome) { head in
+            Message(method: "\(head.status.code)", target: "", version: "\(head.version)", headers: WireDifferentialTests.lines(head.headers),
+                    body: [], trailers: nil)
         }
-        outcome.pending = current
         return outcome
     }
 
@@ -160,18 +147,14 @@ struct WireResponseDifferentialTests {
             if RequestGenerator.chance(33, &random) { RequestGenerator.mutate(&bytes, &random) }
             let expected = comparable(reference(bytes, methods: methods))
             let got = comparable(ours(bytes, methods: methods))
-            report.ran += 1
-            if !expected.rejected { report.accepted += 1 }
-            guard got != expected else { continue }
-            if got.reason == Self.closingInterim, expected.messages.starts(with: got.messages) { continue }
-            if got.rejected, expected.messages.starts(with: got.messages),
-               let rule = stricterOnPurpose.first(where: { $0.applies(expected.messages.dropFirst(got.messages.count).first ?? expected.pending, got.reason ?? "") }) {
-                report.stricterSeen[rule.name, default: 0] += 1
-                continue
-            }
-            let text = String(decoding: bytes, as: UTF8.self).debugDescription
-            report.failures.append("case \(index) (WIRE_FUZZ_SEED=\(seed)) \(methods): \(text)\n  llhttp: \(expected)\n  ours:   \(got)")
-            if report.failures.count >= 10 { break }
+            let more = report.tally(expected, got, explained: {
+                guard expected.messages.starts(with: got.messages) else { return nil }
+                if got.reason == Self.closingInterim { return "not compared past \(Self.closingInterim)" }
+                guard got.rejected else { return nil }
+                let refused = expected.messages.dropFirst(got.messages.count).first ?? expected.pending
+                return stricterOnPurpose.first { $0.applies(refused, got.reason ?? "") }?.name
+            }, case: { "case \(index) (WIRE_FUZZ_SEED=\(seed)) \(methods): \(String(decoding: bytes, as: UTF8.self).debugDescription)" })
+            if !more { break }
         }
         return report
     }
