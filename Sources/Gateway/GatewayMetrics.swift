@@ -316,12 +316,13 @@ public final class GatewayMetrics: Sendable {
         MetricNameDescriptor(namespace: "sessiongate", metricName: metric, unitName: unit, helpText: help)
     }
 
-    /// Reads /proc again (once a second, off the event loops: a scrape is answered on one).
-    func collectProcessMetrics() { process.collect() }
+    /// Counts the open descriptors again (once a second, off the event loops: a scrape is answered on one).
+    func collectProcessMetrics() { process.collectDescriptors() }
 
     /// The Prometheus text exposition (collected values refreshed first).
     public func exposition() -> [UInt8] {
         for collect in collectors.withLockedValue({ $0 }) { collect() }
+        process.collectStat()
         return registry.emitToBuffer()
     }
 }

@@ -5,7 +5,10 @@ import Prometheus
 import Glibc
 #endif
 
-/// The standard process metrics (Prometheus' names), read from /proc once a second.
+/// The standard process metrics (Prometheus' names). `/proc/self/stat` (one small read) is
+/// read at every scrape, so CPU time is current even on a scrape in the first second; the
+/// descriptor count (a directory listing, costly with many connections) once a second, off
+/// the event loops.
 final class ProcessMetrics: Sendable {
     private let residentMemory: Prometheus.Gauge
     private let cpuSeconds: Prometheus.Gauge
@@ -21,21 +24,33 @@ final class ProcessMetrics: Sendable {
         openFDs = registry.makeGauge(descriptor: name("open_fds", "Number of open file descriptors."))
         maxFDs = registry.makeGauge(descriptor: name("max_fds", "Maximum number of open file descriptors."))
         startTime = registry.makeGauge(descriptor: name("start_time_seconds", "Start time of the process since the Unix epoch in seconds."))
-        collect()
+        collectStat()
+        collectDescriptors()
+        if let start = Self.statFields()?.field(22), let boot = Self.bootTime() { startTime.set(boot + start / Self.ticks) }
     }
 
-    func collect() {
-        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
-        let pageSize = Double(sysconf(Int32(_SC_PAGESIZE)))
-        // /proc/self/stat: fields after the command's closing parenthesis; utime is field 14,
-        // stime 15, starttime 22, rss 24 (1-based, counting pid as 1).
-        if let stat = try? String(contentsOfFile: "/proc/self/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") {
-            let fields = stat[stat.index(after: close)...].split(separator: " ")
-            func field(_ n: Int) -> Double? { fields.count > n - 3 ? Double(fields[n - 3]) : nil }
-            if let utime = field(14), let stime = field(15), ticks > 0 { cpuSeconds.set((utime + stime) / ticks) }
-            if let rss = field(24) { residentMemory.set(rss * pageSize) }
-            if let start = field(22), ticks > 0, let boot = Self.bootTime() { startTime.set(boot + start / ticks) }
-        }
+    func collectStat() {
+        guard let stat = Self.statFields() else { return }
+        if let utime = stat.field(14), let stime = stat.field(15) { cpuSeconds.set((utime + stime) / Self.ticks) }
+        if let rss = stat.field(24) { residentMemory.set(rss * Self.pageSize) }
+    }
+
+    private static let ticks = max(1, Double(sysconf(Int32(_SC_CLK_TCK))))
+    private static let pageSize = Double(sysconf(Int32(_SC_PAGESIZE)))
+
+    /// /proc/self/stat: the fields after the command's closing parenthesis; utime is field 14,
+    /// stime 15, starttime 22, rss 24 (1-based, counting pid as 1).
+    private struct StatFields {
+        let fields: [Substring]
+        func field(_ n: Int) -> Double? { fields.count > n - 3 ? Double(fields[n - 3]) : nil }
+    }
+
+    private static func statFields() -> StatFields? {
+        guard let stat = try? String(contentsOfFile: "/proc/self/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return nil }
+        return StatFields(fields: stat[stat.index(after: close)...].split(separator: " "))
+    }
+
+    func collectDescriptors() {
         if let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") { openFDs.set(Double(entries.count)) }
         var limit = rlimit()
         if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 { maxFDs.set(Double(limit.rlim_cur)) }
