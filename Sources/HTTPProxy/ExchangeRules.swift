@@ -84,21 +84,10 @@ enum ExchangeRules {
         return responseStarted ? .abort : .answerNow
     }
 
-    /// Whether a response head from the app can be relayed (else 502, as nginx answers).
-    enum ResponseHeadVerdict: Equatable {
-        case relay
-        /// A status outside 100–599: nobody can say how the message is framed.
-        case invalidStatus
-        /// `Transfer-Encoding` other than one `chunked`, or with `Content-Length`: the gateway
-        /// would frame the body differently from what the app meant.
-        case ambiguousFraming
-    }
-
-    static func responseHead(status: Int, transferEncodings: Int, onlyChunked: Bool, hasContentLength: Bool) -> ResponseHeadVerdict {
-        guard (100...599).contains(status) else { return .invalidStatus }
-        if transferEncodings > 1 || (transferEncodings == 1 && (!onlyChunked || hasContentLength)) { return .ambiguousFraming }
-        return .relay
-    }
+    /// Whether a response status can be relayed: outside 100–599 nobody can say how the
+    /// message is framed (502, as nginx answers). The framing fields are the wire engine's
+    /// (`MessageFraming.response`).
+    static func relaysStatus(_ status: Int) -> Bool { (100...599).contains(status) }
 
     /// Every KiB of request body received earns the client one more second beyond
     /// `timeouts.request_body` (a minimum rate, as Apache's `mod_reqtimeout`): a large upload

@@ -46,3 +46,15 @@ public enum HTTPWire {
         return buffer
     }
 }
+
+extension HTTPWire {
+    /// One chunk of a chunked body: size line, data, CRLF (three writes, the data not copied).
+    static func writeChunk(_ bytes: ByteBuffer, context: ChannelHandlerContext) {
+        var prefix = context.channel.allocator.buffer(capacity: 12)
+        prefix.writeString(String(bytes.readableBytes, radix: 16))
+        prefix.writeStaticString("\r\n")
+        context.write(NIOAny(prefix), promise: nil)
+        context.write(NIOAny(bytes), promise: nil)
+        context.write(NIOAny(ByteBuffer(staticString: "\r\n")), promise: nil)
+    }
+}

@@ -27,6 +27,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var path = ""
         var requestEnded = false
         var requestHasBody = false
+        /// The body goes upstream in chunks (it came chunked).
+        var requestChunked = false
         var keepAlive = true
         var isWebSocket = false
         var route: ProxyRoute? = nil
@@ -88,7 +90,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var timerDeadline: NIODeadline = .distantFuture
     private var inReadBurst = false
     private var inputClosed = false
-    private var pendingUpgrade: HTTPResponseHead? = nil
     private var closing = false
     /// After the last response: output shut, input still read and discarded (lingering close).
     private var lingering = false
@@ -192,12 +193,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             if deferredError == nil { deferredError = response }
             return
         case .abort:
-            record(aborted: true)
-            phase = .closed
-            upstream?.close()
-            upstream = nil
-            context.close(promise: nil)
-            return
+            return abort()
         case .answerNow:
             break
         }
@@ -295,11 +291,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .forwarding:
             guard let upstream else { return }
             switch part {
-            case .body(let buffer): upstream.write(.body(.byteBuffer(buffer)))
+            case .body(let buffer): upstream.writeBody(buffer)
             case .end:
-                // Request trailers are dropped: servers that merge them into the headers would
-                // see fields (an identity header) the rules never checked.
-                upstream.write(.end(nil))
+                upstream.writeEnd()
                 startResponseDeadline()
             case .head: break
             }
@@ -332,6 +326,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .failure(.expectationFailed): return respondLocal(.error(.expectationFailed, "only Expect: 100-continue is supported", close: true))
         }
         exchange.requestHasBody = inbound.framing != .none
+        exchange.requestChunked = inbound.framing == .chunked
         meter.start(chunked: inbound.framing == .chunked)
         exchange.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
         exchange.isWebSocket = inbound.isWebSocketUpgrade
@@ -511,12 +506,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         upstream = connection
         connection.owner = self
         phase = .forwarding
-        connection.write(.head(head))
+        connection.writeHead(head, chunked: exchange.requestChunked)
         while let part = buffered.popFirst() {
             switch part {
-            case .body(let buffer): connection.write(.body(.byteBuffer(buffer)))
+            case .body(let buffer): connection.writeBody(buffer)
             case .end:
-                connection.write(.end(nil))
+                connection.writeEnd()
                 startResponseDeadline()
             case .head: break
             }
@@ -533,12 +528,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         collector = nil
         if let upstream { upstream.close(); self.upstream = nil }
         generation &+= 1
-        guard !exchange.responseStarted else {
-            record(aborted: true)
-            phase = .closed
-            context.close(promise: nil)
-            return
-        }
+        guard !exchange.responseStarted else { return abort() }
         respondLocal(.error(status, reason, close: true))
     }
 
@@ -555,7 +545,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if isWritable { resumeReading() }
     }
 
-    func upstreamRead(_ part: HTTPClientResponsePart) {
+    func upstreamRead(_ part: ResponseReader.Part) {
         lastActivity = .now()
         switch part {
         case .head(let head):
@@ -563,24 +553,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .body(let buffer):
             exchange.bytesSent += buffer.readableBytes
             switch exchange.framing {
-            case .raw, .untilClose:
-                context.write(wrapOutboundOut(buffer), promise: nil)
-            case .chunked:
-                guard buffer.readableBytes > 0 else { return }
-                var prefix = context.channel.allocator.buffer(capacity: 12)
-                prefix.writeString(String(buffer.readableBytes, radix: 16))
-                prefix.writeStaticString("\r\n")
-                context.write(wrapOutboundOut(prefix), promise: nil)
-                context.write(wrapOutboundOut(buffer), promise: nil)
-                context.write(wrapOutboundOut(ByteBuffer(staticString: "\r\n")), promise: nil)
-            case .noBody:
-                break
+            case .raw, .untilClose: context.write(wrapOutboundOut(buffer), promise: nil)
+            case .chunked: HTTPWire.writeChunk(buffer, context: context)
+            case .noBody: break
             }
         case .end:
-            if let head = pendingUpgrade {
-                pendingUpgrade = nil
-                return upgrade(head)
-            }
+            // Response trailers are not relayed.
             if exchange.framing == .chunked {
                 context.write(wrapOutboundOut(ByteBuffer(staticString: "0\r\n\r\n")), promise: nil)
             }
@@ -592,80 +570,41 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         context.flush()
     }
 
-    private func responseHead(_ head: HTTPResponseHead) {
-        if let start = exchange.upstreamStart, exchange.upstreamNanoseconds == nil, head.status.code >= 200 || head.status == .switchingProtocols {
+    private func responseHead(_ wire: WireHead) {
+        let status = wire.status
+        if let start = exchange.upstreamStart, exchange.upstreamNanoseconds == nil, status >= 200 || status == 101 {
             exchange.upstreamNanoseconds = Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds)
         }
-        if head.status == .switchingProtocols {
-            // Hand over at the 101's `.end`: the decoder still delivers it to this handler.
-            if exchange.isWebSocket, !exchange.responseStarted { pendingUpgrade = head; return }
+        if status == 101 {
+            if exchange.isWebSocket, !exchange.responseStarted { return upgrade(ResponseHead(wire)) }
             upstream?.close()
             upstream = nil
             return upstreamFailure(.closedBeforeResponse, .badGateway, "upstream switched protocols unasked")
         }
-        if head.status.code < 100 || head.status.code > 599 { return refuseResponse("upstream answered with an invalid status") }
-        if head.status.code < 200 {
-            // Interim (100 Continue, 103): pass on to HTTP/1.1 clients.
+        guard ExchangeRules.relaysStatus(status) else { return refuseResponse("upstream answered with an invalid status") }
+        if status < 200 {
+            // Interim (100 Continue, 103): the status line alone, to HTTP/1.1 clients.
             guard exchange.clientVersion.minor >= 1 else { return }
             var buffer = context.channel.allocator.buffer(capacity: 64)
-            HTTPWire.writeStatusLine(head.status, into: &buffer)
+            HTTPWire.writeStatusLine(HTTPResponseStatus(statusCode: status), into: &buffer)
             buffer.writeStaticString("\r\n")
             context.write(wrapOutboundOut(buffer), promise: nil)
             return
         }
-        var hasContentLength = false
-        var connectionTokens: [String] = []
-        var hasRequestID = false
-        var transferEncodings = 0
-        var onlyChunked = true
-        for (name, value) in head.headers {
-            switch RequestHeaderRules.classify(name) {
-            case .connection: connectionTokens += HeaderName.tokens(value)
-            case .contentLength: hasContentLength = true
-            case .requestID: hasRequestID = true
-            case .transferEncoding:
-                transferEncodings += 1
-                if !HeaderName.equals(value, "chunked") { onlyChunked = false }
-            default: break
-            }
-        }
-        switch ExchangeRules.responseHead(status: Int(head.status.code), transferEncodings: transferEncodings, onlyChunked: onlyChunked,
-                                          hasContentLength: hasContentLength) {
-        case .relay: break
-        case .invalidStatus: return refuseResponse("upstream answered with an invalid status")
-        case .ambiguousFraming: return refuseResponse("upstream response framing is ambiguous")
-        }
+        let head = ResponseHead(wire)
         responseDeadline = nil
         exchange.responseStarted = true
-        exchange.status = Int(head.status.code)
-        exchange.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: head.version, connectionTokens: connectionTokens)
-        exchange.framing = ExchangeRules.responseFraming(requestMethod: exchange.method, status: exchange.status,
-                                                         hasContentLength: hasContentLength, clientVersion: exchange.clientVersion)
+        exchange.status = status
+        exchange.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: wire.version, connectionTokens: head.connectionTokens)
+        exchange.framing = ExchangeRules.responseFraming(requestMethod: exchange.method, status: status,
+                                                         hasContentLength: head.hasContentLength, clientVersion: exchange.clientVersion)
         if exchange.framing == .untilClose { exchange.keepAlive = false }
         if quiescing || inputClosed { exchange.keepAlive = false }
-        var buffer = context.channel.allocator.buffer(capacity: 512)
-        HTTPWire.writeStatusLine(head.status, into: &buffer)
-        let named = connectionTokens.isEmpty || connectionTokens == ["keep-alive"] || connectionTokens == ["close"]
-            ? [] : connectionTokens.filter { $0 != "close" && $0 != "keep-alive" }
-        for (name, value) in head.headers {
-            switch RequestHeaderRules.classify(name) {
-            case .connection, .upgrade, .hopByHop, .transferEncoding: continue
-            case .contentLength: if exchange.status == 204 { continue }
-            case .other:
-                if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
-                if exchange.snapshot?.rules.withholdsResponseHeader(name, value) == true { continue }
-            default: break
-            }
-            HTTPWire.writeHeader(name, value, into: &buffer)
-        }
-        if !hasRequestID { HTTPWire.writeHeader("x-request-id", exchange.requestID, into: &buffer) }
-        if exchange.framing == .chunked { buffer.writeStaticString("transfer-encoding: chunked\r\n") }
-        if !exchange.keepAlive {
-            buffer.writeStaticString("connection: close\r\n")
-        } else if exchange.clientVersion.minor == 0 {
-            buffer.writeStaticString("connection: keep-alive\r\n")
-        }
-        buffer.writeStaticString("\r\n")
+        var buffer = context.channel.allocator.buffer(capacity: wire.bytes.readableBytes + 96)
+        head.write(rules: exchange.snapshot?.rules,
+                   .init(requestID: exchange.requestID, chunked: exchange.framing == .chunked, keepAlive: exchange.keepAlive,
+                         clientVersion: exchange.clientVersion),
+                   into: &buffer)
         context.write(wrapOutboundOut(buffer), promise: nil)
     }
 
@@ -679,6 +618,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func upstreamClosed(_ error: (any Error)?) {
         guard phase == .forwarding, let connection = upstream else { return }
         upstream = nil
+        if let invalid = error as? WireError {
+            // Bytes that are not a response (framing two hops could read differently, a bad
+            // status line, a truncated chunk): never relayed.
+            guard exchange.responseStarted else { return upstreamFailure(.invalidResponse, .badGateway, "upstream response refused: \(invalid)") }
+            shared.observer.upstreamFailed(.invalidResponse, route: exchange.route?.name ?? "-")
+            return abort()
+        }
         if !exchange.responseStarted {
             if ExchangeRules.mayRetry(method: exchange.method, connectionWasReused: connection.reused, requestHasBody: exchange.requestHasBody,
                                       requestEnded: exchange.requestEnded, alreadyRetried: exchange.retried) {
@@ -695,8 +641,15 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         // Mid-response: never let a truncated response look complete.
         shared.observer.upstreamFailed(.resetDuringResponse, route: exchange.route?.name ?? "-")
+        abort()
+    }
+
+    /// The response cannot be completed: what was written goes out, then the connection closes
+    /// (the client sees a truncated response, never a complete-looking one).
+    private func abort() {
         record(aborted: true)
         phase = .closed
+        if let upstream { upstream.close(); self.upstream = nil }
         context.flush()
         context.close(promise: nil)
     }
@@ -814,20 +767,15 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     // MARK: upgrade
 
-    private func upgrade(_ head: HTTPResponseHead) {
+    private func upgrade(_ head: ResponseHead) {
         guard let connection = upstream, let upstreamChannel = connection.channel else { return }
         exchange.status = 101
         exchange.responseStarted = true
-        var buffer = context.channel.allocator.buffer(capacity: 256)
-        HTTPWire.writeStatusLine(head.status, into: &buffer)
-        for (name, value) in head.headers {
-            switch RequestHeaderRules.classify(name) {
-            case .hopByHop, .transferEncoding, .contentLength: continue
-            case .other where exchange.snapshot?.rules.withholdsResponseHeader(name, value) == true: continue
-            default: HTTPWire.writeHeader(name, value, into: &buffer)
-            }
-        }
-        buffer.writeStaticString("\r\n")
+        var buffer = context.channel.allocator.buffer(capacity: head.head.bytes.readableBytes)
+        head.writeUpgrade(rules: exchange.snapshot?.rules, into: &buffer)
+        // What the app sent right behind its 101 is the tunnel's already.
+        var early = connection.takeTunnelBytes()
+        buffer.writeBuffer(&early)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         let tunnel = exchange.tunnel
         exchange.tunnel = nil
@@ -841,8 +789,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             let up = upstreamChannel.pipeline.syncOperations
             try up.addHandler(upstreamGlue)
             _ = up.removeHandler(connection)
-            _ = up.removeHandler(try up.handler(type: HTTPRequestEncoder.self))
-            _ = up.removeHandler(try up.handler(type: ByteToMessageHandler<HTTPResponseDecoder>.self))
             let down = context.pipeline.syncOperations
             try down.addHandler(clientGlue)
             _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<BoundedRequestDecoder>.self))
@@ -954,11 +900,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             if phase == .forwarding || phase == .connecting {
                 shared.observer.upstreamFailed(.idleTimeout, route: exchange.route?.name ?? "-")
                 if exchange.responseStarted {
-                    record(aborted: true)
-                    phase = .closed
-                    upstream?.close()
-                    upstream = nil
-                    context.close(promise: nil)
+                    abort()
                 } else {
                     upstream?.close()
                     upstream = nil

@@ -3,7 +3,7 @@ import NIOHTTP1
 
 /// Receives what one upstream connection delivers while it serves an exchange.
 protocol UpstreamConnectionOwner: AnyObject {
-    func upstreamRead(_ part: HTTPClientResponsePart)
+    func upstreamRead(_ part: ResponseReader.Part)
     func upstreamReadComplete()
     func upstreamClosed(_ error: (any Error)?)
     func upstreamWritabilityChanged(isWritable: Bool)
@@ -14,10 +14,14 @@ protocol UpstreamConnectionOwner: AnyObject {
 /// One keep-alive connection to an upstream, owned by its event loop's pool while idle and by
 /// one client exchange while busy. Reads are gated on the client's writability (back-pressure
 /// from client to upstream).
+///
+/// It speaks HTTP/1.1 itself, with the wire engine: responses are read by a `ResponseReader`
+/// straight from the received bytes, and requests are written as bytes (`writeHead`,
+/// `writeBody`, `writeEnd`) — no NIO codec in this pipeline.
 final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPClientResponsePart
-    typealias OutboundIn = HTTPClientRequestPart
-    typealias OutboundOut = HTTPClientRequestPart
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
 
     let address: UpstreamAddress
     private(set) var context: ChannelHandlerContext?
@@ -33,6 +37,10 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
         didSet { if owner != nil, readPending { readPending = false; context?.read() } }
     }
 
+    private var reader = ResponseReader()
+    /// The request being written has a chunked body (its head says `Transfer-Encoding: chunked`).
+    private var chunkedRequest = false
+
     init(address: UpstreamAddress) {
         self.address = address
     }
@@ -44,12 +52,20 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let part = unwrapInboundIn(data)
-        if let owner {
-            owner.upstreamRead(part)
-        } else {
+        guard owner != nil else {
             // Nothing is in flight: an idle connection must not speak. Drop it.
-            context.close(promise: nil)
+            return context.close(promise: nil)
+        }
+        reader.receive(unwrapInboundIn(data))
+        do {
+            while let owner, let part = try reader.next() {
+                // Bytes behind a complete response belong to no request: never reuse this
+                // connection (the pool closes it when the exchange gives it back).
+                if case .end = part, reader.hasUnreadBytes { isActive = false }
+                owner.upstreamRead(part)
+            }
+        } catch {
+            fail(context: context, error)
         }
     }
 
@@ -58,12 +74,26 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     func channelInactive(context: ChannelHandlerContext) {
         isActive = false
         pool?.remove(self)
+        // A body read until close ends here; any other body or head was cut short.
+        if let owner {
+            do {
+                if let part = try reader.finish() { owner.upstreamRead(part) }
+            } catch {
+                return fail(context: context, error)
+            }
+        }
         let owner = self.owner
         self.owner = nil
         owner?.upstreamClosed(nil)
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(context: context, error)
+    }
+
+    /// The connection is unusable (a transport error, or bytes that are not a response): the
+    /// owner learns why, and it closes.
+    private func fail(context: ChannelHandlerContext, _ error: any Error) {
         isActive = false
         pool?.remove(self)
         let owner = self.owner
@@ -93,9 +123,36 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    func write(_ part: HTTPClientRequestPart) {
-        context?.write(wrapOutboundOut(part), promise: nil)
+    /// Writes a request head; `chunked`: its body follows in chunks (the head says so).
+    func writeHead(_ head: HTTPRequestHead, chunked: Bool) {
+        guard let context else { return }
+        chunkedRequest = chunked
+        reader.expectResponse(to: head.method)
+        var buffer = context.channel.allocator.buffer(capacity: 512)
+        buffer.writeString(head.method.rawValue)
+        buffer.writeStaticString(" ")
+        buffer.writeString(head.uri)
+        buffer.writeStaticString(" HTTP/1.1\r\n")
+        for (name, value) in head.headers { HTTPWire.writeHeader(name, value, into: &buffer) }
+        buffer.writeStaticString("\r\n")
+        context.write(wrapOutboundOut(buffer), promise: nil)
     }
+
+    func writeBody(_ bytes: ByteBuffer) {
+        guard let context, bytes.readableBytes > 0 else { return }
+        guard chunkedRequest else { return context.write(wrapOutboundOut(bytes), promise: nil) }
+        HTTPWire.writeChunk(bytes, context: context)
+    }
+
+    /// The request is complete. Request trailers are never sent: servers that merge them into
+    /// the headers would see fields (an identity header) the rules never checked.
+    func writeEnd() {
+        guard let context, chunkedRequest else { return }
+        context.write(wrapOutboundOut(ByteBuffer(staticString: "0\r\n\r\n")), promise: nil)
+    }
+
+    /// After a 101: the bytes that came behind the response head, the tunnel's first.
+    func takeTunnelBytes() -> ByteBuffer { reader.takeRemaining() }
 
     func flush() { context?.flush() }
 

@@ -80,15 +80,11 @@ final class UpstreamPool {
             .channelOption(.autoRead, value: true)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    var encoderConfiguration = HTTPRequestEncoder.Configuration()
-                    encoderConfiguration.automaticallySetFramingHeaders = false
                     let sync = channel.pipeline.syncOperations
                     if let tls = address.tls, let handshake {
                         try sync.addHandler(NIOSSLClientHandler(context: tls.context, serverHostname: tls.serverName))
                         try sync.addHandler(handshake.value)
                     }
-                    try sync.addHandler(HTTPRequestEncoder(configuration: encoderConfiguration))
-                    try sync.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .forward)))
                     try sync.addHandler(bound.value)
                 }
             }

@@ -151,9 +151,9 @@ struct EdgeHardeningTests {
     }
 
     @Test("ambiguous upstream framing is answered 502, never relayed", arguments: [
-        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nsecret", "framing is ambiguous"),
-        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "framing is ambiguous"),
-        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "framing is ambiguous"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nsecret", "ambiguous response framing"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "ambiguous response framing"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "ambiguous response framing"),
         ("HTTP/1.1 099 Odd\r\nContent-Length: 5\r\n\r\nhello", "invalid status"),
     ])
     func upstreamFraming(raw: String, reason: String) async throws {

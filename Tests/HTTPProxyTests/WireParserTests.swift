@@ -197,4 +197,80 @@ struct WireParserTests {
         _ = try length.next(&buffer)
         #expect(throws: WireError.self) { try length.finish() }
     }
+
+    /// What an upstream connection's reader makes of a response to one request: its status
+    /// (or the refusal), body and whether bytes were left behind it.
+    static func read(_ raw: String, method: HTTPMethod = .GET, byteByByte: Bool = false) -> (status: Int?, body: String, refused: String?) {
+        var reader = ResponseReader()
+        reader.expectResponse(to: method)
+        var status: Int? = nil
+        var body = ""
+        let chunks: [ByteBuffer] = byteByByte ? raw.utf8.map { ByteBuffer(bytes: [$0]) } : [ByteBuffer(string: raw)]
+        do {
+            for chunk in chunks {
+                reader.receive(chunk)
+                while let part = try reader.next() {
+                    switch part {
+                    case .head(let head): if head.status >= 200 { status = head.status }
+                    case .body(let bytes): body += String(buffer: bytes)
+                    case .end: return (status, body, nil)
+                    }
+                }
+            }
+            while let part = try reader.finish() {
+                if case .body(let bytes) = part { body += String(buffer: bytes) } else { return (status, body, nil) }
+            }
+            return (status, body, "incomplete")
+        } catch {
+            return (status, body, "\(error)")
+        }
+    }
+
+    @Test("upstream responses: framing refused where two hops could read it differently (the 502 rows of the proxy)", arguments: [
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", .GET, 200, "hello", nil),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", .GET, 200, "hello", nil),
+        ("HTTP/1.1 200 OK\r\n\r\nuntil close", .GET, 200, "until close", nil),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", .HEAD, 200, "", nil),
+        ("HTTP/1.1 204 No Content\r\n\r\n", .GET, 204, "", nil),
+        ("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", .POST, 200, "ok", nil),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nsecret", .GET, nil, "", "ambiguous response framing"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", .GET, nil, "", "ambiguous response framing"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", .GET, nil, "", "ambiguous response framing"),
+        ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nhello", .GET, nil, "", "ambiguous response framing"),
+        ("HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: gzip\r\n\r\n", .GET, nil, "", "ambiguous response framing"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello", .GET, nil, "", "duplicate Content-Length"),
+        ("HTTP/1.1 099 Odd\r\nContent-Length: 5\r\n\r\nhello", .GET, nil, "", "invalid status line"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello", .GET, 200, "hello", "connection closed within the body"),
+        ("HTTP/1.1 200 OK\r\nContent-Le", .GET, nil, "", "connection closed within a head"),
+    ] as [(String, HTTPMethod, Int?, String, String?)])
+    func upstreamResponse(_ raw: String, _ method: HTTPMethod, _ status: Int?, _ body: String, _ refused: String?) {
+        for byteByByte in [false, true] {
+            let result = Self.read(raw, method: method, byteByByte: byteByByte)
+            #expect(result.status == status, "\(raw) byte by byte: \(byteByByte)")
+            #expect(result.body == body, "\(raw) byte by byte: \(byteByByte)")
+            #expect(result.refused == refused, "\(raw) byte by byte: \(byteByByte)")
+        }
+    }
+
+    @Test("bytes behind a 101 are the tunnel's; bytes nobody asked for are refused")
+    func upgradeAndUnsolicited() throws {
+        var reader = ResponseReader()
+        reader.expectResponse(to: .GET)
+        reader.receive(ByteBuffer(string: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\u{81}\u{1}x"))
+        guard case .head(let head) = try reader.next() else { Issue.record("no head"); return }
+        #expect(head.status == 101)
+        #expect(try reader.next() == nil)
+        #expect(String(buffer: reader.takeRemaining()) == "\u{81}\u{1}x")
+
+        var idle = ResponseReader()
+        idle.receive(ByteBuffer(string: "HTTP/1.1 200 OK\r\n\r\n"))
+        #expect(throws: WireError.malformed("unsolicited response")) { try idle.next() }
+        var afterEnd = ResponseReader()
+        afterEnd.expectResponse(to: .GET)
+        afterEnd.receive(ByteBuffer(string: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n\r\n"))
+        _ = try afterEnd.next()
+        guard case .end = try afterEnd.next() else { Issue.record("no end"); return }
+        #expect(afterEnd.hasUnreadBytes)
+        #expect(throws: WireError.malformed("line ends after a response")) { try afterEnd.next() }
+    }
 }

@@ -9,7 +9,8 @@ import Testing
 
 /// The response side of the differential fuzzing (`WireDifferentialTests`): generated and
 /// mutated upstream responses (one or two, each answering a GET or a HEAD) to our
-/// `HeadParser(kind: .response)`, `MessageFraming.response` and `BodyDecoder`, and to NIO's
+/// `ResponseReader` (what the upstream connections run: `HeadParser(kind: .response)`,
+/// `MessageFraming.response` and `BodyDecoder`), and to NIO's
 /// `HTTPResponseDecoder`, the connection closed after the last byte. Compared: accept/reject,
 /// status, version, fields, body bytes, trailers. 1xx other than 101 are skipped by both.
 @Suite("Wire engine: differential fuzzing of responses against NIO's llhttp decoder")
@@ -50,52 +51,39 @@ struct WireResponseDifferentialTests {
 
     static func ours(_ input: [UInt8], methods: [HTTPMethod]) -> Outcome {
         var outcome = Outcome()
-        var buffer = ByteBuffer(bytes: input)
-        var parser = HeadParser(kind: .response, maxHeadBytes: 80 * 1024, maxFields: 1000)
-        var methods = methods[...]
+        var reader = ResponseReader()
+        for method in methods { reader.expectResponse(to: method) }
+        reader.receive(ByteBuffer(bytes: input))
         var current: Message? = nil
-        var body: BodyDecoder? = nil
         do {
-            while true {
-                if var decoder = body {
-                    // All input is here: needing more means the connection closed (EOF).
-                    let part = try decoder.next(&buffer) ?? decoder.finish()
-                    body = decoder
-                    switch part {
-                    case .body(let bytes): current?.body += bytes.readableBytesView
-                    case .end(let trailers):
-                        current?.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
-                        outcome.messages.append(current!)
-                        current = nil
-                        body = nil
-                        if stops(outcome.messages.last!) { return outcome }
-                    }
-                } else {
-                    guard let head = try parser.parse(&buffer) else {
-                        if buffer.readableBytes > 0 {
-                            // llhttp skips CR and LF between responses; here they are junk.
-                            let onlyLineEnds = buffer.readableBytesView.allSatisfy { $0 == 0x0D || $0 == 0x0A }
-                            throw WireError.malformed(onlyLineEnds ? "line ends after a response" : "connection closed within a head")
-                        }
-                        break
-                    }
-                    let informational = (100..<200).contains(head.status) && head.status != 101
-                    guard let method = informational ? .GET : methods.popFirst() else { throw WireError.malformed("unsolicited response") }
-                    if informational {
-                        _ = try MessageFraming.response(head, requestMethod: method)  // checked, then skipped
-                        // llhttp takes `Connection: close` on an interim response as the end of
-                        // the connection and refuses what follows: not compared past it.
-                        let interim = Message(method: "\(head.status)", target: "", version: "\(head.version)",
-                                              headers: head.fields.map { "\(head.name($0)): \(head.value($0))" }, body: [], trailers: nil)
-                        if !WireDifferentialTests.keepsAlive(interim) {
+            // All input is here: when the reader needs more, the connection has closed (EOF).
+            while let part = try reader.next() ?? reader.finish() {
+                switch part {
+                case .head(let head):
+                    let message = Message(method: "\(head.status)", target: "", version: "\(head.version)",
+                                          headers: head.fields.map { "\(head.name($0)): \(head.value($0))" }, body: [], trailers: nil)
+                    if (100..<200).contains(head.status), head.status != 101 {
+                        // Skipped, as NIO does. llhttp takes `Connection: close` on an interim
+                        // response as the end of the connection and refuses what follows: not
+                        // compared past it.
+                        if !WireDifferentialTests.keepsAlive(message) {
                             outcome.reason = Self.closingInterim
                             return outcome
                         }
                         continue
                     }
-                    current = Message(method: "\(head.status)", target: "", version: "\(head.version)",
-                                      headers: head.fields.map { "\(head.name($0)): \(head.value($0))" }, body: [], trailers: nil)
-                    body = BodyDecoder(try MessageFraming.response(head, requestMethod: method), maxFields: 1000)
+                    if head.status == 101 {
+                        outcome.messages.append(message)
+                        return outcome
+                    }
+                    current = message
+                case .body(let bytes):
+                    current?.body += bytes.readableBytesView
+                case .end(let trailers):
+                    current?.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
+                    outcome.messages.append(current!)
+                    current = nil
+                    if stops(outcome.messages.last!) { return outcome }
                 }
             }
         } catch {
