@@ -9,8 +9,14 @@ import NIOHTTP1
 enum AuthResponses {
     /// A browser navigating (an HTML page is acceptable), not a script: `X-Requested-With`
     /// (jQuery, Angular, many apps' XHR) marks an API call whatever its `Accept`.
-    static func wantsHTML(_ head: HTTPRequestHead) -> Bool {
-        wantsHTML(accept: head.headers["accept"], requestedWith: head.headers.contains(name: "x-requested-with"))
+    static func wantsHTML(_ head: HTTPRequestHead) -> Bool { wantsHTML(head.headers) }
+
+    static func wantsHTML(_ headers: some HeaderValues) -> Bool {
+        var accept: [String] = []
+        var requestedWith = false
+        headers.forEachValue(named: "accept") { accept.append($0) }
+        headers.forEachValue(named: "x-requested-with") { _ in requestedWith = true }
+        return wantsHTML(accept: accept, requestedWith: requestedWith)
     }
 
     static func wantsHTML(accept: [String], requestedWith: Bool) -> Bool {
@@ -37,8 +43,7 @@ enum AuthResponses {
 
     /// Browsers (an HTML GET) go to the sign-in page and come back here; others get 401 JSON.
     static func unauthenticated(_ request: GuardRequest, action: GatewayConfiguration.UnauthenticatedAction, prefix: String) -> LocalResponse {
-        let head = request.head
-        if action == .redirect, head.method == .GET || head.method == .HEAD, wantsHTML(head) {
+        if action == .redirect, request.method == .GET || request.method == .HEAD, wantsHTML(request) {
             return redirect(.found, to: "\(prefix)/sign-in?rd=\(FormBody.escape(request.target.forwarded))")
         }
         return unauthenticatedJSON

@@ -131,21 +131,20 @@ final class Authenticator: Sendable {
 
     /// `Authorization: Bearer` or the session cookie; both only if they carry the same token (a
     /// native app may send its cookie jar too). No allocation on the way.
-    func credential(_ headers: HTTPHeaders) -> Credential {
+    func credential(_ headers: some HeaderValues) -> Credential {
         var bearer: Substring? = nil
         var cookie: Substring? = nil
         var doubled = false
-        for (name, value) in headers {
-            if HeaderName.equals(name, "authorization") {
-                if let token = Self.bearerToken(value) {
-                    if bearer != nil { doubled = true }
-                    bearer = token
-                }
-            } else if HeaderName.equals(name, "cookie") {
-                Self.forEachCookie(named: cookieMarker, in: value) { v in
-                    if cookie != nil { doubled = true }
-                    cookie = v
-                }
+        headers.forEachValue(named: "authorization") { value in
+            if let token = Self.bearerToken(value) {
+                if bearer != nil { doubled = true }
+                bearer = token
+            }
+        }
+        headers.forEachValue(named: "cookie") { value in
+            Self.forEachCookie(named: cookieMarker, in: value) { v in
+                if cookie != nil { doubled = true }
+                cookie = v
             }
         }
         if doubled { return .ambiguous }
@@ -160,11 +159,12 @@ final class Authenticator: Sendable {
     /// Whether `Authorization: Bearer` carries one of our session tokens (signature valid): then it
     /// is the gateway's credential and never reaches the app.
     /// Every `Authorization` header is looked at: a junk bearer first must not hide ours.
-    func carriesSessionBearer(_ headers: HTTPHeaders) -> Bool {
-        for (name, value) in headers where HeaderName.equals(name, "authorization") {
-            if let token = Self.bearerToken(value), keys.handle(forCookie: token) != nil { return true }
+    func carriesSessionBearer(_ headers: some HeaderValues) -> Bool {
+        var carries = false
+        headers.forEachValue(named: "authorization") { value in
+            if !carries, let token = Self.bearerToken(value), keys.handle(forCookie: token) != nil { carries = true }
         }
-        return false
+        return carries
     }
 
     /// The token of an `Authorization: Bearer <token>` value (scheme without case).
@@ -216,7 +216,7 @@ final class Authenticator: Sendable {
 
     /// Cookie or bearer → signature → local cache → store (bounded by `store.timeout`) →
     /// timeouts → revocation. Synchronous on a cache hit.
-    func lookup(_ headers: HTTPHeaders, on loop: any EventLoop) -> Lookup {
+    func lookup(_ headers: some HeaderValues, on loop: any EventLoop) -> Lookup {
         let value: Substring
         switch credential(headers) {
         case .none: return .now(.anonymous)

@@ -22,9 +22,9 @@ struct SessionGuard: RequestGuard {
 
     func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
         if route.auth == .public {
-            return .verdict(request.hasBearer && auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
+            return .verdict(request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
         }
-        switch auth.lookup(request.head.headers, on: loop) {
+        switch auth.lookup(request, on: loop) {
         case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
         case .later(let future): return .pending(future.map { verdict($0, request, on: loop) })
         }
@@ -53,7 +53,7 @@ struct SessionGuard: RequestGuard {
         case .anonymous, .invalid:
             if route.auth == .optional {
                 auth.metrics.recordAdmission(.anonymous)
-                return request.hasBearer && auth.carriesSessionBearer(request.head.headers) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
+                return request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
             }
             auth.metrics.recordAdmission(.unauthenticated)
             return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))

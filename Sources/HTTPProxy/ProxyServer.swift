@@ -132,21 +132,9 @@ public final class ProxyServer: Sendable {
                     guard let pool = pools[ObjectIdentifier(channel.eventLoop)]?.value else {
                         throw ChannelError.operationUnsupported
                     }
-                    var decoderLimits = NIOHTTPDecoderLimitConfiguration()
-                    decoderLimits.maxHeaderFieldSize = limits.maxHeaderBytes
-                    decoderLimits.maxHeaderListSize = limits.maxHeaderBytes
-                    decoderLimits.maxHeaderFieldCount = limits.maxHeaderCount
                     let sync = channel.pipeline.syncOperations
                     try tls?.addHandlers(to: sync, observer: shared.observer, logger: logger)
-                    // After an upgrade request the decoder stops parsing and only buffers: bound
-                    // what it may hold unparsed (otherwise at most one partial head).
-                    let meter = RequestBodyMeter()
-                    try sync.addHandler(ByteToMessageHandler(
-                        BoundedRequestDecoder(
-                            inner: HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, informationalResponseStrategy: .drop, limitConfiguration: decoderLimits),
-                            meter: meter),
-                        maximumBufferSize: limits.maxHeaderBytes + 8192))
-                    try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool, meter: meter))
+                    try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool))
                 }
             }
             .bind(host: configuration.listen.host, port: configuration.listen.port)

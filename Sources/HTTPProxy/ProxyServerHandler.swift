@@ -3,8 +3,9 @@ import NIOCore
 import NIOHTTP1
 import NIOSSL
 
-/// The client side of the proxy: one per client connection, last in the pipeline after the
-/// request decoder. It decides, per request, what happens (reject, answer, forward), streams
+/// The client side of the proxy: one per client connection, last in the pipeline (after TLS,
+/// if any). It reads requests with the wire engine (`RequestReader`) straight from the
+/// received bytes, decides, per request, what happens (reject, answer, forward), streams
 /// bodies both ways with back-pressure, handles pipelining itself, and writes responses with
 /// its own serializer (one write per head, flushes coalesced per read burst).
 ///
@@ -13,11 +14,12 @@ import NIOSSL
 /// upstream takes it. Everything runs on the client's event loop, as does the upstream
 /// connection. The decisions themselves live in `ExchangeRules`; this class applies them.
 final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, UpstreamConnectionOwner {
-    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
     private typealias Phase = ExchangeRules.Phase
+    private typealias RequestPart = RequestReader.Part
 
     /// The request/response pair in flight.
     private struct Exchange {
@@ -36,7 +38,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         var userAgent: String? = nil
         var inbound: InboundRequest? = nil
         var target: RequestTarget? = nil
-        var upstreamHead: HTTPRequestHead? = nil
+        /// The request head as it goes upstream (kept for the retry).
+        var upstreamHead: ByteBuffer? = nil
         var responseStarted = false
         var framing: ExchangeRules.ResponseFraming = .raw
         var upstreamKeepAlive = true
@@ -65,8 +68,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var phase: Phase = .idle
     private var exchange = Exchange()
     private var generation: UInt64 = 0
-    private var buffered = CircularBuffer<HTTPServerRequestPart>()
-    private var pipelined = CircularBuffer<HTTPServerRequestPart>()
+    private var reader: RequestReader
+    private var buffered = CircularBuffer<RequestPart>()
+    private var pipelined = CircularBuffer<RequestPart>()
     private var drainingPipeline = false
     private var readPending = false
     private var quiescing = false
@@ -97,13 +101,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private var collected = ByteBuffer()
     private var collector: (maxBytes: Int, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)? = nil
 
-    /// What a chunked body spends on framing; the decoder in front of this handler checks it.
-    private let meter: RequestBodyMeter
-
-    init(shared: ProxyShared, pool: UpstreamPool, meter: RequestBodyMeter = RequestBodyMeter()) {
+    init(shared: ProxyShared, pool: UpstreamPool) {
         self.shared = shared
         self.pool = pool
-        self.meter = meter
+        self.reader = RequestReader(maxHeadBytes: shared.limits.maxHeaderBytes, maxFields: shared.limits.maxHeaderCount)
     }
 
     // MARK: channel events
@@ -147,10 +148,15 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if lingering { return }
+        if lingering || deferredError != nil { return }
         lastActivity = .now()
         inReadBurst = true
-        receive(unwrapInboundIn(data))
+        reader.receive(unwrapInboundIn(data))
+        do {
+            while phase != .closed, let part = try reader.next() { receive(part) }
+        } catch {
+            requestUnreadable(error)
+        }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -171,25 +177,21 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard phase != .closed else { return }
         // The transport failed (a reset, TLS ended without close_notify): nothing can be
         // answered; channelInactive records what was in flight.
-        if error is IOError || error is NIOSSLError { return context.close(promise: nil) }
-        // Decoder errors: framing is in doubt, so answer (if nothing was answered yet) and close.
-        let status: HTTPResponseStatus
-        let reason: String
-        if (error as? HTTPParserError) == .headerOverflow || error is ByteToMessageDecoderError.PayloadTooLargeError {
-            status = .requestHeaderFieldsTooLarge
-            reason = "request header block too large or too many fields"
-        } else if error is ChunkFramingTooLarge {
-            status = .badRequest
-            reason = "chunked framing (chunk extensions) out of proportion to the body"
-        } else {
-            status = .badRequest
-            reason = "malformed HTTP request"
+        context.close(promise: nil)
+    }
+
+    /// The client's bytes are not HTTP/1.1 (or too much of it): framing is in doubt, so answer
+    /// (if nothing was answered yet) and close. Nothing after the error is read.
+    private func requestUnreadable(_ error: WireError) {
+        let response: LocalResponse
+        switch error {
+        case .tooLarge(let reason): response = .error(.requestHeaderFieldsTooLarge, "request head too large: \(reason)", close: true)
+        case .malformed(let reason): response = .error(.badRequest, "malformed HTTP request: \(reason)", close: true)
         }
-        let response = LocalResponse.error(status, reason, close: true)
         switch ExchangeRules.onDecoderError(phase: phase, requestEnded: exchange.requestEnded, responseStarted: exchange.responseStarted,
                                             upgradeRequested: exchange.isWebSocket) {
         case .answerAfterCurrent:
-            // The decoder delivers nothing more, so nothing else can come in between.
+            // Nothing more is parsed, so nothing else can come in between.
             if deferredError == nil { deferredError = response }
             return
         case .abort:
@@ -258,7 +260,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     // MARK: requests
 
-    private func receive(_ part: HTTPServerRequestPart) {
+    private func receive(_ part: RequestPart) {
         if phase == .idle {
             guard case .head(let head) = part else { return }
             startExchange(head)
@@ -269,15 +271,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
     }
 
-    private func requestPart(_ part: HTTPServerRequestPart) {
+    private func requestPart(_ part: RequestPart) {
         switch part {
         case .end:
             exchange.requestEnded = true
             bodyStart = nil
-            meter.end()
         case .body(let buffer):
             exchange.bodyBytes += buffer.readableBytes
-            if meter.open { meter.received(buffer.readableBytes) }
             if exchange.maxBodyBytes > 0, exchange.bodyBytes > exchange.maxBodyBytes {
                 return requestFailed(.payloadTooLarge, "request body larger than \(exchange.maxBodyBytes) bytes")
             }
@@ -302,21 +302,17 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
     }
 
-    private func startExchange(_ head: HTTPRequestHead) {
+    private func startExchange(_ head: WireHead) {
         generation &+= 1
         bodyStart = nil
         // Parts of the previous request that arrived while its verdict was pending and that
         // request was answered locally: they must never be replayed into this one.
         buffered.removeAll(keepingCapacity: true)
-        exchange = Exchange(method: head.method, clientVersion: head.version, start: .now(), path: head.uri)
+        let uri = head.target
+        exchange = Exchange(method: head.method, clientVersion: head.version, start: .now(), path: uri)
         exchange.requestID = nextRequestID()
         exchange.keepAlive = false
-        guard head.version.major == 1, head.version.minor <= 1 else {
-            return respondLocal(.error(.httpVersionNotSupported, "only HTTP/1.0 and HTTP/1.1", close: true))
-        }
-        guard head.uri.utf8.count <= shared.limits.maxHeaderBytes else {
-            return respondLocal(.error(.uriTooLong, "request target too long", close: true))
-        }
+        // The wire engine reads HTTP/1.0 and HTTP/1.1 only, heads within server.limits.
         let snapshot = shared.snapshot
         let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
         let inbound: InboundRequest
@@ -327,18 +323,17 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         exchange.requestHasBody = inbound.framing != .none
         exchange.requestChunked = inbound.framing == .chunked
-        meter.start(chunked: inbound.framing == .chunked)
         exchange.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
         exchange.isWebSocket = inbound.isWebSocketUpgrade
         if let id = inbound.requestID { exchange.requestID = id }
-        if shared.observer.wantsRequestDetails { exchange.userAgent = head.headers.first(name: "user-agent") }
-        if head.headers.contains(name: "upgrade"), !inbound.isWebSocketUpgrade {
+        if shared.observer.wantsRequestDetails { exchange.userAgent = head.firstValue(named: "user-agent") }
+        if inbound.upgrade == nil, head.fields.contains(where: { head.nameIs($0, "upgrade") }) {
             // e.g. h2c: served as plain HTTP/1.1 without the upgrade, then closed (the
-            // decoder stops parsing after an upgrade request).
+            // reader stops parsing after an upgrade request).
             exchange.keepAlive = false
         }
         let target: RequestTarget
-        switch RequestTarget.parse(head.uri, host: inbound.host) {
+        switch RequestTarget.parse(uri, host: inbound.host) {
         case .success(let t): target = t
         case .failure(let rejection): return respondLocal(.error(.badRequest, rejection.rawValue, close: true))
         }
@@ -351,7 +346,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             response.headers.append(("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"))  // RFC 9110 §15.5.6
             return respondLocal(response)
         }
-        if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.headers.first(name: "origin"), host: inbound.host) {
+        if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.firstValue(named: "origin"), host: inbound.host) {
             return respondLocal(.error(.forbidden, "cross-origin WebSocket handshake refused", close: true))
         }
         exchange.maxBodyBytes = route.maxBodyBytes
@@ -365,7 +360,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         exchange.snapshot = snapshot
         phase = .awaitingVerdict
         let decision = route.requestGuard.admit(
-            GuardRequest(head: head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
+            GuardRequest(wire: head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
                          isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer), on: context.eventLoop)
         switch decision {
         case .verdict(let verdict):
@@ -401,28 +396,29 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             for part in parts where phase == .collecting { collect(part) }
             resumeReading()
         case .forward(let addHeaders, let removeHeaders, let tunnel, let user):
-            guard var inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return Self.discard(verdict) }
+            guard let inbound = exchange.inbound, let target = exchange.target, let route = exchange.route else { return Self.discard(verdict) }
             exchange.tunnel = tunnel
             exchange.user = user
             exchange.forwarded = true
-            // Hold the header list in one place only, so adding to it does not copy it.
             exchange.inbound = nil
-            var headers = inbound.upstreamHeaders
-            inbound.upstreamHeaders = [:]
-            for name in removeHeaders { headers.remove(name: name) }
-            headers.add(name: "X-Forwarded-For", value: inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString)
-            headers.add(name: "X-Forwarded-Proto", value: inbound.forwardedProto ?? shared.scheme)
-            if let host = inbound.host?.authority { headers.add(name: "X-Forwarded-Host", value: host) }
+            var head = UpstreamRequestHead(method: exchange.method, target: route.upstreamTarget(target), removing: removeHeaders,
+                                           replacesHost: route.upstreamHost != nil)
+            head.adding.reserveCapacity(5 + addHeaders.count)
+            head.adding.append(("X-Forwarded-For", inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString))
+            head.adding.append(("X-Forwarded-Proto", inbound.forwardedProto ?? shared.scheme))
+            if let host = inbound.host?.authority { head.adding.append(("X-Forwarded-Host", host)) }
             if let host = route.upstreamHost {
-                headers.replaceOrAdd(name: "Host", value: host)
+                head.adding.append(("Host", host))
             } else if inbound.host == nil {
-                headers.add(name: "Host", value: route.upstream.description)
+                head.adding.append(("Host", route.upstream.description))
             }
-            headers.add(name: "X-Request-Id", value: exchange.requestID)
+            head.adding.append(("X-Request-Id", exchange.requestID))
             for (name, value) in addHeaders where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
-                headers.add(name: name, value: value)
+                head.adding.append((name, value))
             }
-            exchange.upstreamHead = HTTPRequestHead(version: .http1_1, method: exchange.method, uri: route.upstreamTarget(target), headers: headers)
+            var bytes = context.channel.allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
+            head.write(inbound, into: &bytes)
+            exchange.upstreamHead = bytes
             acquireUpstream()
         }
     }
@@ -433,7 +429,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     /// A body part for one of the gateway's own endpoints.
-    private func collect(_ part: HTTPServerRequestPart) {
+    private func collect(_ part: RequestPart) {
         guard let collector else { return }
         switch part {
         case .head: break
@@ -506,7 +502,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         upstream = connection
         connection.owner = self
         phase = .forwarding
-        connection.writeHead(head, chunked: exchange.requestChunked)
+        connection.writeHead(head, method: exchange.method, chunked: exchange.requestChunked)
         while let part = buffered.popFirst() {
             switch part {
             case .body(let buffer): connection.writeBody(buffer)
@@ -791,8 +787,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             _ = up.removeHandler(connection)
             let down = context.pipeline.syncOperations
             try down.addHandler(clientGlue)
-            _ = down.removeHandler(try down.handler(type: ByteToMessageHandler<BoundedRequestDecoder>.self))
             let clientChannel = context.channel
+            // What the client sent right behind its handshake is the tunnel's already.
+            let early = reader.takeRemaining()
+            if early.readableBytes > 0 { upstreamChannel.writeAndFlush(early, promise: nil) }
             _ = down.removeHandler(context: context)
             // This handler held back the client's read while the handshake was in flight: the
             // glue takes over reading on both sides from here.

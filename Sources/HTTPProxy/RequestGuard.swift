@@ -12,7 +12,9 @@ public protocol RequestGuard: Sendable {
 }
 
 public struct GuardRequest {
-    public var head: HTTPRequestHead
+    /// The head as the client sent it (nil when made from an `HTTPRequestHead`).
+    let wire: WireHead?
+    private let parsed: HTTPRequestHead?
     public var target: RequestTarget
     public var routeName: String
     public var clientAddress: SocketAddress?
@@ -25,13 +27,66 @@ public struct GuardRequest {
 
     public init(head: HTTPRequestHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress? = nil, host: RequestHost? = nil,
                 isWebSocketUpgrade: Bool = false, hasBearer: Bool = false) {
-        self.head = head
+        self.wire = nil
+        self.parsed = head
         self.target = target
         self.routeName = routeName
         self.clientAddress = clientAddress
         self.host = host
         self.isWebSocketUpgrade = isWebSocketUpgrade
         self.hasBearer = hasBearer
+    }
+
+    init(wire: WireHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress?, host: RequestHost?,
+         isWebSocketUpgrade: Bool, hasBearer: Bool) {
+        self.wire = wire
+        self.parsed = nil
+        self.target = target
+        self.routeName = routeName
+        self.clientAddress = clientAddress
+        self.host = host
+        self.isWebSocketUpgrade = isWebSocketUpgrade
+        self.hasBearer = hasBearer
+    }
+
+    /// The head with every field decoded: built when asked (the gateway's own endpoints and
+    /// pages); admission reads single fields with `forEachValue` instead.
+    public var head: HTTPRequestHead {
+        if let parsed { return parsed }
+        guard let wire else { return HTTPRequestHead(version: .http1_1, method: .GET, uri: "/") }
+        return HTTPRequestHead(version: wire.version, method: wire.method, uri: wire.target, headers: wire.headers)
+    }
+
+    public var method: HTTPMethod { wire?.method ?? parsed?.method ?? .GET }
+}
+
+/// Header fields read one name at a time: a received head (`GuardRequest`) without decoding
+/// the others, or `HTTPHeaders`.
+public protocol HeaderValues {
+    /// Calls `body` with the value of every field named `lower` (lower case), in order.
+    func forEachValue(named lower: String, _ body: (String) -> Void)
+}
+
+extension HTTPHeaders: HeaderValues {
+    public func forEachValue(named lower: String, _ body: (String) -> Void) {
+        for (name, value) in self where HeaderName.equals(name, lower) { body(value) }
+    }
+}
+
+extension GuardRequest: HeaderValues {
+    public func forEachValue(named lower: String, _ body: (String) -> Void) {
+        if let wire {
+            for field in wire.fields where wire.nameEquals(field, lower) { body(wire.value(field)) }
+        } else {
+            parsed?.headers.forEachValue(named: lower, body)
+        }
+    }
+
+    /// The first value of the field named `lower`.
+    public func firstValue(named lower: String) -> String? {
+        var first: String? = nil
+        forEachValue(named: lower) { if first == nil { first = $0 } }
+        return first
     }
 }
 

@@ -8,8 +8,11 @@ enum BodyFraming: Equatable {
 }
 
 /// What the one pass over a request's headers found (`docs/security.md`: framing, hop-by-hop,
-/// identity headers, forwarding headers).
+/// identity headers, forwarding headers), and what of the head goes upstream: the client's
+/// field lines as received, less those the rules remove or rewrite (`edits`).
 struct InboundRequest {
+    /// The head as received.
+    var head: WireHead
     /// The normalized `Host` (`RequestHost`); the upstream receives it in this form.
     var host: RequestHost?
     var framing: BodyFraming
@@ -19,13 +22,43 @@ struct InboundRequest {
     var isWebSocketUpgrade: Bool
     /// An `Authorization: Bearer` credential was sent (the guard decides whose it is).
     var hasBearer: Bool = false
-    /// Headers for the upstream: hop-by-hop, Connection-named, identity and untrusted forwarding
-    /// headers removed; forwarding headers and the request id not yet added.
-    var upstreamHeaders: HTTPHeaders
+    /// Field lines not sent upstream as received, in order: removed (hop-by-hop, Connection-
+    /// named, identity, forwarding) or rewritten (`Host`, `Cookie`, `Transfer-Encoding`).
+    /// Empty in the common case: the fields are copied in one piece.
+    var edits: [FieldEdit] = []
+    /// A WebSocket handshake's `Upgrade` value: it and `Connection: Upgrade` are written anew.
+    var upgrade: String? = nil
     /// A trusted proxy's `X-Forwarded-For` chain, to append the peer to.
     var forwardedFor: String?
     var forwardedProto: String?
     var requestID: String?
+
+    struct FieldEdit: Equatable {
+        /// Index into `head.fields`.
+        var index: Int
+        /// nil: removed; otherwise the value written instead (with the field's name as sent).
+        var value: String?
+    }
+
+    /// The fields as the upstream receives them before the proxy adds its own (diagnostics and
+    /// tests; forwarding writes bytes, `UpstreamRequestHead`).
+    var upstreamHeaders: HTTPHeaders {
+        var headers = HTTPHeaders()
+        var edits = self.edits[...]
+        for (index, field) in head.fields.enumerated() {
+            if let edit = edits.first, edit.index == index {
+                edits = edits.dropFirst()
+                if let value = edit.value { headers.add(name: head.name(field), value: value) }
+                continue
+            }
+            headers.add(name: head.name(field), value: head.value(field))
+        }
+        if let upgrade {
+            headers.add(name: "Connection", value: "Upgrade")
+            headers.add(name: "Upgrade", value: upgrade)
+        }
+        return headers
+    }
 }
 
 enum RequestRejection: Error, Equatable {
@@ -96,9 +129,11 @@ struct RequestHeaderRules: Sendable {
         return joined.isEmpty ? nil : joined
     }
 
-    /// One pass over the request head: validates framing and builds the upstream header list.
-    func inspect(_ head: HTTPRequestHead, peerTrusted: Bool) -> Result<InboundRequest, RequestRejection> {
+    /// One pass over the request head: validates framing and decides which field lines go
+    /// upstream. Values are read as `String`s only for the fields the rules interpret.
+    func inspect(_ head: WireHead, peerTrusted: Bool) -> Result<InboundRequest, RequestRejection> {
         var rawHost: String? = nil
+        var hostIndex = 0
         var hostCount = 0
         var unknownExpectation = false
         var hasBearer = false
@@ -108,60 +143,76 @@ struct RequestHeaderRules: Sendable {
         var chunked = false
         var connectionTokens: [String] = []
         var upgradeValue: String? = nil
-        var drop = false
         var forwardedFor: String? = nil
         var forwardedProto: String? = nil
         var requestID: String? = nil
+        var edits: [InboundRequest.FieldEdit] = []
+        /// Fields whose fate depends on `Connection` (read to the end first).
+        var others: [Int] = []
 
-        for (name, value) in head.headers {
+        for (index, field) in head.fields.enumerated() {
+            let name = head.name(field)
             switch Self.classifyRequest(name) {
             case .host:
                 hostCount += 1
-                rawHost = value
+                rawHost = head.value(field)
+                hostIndex = index
             case .expect:
                 // RFC 9110 §10.1.1: only 100-continue is defined; every Expect must be it.
-                if !HeaderName.equals(Substring(value).trimmingSpaces, "100-continue") { unknownExpectation = true }
+                if !head.valueIs(field, "100-continue") { unknownExpectation = true }
             case .authorization:
-                let v = Substring(value).trimmingSpaces
-                if v.utf8.count > 7, HeaderName.equals(v.prefix(7), "bearer ") { hasBearer = true }
+                let value = head.value(field)
+                if value.utf8.count > 7, HeaderName.equals(value.prefix(7), "bearer ") { hasBearer = true }
             case .contentLength:
                 contentLengthCount += 1
+                let value = head.value(field)
                 guard !value.isEmpty, value.utf8.count <= 18, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value) else {
                     return .failure(.badRequest("invalid Content-Length"))
                 }
                 contentLength = n
             case .transferEncoding:
                 transferEncodingCount += 1
-                chunked = HeaderName.equals(value, "chunked")
+                chunked = head.valueIs(field, "chunked")
                 if !chunked { return .failure(.badRequest("unsupported Transfer-Encoding")) }
-                // NIO's encoder frames the upstream body only for exactly `chunked`: any other
-                // spelling would send the decoded chunks raw (request smuggling). Written anew.
-                if value != "chunked" { drop = true }
+                // Written as exactly `chunked`: a backend must frame the body as the proxy did.
+                if head.value(field) != "chunked" { edits.append(.init(index: index, value: "chunked")) }
             case .connection:
-                connectionTokens += HeaderName.tokens(value)
-                drop = true
+                connectionTokens += HeaderName.tokens(head.value(field))
+                edits.append(.init(index: index, value: nil))
             case .upgrade:
-                upgradeValue = value
-                drop = true
+                upgradeValue = head.value(field)
+                edits.append(.init(index: index, value: nil))
             case .hopByHop, .lookalike:
-                drop = true
+                edits.append(.init(index: index, value: nil))
             case .forwarding(let which):
                 if peerTrusted {
+                    let value = head.value(field)
                     switch which {
                     case .forwardedFor: forwardedFor = forwardedFor.map { "\($0), \(value)" } ?? value
                     case .forwardedProto: forwardedProto = value
                     case .other: break
                     }
                 }
-                // always dropped here: the proxy writes the canonical ones back.
-                drop = true
+                // always removed: the proxy writes the canonical ones.
+                edits.append(.init(index: index, value: nil))
             case .requestID:
-                if peerTrusted, Self.isValidRequestID(value) { requestID = value }
-                drop = true
+                if peerTrusted {
+                    let value = head.value(field)
+                    if Self.isValidRequestID(value) { requestID = value }
+                }
+                edits.append(.init(index: index, value: nil))
             case .cookie:
-                if hiddenCookieMarkers.contains(where: { HeaderName.contains(value, $0) }) { drop = true }
+                guard !hiddenCookies.isEmpty else { break }
+                let value = head.value(field)
+                if hiddenCookieMarkers.contains(where: { HeaderName.contains(value, $0) }) {
+                    edits.append(.init(index: index, value: cookieWithoutHidden(value)))
+                }
             case .other:
-                if isIdentityHeader(name) { drop = true }
+                if isIdentityHeader(name) {
+                    edits.append(.init(index: index, value: nil))
+                } else {
+                    others.append(index)
+                }
             }
         }
         if hostCount > 1 { return .failure(.badRequest("duplicate Host")) }
@@ -176,52 +227,29 @@ struct RequestHeaderRules: Sendable {
             case .success(let parsed): host = parsed
             case .failure(let rejection): return .failure(.badRequest("invalid Host: \(rejection.rawValue)"))
             }
+            if let host, host.authority != rawHost { edits.append(.init(index: hostIndex, value: host.authority)) }
         }
         // An HTTP/1.0 client's Expect is ignored (RFC 9110 §10.1.1).
         if unknownExpectation, head.version.minor >= 1 { return .failure(.expectationFailed) }
-        let rewriteHost = host.map { $0.authority != rawHost } ?? false
+
+        // Fields the client named in `Connection` are hop-by-hop too (RFC 9110 §7.6.1).
+        let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" && $0 != "upgrade" }
+        if !named.isEmpty {
+            for index in others where named.contains(where: { head.nameEquals(head.fields[index], $0) }) {
+                edits.append(.init(index: index, value: nil))
+            }
+        }
+        edits.sort { $0.index < $1.index }
 
         let framing: BodyFraming = chunked ? .chunked : (contentLength.map { $0 > 0 ? .contentLength($0) : .none } ?? .none)
         var keepAlive = head.version.minor >= 1
         if connectionTokens.contains("close") { keepAlive = false }
         if head.version.minor == 0, connectionTokens.contains("keep-alive") { keepAlive = true }
         let isWebSocket = connectionTokens.contains("upgrade") && upgradeValue.map { HeaderName.equals($0, "websocket") } == true
-
-        var headers: HTTPHeaders
-        if drop || rewriteHost {
-            // Remove hop-by-hop, Connection-named, identity and forwarding headers, then (for
-            // a WebSocket handshake) put back exactly the hop-by-hop pair it needs.
-            let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" && $0 != "upgrade" }
-            headers = HTTPHeaders()
-            for (name, value) in head.headers {
-                switch Self.classifyRequest(name) {
-                case .connection, .upgrade, .hopByHop, .forwarding, .requestID, .lookalike: continue
-                case .host:
-                    if let host, rewriteHost { headers.add(name: name, value: host.authority); continue }
-                case .other:
-                    if isIdentityHeader(name) { continue }
-                    if !named.isEmpty, named.contains(where: { HeaderName.equals(name, $0) }) { continue }
-                case .cookie:
-                    if let kept = cookieWithoutHidden(value) { headers.add(name: name, value: kept) }
-                    continue
-                case .transferEncoding:
-                    headers.add(name: "Transfer-Encoding", value: "chunked")
-                    continue
-                case .contentLength, .expect, .authorization: break
-                }
-                headers.add(name: name, value: value)
-            }
-            if isWebSocket {
-                headers.add(name: "Connection", value: "Upgrade")
-                headers.add(name: "Upgrade", value: upgradeValue ?? "websocket")
-            }
-        } else {
-            headers = head.headers
-        }
         return .success(InboundRequest(
-            host: host, framing: framing, keepAlive: keepAlive, isWebSocketUpgrade: isWebSocket, hasBearer: hasBearer,
-            upstreamHeaders: headers, forwardedFor: forwardedFor, forwardedProto: forwardedProto,
-            requestID: requestID))
+            head: head, host: host, framing: framing, keepAlive: keepAlive, isWebSocketUpgrade: isWebSocket, hasBearer: hasBearer,
+            edits: edits, upgrade: isWebSocket ? (upgradeValue ?? "websocket") : nil, forwardedFor: forwardedFor,
+            forwardedProto: forwardedProto, requestID: requestID))
     }
 
     /// The two forwarding headers a trusted proxy's value is kept for. `X-Forwarded-Host` is

@@ -123,19 +123,13 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// Writes a request head; `chunked`: its body follows in chunks (the head says so).
-    func writeHead(_ head: HTTPRequestHead, chunked: Bool) {
+    /// Writes a request head (`UpstreamRequestHead`'s bytes); `chunked`: its body follows in
+    /// chunks (the head says so).
+    func writeHead(_ head: ByteBuffer, method: HTTPMethod, chunked: Bool) {
         guard let context else { return }
         chunkedRequest = chunked
-        reader.expectResponse(to: head.method)
-        var buffer = context.channel.allocator.buffer(capacity: 512)
-        buffer.writeString(head.method.rawValue)
-        buffer.writeStaticString(" ")
-        buffer.writeString(head.uri)
-        buffer.writeStaticString(" HTTP/1.1\r\n")
-        for (name, value) in head.headers { HTTPWire.writeHeader(name, value, into: &buffer) }
-        buffer.writeStaticString("\r\n")
-        context.write(wrapOutboundOut(buffer), promise: nil)
+        reader.expectResponse(to: method)
+        context.write(wrapOutboundOut(head), promise: nil)
     }
 
     func writeBody(_ bytes: ByteBuffer) {

@@ -1,3 +1,4 @@
+import NIOCore
 import NIOHTTP1
 import Testing
 
@@ -254,5 +255,18 @@ struct HiddenCookieTests {
         let inbound = try rules.inspect(head, peerTrusted: false).get()
         #expect(inbound.upstreamHeaders["cookie"].first == expected)
         #expect(inbound.upstreamHeaders["accept"] == ["*/*"])
+    }
+}
+
+extension RequestHeaderRules {
+    /// The rules over a head given as an `HTTPRequestHead`: written out as bytes and read by the
+    /// wire engine, as the proxy receives a request.
+    func inspect(_ head: HTTPRequestHead, peerTrusted: Bool) -> Result<InboundRequest, RequestRejection> {
+        var text = "\(head.method.rawValue) \(head.uri) HTTP/\(head.version.major).\(head.version.minor)\r\n"
+        for (name, value) in head.headers { text += "\(name): \(value)\r\n" }
+        var buffer = ByteBuffer(string: text + "\r\n")
+        var parser = HeadParser(kind: .request, maxHeadBytes: 1 << 20, maxFields: 1000)
+        guard let wire = try? parser.parse(&buffer) else { return .failure(.badRequest("the wire engine refused the head")) }
+        return inspect(wire, peerTrusted: peerTrusted)
     }
 }

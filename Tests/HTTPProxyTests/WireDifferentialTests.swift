@@ -10,7 +10,7 @@ import Testing
 
 @testable import HTTPProxy
 
-/// Differential fuzzing of the wire engine's request parsing (`HeadParser`, `MessageFraming`,
+/// Differential fuzzing of the wire engine's request parsing (`RequestReader`: `HeadParser`, `MessageFraming`,
 /// `BodyDecoder`) against NIO's llhttp-based `HTTPRequestDecoder`: generated and mutated byte
 /// streams (one or two pipelined requests) go to both, fed in random pieces to ours; any
 /// disagreement in accept/reject, method, target, version, header names and values, body bytes
@@ -94,35 +94,27 @@ struct WireDifferentialTests {
     /// Ours, fed in the pieces `splits` cuts (offsets into `input`).
     static func ours(_ input: [UInt8], splits: [Int]) -> Outcome {
         var outcome = Outcome()
-        var buffer = ByteBuffer()
-        var parser = HeadParser(kind: .request, maxHeadBytes: 80 * 1024, maxFields: 1000)
+        var reader = RequestReader(maxHeadBytes: 80 * 1024, maxFields: 1000)
         var current: Message? = nil
-        var body: BodyDecoder? = nil
         let cuts = splits.filter { $0 > 0 && $0 < input.count }.sorted() + [input.count]
         var from = 0
         do {
             for cut in cuts {
-                buffer.writeBytes(input[from..<cut])
+                reader.receive(ByteBuffer(bytes: input[from..<cut]))
                 from = cut
-                while true {
-                    if var decoder = body {
-                        guard let part = try decoder.next(&buffer) else { body = decoder; break }
-                        body = decoder
-                        switch part {
-                        case .body(let bytes): current?.body += bytes.readableBytesView
-                        case .end(let trailers):
-                            current?.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
-                            outcome.messages.append(current!)
-                            current = nil
-                            body = nil
-                            // NIO stops at an upgrade request, the proxy after a closing one.
-                            if isUpgrade(outcome.messages.last!) || !keepsAlive(outcome.messages.last!) { return outcome }
-                        }
-                    } else {
-                        guard let head = try parser.parse(&buffer) else { break }
+                while let part = try reader.next() {
+                    switch part {
+                    case .head(let head):
                         current = Message(method: head.method.rawValue, target: head.target, version: "\(head.version)",
                                           headers: head.fields.map { "\(head.name($0)): \(head.value($0))" }, body: [], trailers: nil)
-                        body = BodyDecoder(try MessageFraming.request(head), maxFields: 1000)
+                    case .body(let bytes):
+                        current?.body += bytes.readableBytesView
+                    case .end(let trailers):
+                        current?.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
+                        outcome.messages.append(current!)
+                        current = nil
+                        // NIO stops at an upgrade request, the proxy after a closing one.
+                        if isUpgrade(outcome.messages.last!) || !keepsAlive(outcome.messages.last!) { return outcome }
                     }
                 }
             }

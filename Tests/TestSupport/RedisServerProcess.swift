@@ -243,7 +243,33 @@ public func runToCompletion(_ path: String, _ arguments: [String]) -> Int32 {
 /// posix_spawn with default signal dispositions and nothing blocked: the test process may
 /// ignore SIGTERM (signal handling of other suites), and children would inherit that.
 /// `arguments` includes argv[0]. Returns the pid, or 0.
-func spawnWithDefaultSignals(_ path: String, _ arguments: [String], fileActions: UnsafePointer<posix_spawn_file_actions_t>?) -> pid_t {
+///
+/// The child keeps only standard input, output and error: every other descriptor is closed in
+/// it. Without that, a long-lived child (a redis-server of a Sentinel cluster) inherits the
+/// write end of whatever pipe another test had open at that moment — an `openssl` run whose
+/// output is read to EOF then never ends while the child lives, and with both cooperative
+/// threads blocked so, nothing stops the child: the whole run hung (about one run in three).
+func spawnWithDefaultSignals(_ path: String, _ arguments: [String], fileActions: UnsafeMutablePointer<posix_spawn_file_actions_t>?) -> pid_t {
+    guard let fileActions else {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        return spawnWithDefaultSignals(path, arguments, fileActions: &actions)
+    }
+    guard closeFrom(fileActions, 3) == 0 else { return 0 }
+    return spawn(path, arguments, actions: fileActions)
+}
+
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 and later; Swift's Glibc module
+/// does not declare it), looked up once.
+private let closeFrom: @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>?, Int32) -> Int32 = {
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else {
+        fatalError("glibc 2.34 or later is needed: posix_spawn_file_actions_addclosefrom_np is missing")
+    }
+    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>?, Int32) -> Int32).self)
+}()
+
+private func spawn(_ path: String, _ arguments: [String], actions: UnsafeMutablePointer<posix_spawn_file_actions_t>) -> pid_t {
     var attributes = posix_spawnattr_t()
     posix_spawnattr_init(&attributes)
     defer { posix_spawnattr_destroy(&attributes) }
@@ -257,6 +283,6 @@ func spawnWithDefaultSignals(_ path: String, _ arguments: [String], fileActions:
     var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
     defer { argv.forEach { free($0) } }
     var pid: pid_t = 0
-    guard posix_spawn(&pid, path, fileActions, &attributes, &argv, environ) == 0 else { return 0 }
+    guard posix_spawn(&pid, path, actions, &attributes, &argv, environ) == 0 else { return 0 }
     return pid
 }

@@ -56,6 +56,11 @@ struct WireHead {
         }
     }
 
+    /// The value of the first field named `lower` (lower case).
+    func firstValue(named lower: String) -> String? {
+        fields.first { nameEquals($0, lower) }.map { value($0) }
+    }
+
     /// Every field as `HTTPHeaders`, in order (names and values as sent).
     var headers: HTTPHeaders {
         HTTPHeaders(fields.map { (name($0), value($0)) })

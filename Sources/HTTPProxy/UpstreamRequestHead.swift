@@ -1,0 +1,65 @@
+import NIOCore
+import NIOHTTP1
+
+/// The head a forwarded request goes upstream with, written as bytes: the request line (the
+/// route's target, HTTP/1.1), the client's field lines copied as received except those
+/// `RequestHeaderRules` removed or rewrote (`InboundRequest.edits`) and those the guard asked
+/// to remove, then what the proxy adds. Unchanged lines are copied in runs, never re-encoded.
+struct UpstreamRequestHead {
+    var method: HTTPMethod
+    var target: String
+    /// Lower-case names the guard removes (`Authorization` carrying the gateway's own token).
+    var removing: [String] = []
+    /// The route sets its own `Host` (`upstream_host`): the client's is not sent.
+    var replacesHost = false
+    /// Fields the proxy adds after the client's (forwarding headers, the request id, identity).
+    var adding: [(String, String)] = []
+
+    func write(_ inbound: InboundRequest, into buffer: inout ByteBuffer) {
+        buffer.writeString(method.rawValue)
+        buffer.writeStaticString(" ")
+        buffer.writeString(target)
+        buffer.writeStaticString(" HTTP/1.1\r\n")
+        let head = inbound.head
+        var edits = inbound.edits[...]
+        head.bytes.withUnsafeReadableBytes { raw in
+            var runStart = Int(head.fieldsStart)
+            var runEnd = runStart
+            for (index, field) in head.fields.enumerated() {
+                var replacement: String? = nil
+                var keep = true
+                if let edit = edits.first, edit.index == index {
+                    edits = edits.dropFirst()
+                    keep = false
+                    replacement = edit.value
+                }
+                if replacesHost, head.nameIs(field, "host") {
+                    keep = false
+                    replacement = nil
+                } else if keep, !removing.isEmpty, removing.contains(where: { head.nameEquals(field, $0) }) {
+                    keep = false
+                }
+                if keep {
+                    runEnd = Int(field.lineEnd)
+                    continue
+                }
+                if runEnd > runStart { buffer.writeBytes(UnsafeRawBufferPointer(rebasing: raw[runStart..<runEnd])) }
+                if let replacement {
+                    buffer.writeBytes(UnsafeRawBufferPointer(rebasing: raw[Int(field.nameStart)..<Int(field.nameStart + field.nameLength)]))
+                    buffer.writeStaticString(": ")
+                    buffer.writeString(replacement)
+                    buffer.writeStaticString("\r\n")
+                }
+                runStart = Int(field.lineEnd)
+                runEnd = runStart
+            }
+            if runEnd > runStart { buffer.writeBytes(UnsafeRawBufferPointer(rebasing: raw[runStart..<runEnd])) }
+        }
+        if let upgrade = inbound.upgrade {
+            buffer.writeStaticString("Connection: Upgrade\r\n")
+            HTTPWire.writeHeader("Upgrade", upgrade, into: &buffer)
+        }
+        for (name, value) in adding { HTTPWire.writeHeader(name, value, into: &buffer) }
+        buffer.writeStaticString("\r\n")
+    }
+}

@@ -1,0 +1,78 @@
+import NIOCore
+import NIOHTTP1
+
+/// Reads the requests a client sends, from the bytes as they arrive: heads (`HeadParser`),
+/// framing (`MessageFraming.request`) and bodies (`BodyDecoder`, which bounds chunked framing).
+/// What the proxy's client connections run, in place of NIO's decoder, and what
+/// `WireDifferentialTests` compares with NIO's llhttp decoder.
+///
+/// After a request that asks to upgrade (an `Upgrade` field, as llhttp decides) nothing more is
+/// parsed: what follows belongs to a tunnel, or to nobody if the upgrade is refused. Those bytes
+/// are held (`takeRemaining`) up to `maxHeadBytes`; beyond that the reader fails as a head too
+/// large would (431), so a client cannot make the proxy buffer without bound.
+struct RequestReader {
+    enum Part {
+        case head(WireHead)
+        case body(ByteBuffer)
+        /// The request is complete; the trailers of a chunked body, if any were sent (the proxy
+        /// drops them: an app merging them into the headers would see fields never checked).
+        case end(WireTrailers?)
+    }
+
+    private enum State {
+        case head
+        case body(BodyDecoder, upgrade: Bool)
+        /// After an upgrade request: bytes are held, not parsed.
+        case stopped
+    }
+
+    private var parser: HeadParser
+    private var state: State = .head
+    private var buffer = ByteBuffer()
+
+    init(maxHeadBytes: Int, maxFields: Int) {
+        parser = HeadParser(kind: .request, maxHeadBytes: maxHeadBytes, maxFields: maxFields)
+    }
+
+    /// Bytes received from the client.
+    mutating func receive(_ bytes: ByteBuffer) {
+        if buffer.readableBytes == 0 {
+            buffer = bytes
+        } else {
+            var bytes = bytes
+            buffer.writeBuffer(&bytes)
+        }
+    }
+
+    /// The next part from what has arrived; nil while more bytes are needed (or after an
+    /// upgrade request).
+    mutating func next() throws(WireError) -> Part? {
+        switch state {
+        case .stopped:
+            if buffer.readableBytes > parser.maxHeadBytes { throw .tooLarge("more than \(parser.maxHeadBytes) bytes after an upgrade request") }
+            return nil
+        case .body(var decoder, let upgrade):
+            // Kept even when no part comes out: the decoder may have read framing.
+            let part = try decoder.next(&buffer)
+            state = .body(decoder, upgrade: upgrade)
+            switch part {
+            case nil: return nil
+            case .body(let bytes): return .body(bytes)
+            case .end(let trailers):
+                state = upgrade ? .stopped : .head
+                return .end(trailers)
+            }
+        case .head:
+            guard buffer.readableBytes > 0, let head = try parser.parse(&buffer) else { return nil }
+            let upgrade = head.fields.contains { head.nameIs($0, "upgrade") }
+            state = .body(BodyDecoder(try MessageFraming.request(head), maxFields: parser.maxFields), upgrade: upgrade)
+            return .head(head)
+        }
+    }
+
+    /// The bytes received and not parsed: after an upgrade request, the tunnel's first bytes.
+    mutating func takeRemaining() -> ByteBuffer {
+        defer { buffer = ByteBuffer() }
+        return buffer
+    }
+}
