@@ -4,7 +4,8 @@
 # (bench/rotate.lua).
 #
 #   cached     the session is in the gateway's local cache (store.local_cache_ttl 1h, warmed)
-#   redis      local cache off (ttl 0): every request reads Redis (two pipelined round trips)
+#   redis      local cache off (ttl 0): every request reads Redis (one round trip: a script reads
+#              the session, the profile and the revocation marker)
 #   no-cookie  a required route without a credential: 401 from the gateway, no store call
 #   forged     a well-formed cookie with a wrong HMAC: 401, no store call
 #

@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import Redis
 
@@ -61,11 +62,47 @@ public final class RedisSessionStore: SessionStore {
         return transaction(commands, on: loop).map { _ in }
     }
 
+    /// What admission needs on a cache miss — the session, its user's profile and revocation
+    /// marker — in one round trip: the second and third keys are named by the session's `sub`,
+    /// so a script reads them where the session is (standalone Redis or a Sentinel master;
+    /// nothing here is meant for Redis Cluster).
+    static let loadScript = """
+        local s = redis.call('HGETALL', KEYS[1])
+        if #s == 0 then return {} end
+        local sub = nil
+        for i = 1, #s, 2 do if s[i] == 'sub' then sub = s[i + 1] break end end
+        if sub == nil then return {s} end
+        return {s, redis.call('HGETALL', ARGV[1] .. 'user:{' .. sub .. '}'), redis.call('GET', ARGV[1] .. 'revoked:{' .. sub .. '}')}
+        """
+
+    /// Set once Redis refused scripts (an ACL user without `+@scripting`): misses take two
+    /// round trips from then on.
+    private let scriptsRefused = NIOLockedValueBox(false)
+
     public func load(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
+        if scriptsRefused.withLockedValue({ $0 }) { return loadInTwo(handle, on: loop) }
+        return redis.send(["EVAL", .string(Self.loadScript), "1", .string(sessionKey(handle)), .string(prefix)], on: loop).flatMap { reply in
+            guard let parts = reply.arrayValue else { return loop.makeFailedFuture(SessionStoreError("unexpected reply to the session script")) }
+            guard let first = parts.first, let fields = Self.hash(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
+            guard parts.count == 3, let record = Self.session(handle, fields) else {
+                return loop.makeFailedFuture(SessionStoreError("malformed session record"))
+            }
+            return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(parts[1]) ?? [:]),
+                                                          revokedAt: parts[2].string.flatMap { Int64($0) }))
+        }.flatMapError { error in
+            if case RedisError.server(let message) = error, message.hasPrefix("NOPERM") || message.hasPrefix("NOSCRIPT") || message.contains("unknown command") {
+                self.scriptsRefused.withLockedValue { $0 = true }
+                return self.loadInTwo(handle, on: loop)
+            }
+            return loop.makeFailedFuture((error as? SessionStoreError) ?? SessionStoreError("\(error)"))
+        }
+    }
+
+    /// `load` without a script: the session, then its user and revocation marker.
+    private func loadInTwo(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
         send(["HGETALL", .string(sessionKey(handle))], on: loop).flatMap { reply in
             guard let fields = Self.hash(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
             guard let record = Self.session(handle, fields) else { return loop.makeFailedFuture(SessionStoreError("malformed session record")) }
-            // The user and their revocation marker: one write, one round trip.
             return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))]], on: loop)
                 .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
                 .map { replies in

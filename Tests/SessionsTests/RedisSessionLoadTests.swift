@@ -1,0 +1,72 @@
+import Logging
+import NIOCore
+import NIOPosix
+import Redis
+import Sessions
+import TestSupport
+import Testing
+
+/// The Redis store's cache-miss read (issue 12 §3): the session, its user's profile and
+/// revocation marker in one round trip, and the same answer without scripts for an ACL user
+/// that may not run them.
+@Suite("Redis session store: one round trip per miss", .timeLimit(.minutes(1)))
+struct RedisSessionLoadTests {
+    /// How often each command ran since the last `CONFIG RESETSTAT` (`INFO commandstats`).
+    static func calls(_ admin: RedisClient) async throws -> [String: Int] {
+        let info = try await admin.send(["INFO", "commandstats"]).string ?? ""
+        var calls: [String: Int] = [:]
+        for line in info.split(whereSeparator: \.isNewline) where line.hasPrefix("cmdstat_") {
+            let name = line.dropFirst("cmdstat_".count).prefix { $0 != ":" }
+            if let range = line.range(of: "calls="), let n = Int(line[range.upperBound...].prefix { $0.isNumber }) { calls[String(name)] = n }
+        }
+        return calls
+    }
+
+    static func client(_ server: RedisServerProcess, user: String? = nil, password: String? = nil) throws -> RedisClient {
+        try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, username: user, password: password, commandTimeout: .seconds(3)),
+                        group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+    }
+
+    static func storeAndRead(_ store: RedisSessionStore, _ admin: RedisClient) async throws -> (StoredSession?, [String: Int]) {
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let now = SessionClock.now()
+        let (_, s) = record("user.miss", created: now - 1000)
+        try await store.create(s, profile: UserProfile(sub: "user.miss", name: "Grace Hopper", email: "grace@example.com"), expiresAt: now + 60_000, on: loop).get()
+        _ = try await admin.send(["SET", "sg:revoked:{user.miss}", .string("\(now - 2000)")])
+        _ = try await admin.send(["CONFIG", "RESETSTAT"])
+        let loaded = try await store.load(s.handle, on: loop).get()
+        #expect(try await store.load(record("user.miss", created: now).record.handle, on: loop).get() == nil, "an unknown session")
+        return (loaded, try await calls(admin))
+    }
+
+    @Test("a miss reads the session, the profile and the revocation marker with one command")
+    func oneRoundTrip() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let client = try Self.client(server)
+        let admin = try Self.client(server)
+        defer { Task { await client.close(); await admin.close() } }
+        let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
+        let session = try #require(loaded)
+        #expect(session.user.name == "Grace Hopper" && session.user.email == "grace@example.com")
+        #expect(session.revokedAt != nil)
+        // Two loads (one found, one unknown): two commands from the gateway, whatever the
+        // script did inside.
+        #expect(calls["eval"] == 2, "\(calls)")
+    }
+
+    @Test("an ACL user that may not run scripts gets the same answer in two round trips")
+    func withoutScripts() async throws {
+        let server = try RedisServerProcess(arguments: ["--user", "gateway", "on", ">pw", "~*", "&*", "+@all", "-@scripting"])
+        defer { server.stop() }
+        let client = try Self.client(server, user: "gateway", password: "pw")
+        let admin = try Self.client(server)
+        defer { Task { await client.close(); await admin.close() } }
+        let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
+        let session = try #require(loaded)
+        #expect(session.user.name == "Grace Hopper")
+        #expect(session.revokedAt != nil)
+        #expect((calls["eval"] ?? 0) == 0, "refused once, then not tried again: \(calls)")
+        #expect(calls["hgetall"] == 3, "\(calls)")
+    }
+}
