@@ -23,6 +23,13 @@ public struct UpstreamAddress: Sendable, Hashable, CustomStringConvertible {
         self.socketAddresses = (try? SocketAddress(ipAddress: host, port: port)).map { [$0] } ?? []
     }
 
+    /// The connection pools look an upstream up per request: its name and port are hash enough
+    /// (equality still compares everything), not its addresses and TLS settings.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(host)
+        hasher.combine(port)
+    }
+
     /// An upstream with its addresses already known (tried in this order).
     public init(host: String, port: Int, addresses: [SocketAddress]) {
         self.host = host
