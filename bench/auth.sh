@@ -12,6 +12,8 @@
 # Sessions are made through the product (simulator + POST /_auth/native, bench/seed.py) in
 # Redis, shared by two gateway instances with the same secret: A with the cache, B without.
 # Environment as bench/run.sh: DURATION, CONNECTIONS, REPS, SESSIONS (10000), BENCH_NOTE.
+# PROFILE=cached (or redis, forged, no-cookie): instead of measuring, sample that scenario with
+# perf once the cache is warm and print where its CPU goes (inclusive, our symbols first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -49,6 +51,17 @@ run() {  # scenario c rep|warm duration
 SCENARIOS="nginx cached redis no-cookie forged"
 for c in $CONNECTIONS; do
   for s in $SCENARIOS; do run "$s" "$c" warm 3s; done   # warms A's cache with every session
+  if [ -n "${PROFILE:-}" ]; then  # PROFILE=cached|redis|forged|no-cookie: where that scenario's CPU goes, then stop
+    pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B
+    perf record -q -e cpu-clock:u -g -p "$pid" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
+    PERF=$!
+    run "$PROFILE" "$c" profile "$DURATION"
+    wait $PERF || true
+    grep Requests/sec "$WORK/wrk-$PROFILE-$c-profile.txt"
+    perf report -q -i "$WORK/perf.data" --children --sort symbol --percent-limit 0.7 -g none 2>/dev/null | grep -E "^ +[0-9]" \
+      | grep -vE "NIOPosix|start_thread|NIOThread" | cut -c1-200 | head -"${TOP:-70}"
+    exit 0
+  fi
   for rep in $(seq "$REPS"); do
     for s in $SCENARIOS; do run "$s" "$c" "$rep" "$DURATION"; done
   done
