@@ -130,15 +130,18 @@ final class Authenticator: Sendable {
     }
 
     /// `Authorization: Bearer` or the session cookie; both only if they carry the same token (a
-    /// native app may send its cookie jar too). No allocation on the way.
+    /// native app may send its cookie jar too). The token is a slice of its field's value; the
+    /// `Authorization` fields are not even looked at when the proxy saw no bearer.
     func credential(_ headers: some HeaderValues) -> Credential {
         var bearer: Substring? = nil
         var cookie: Substring? = nil
         var doubled = false
-        headers.forEachValue(named: "authorization") { value in
-            if let token = Self.bearerToken(value) {
-                if bearer != nil { doubled = true }
-                bearer = token
+        if headers.mayCarryBearer {
+            headers.forEachValue(named: "authorization") { value in
+                if let token = Self.bearerToken(value) {
+                    if bearer != nil { doubled = true }
+                    bearer = token
+                }
             }
         }
         headers.forEachValue(named: "cookie") { value in

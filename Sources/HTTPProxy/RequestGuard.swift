@@ -65,6 +65,13 @@ public struct GuardRequest {
 public protocol HeaderValues {
     /// Calls `body` with the value of every field named `lower` (lower case), in order.
     func forEachValue(named lower: String, _ body: (String) -> Void)
+    /// False when no `Authorization: Bearer` field was sent (known from the proxy's one pass):
+    /// nothing need look for one.
+    var mayCarryBearer: Bool { get }
+}
+
+extension HeaderValues {
+    public var mayCarryBearer: Bool { true }
 }
 
 extension HTTPHeaders: HeaderValues {
@@ -74,6 +81,8 @@ extension HTTPHeaders: HeaderValues {
 }
 
 extension GuardRequest: HeaderValues {
+    public var mayCarryBearer: Bool { hasBearer }
+
     public func forEachValue(named lower: String, _ body: (String) -> Void) {
         if let wire {
             for field in wire.fields where wire.nameEquals(field, lower) { body(wire.value(field)) }

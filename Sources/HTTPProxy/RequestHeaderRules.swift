@@ -203,6 +203,12 @@ struct RequestHeaderRules: Sendable {
                 edits.append(.init(index: index, value: nil))
             case .cookie:
                 guard !hiddenCookies.isEmpty else { break }
+                // The common case of a browser or app of ours: the session cookie alone, removed
+                // without decoding the value.
+                if head.valueIsOnePair(field, startingWithAnyOf: hiddenCookieMarkers) {
+                    edits.append(.init(index: index, value: nil))
+                    break
+                }
                 let value = head.value(field)
                 if hiddenCookieMarkers.contains(where: { HeaderName.contains(value, $0) }) {
                     edits.append(.init(index: index, value: cookieWithoutHidden(value)))

@@ -56,6 +56,16 @@ struct WireHead {
         }
     }
 
+    /// Whether the field's value is one `name=value` pair (no `;`) whose text starts with one of
+    /// `prefixes` (exact bytes): a `Cookie` holding only one of the gateway's cookies.
+    func valueIsOnePair(_ field: WireField, startingWithAnyOf prefixes: [String]) -> Bool {
+        bytes.withUnsafeReadableBytes { raw in
+            let value = UnsafeRawBufferPointer(rebasing: raw[Int(field.valueStart)..<Int(field.valueStart + field.valueLength)])
+            guard !value.contains(UInt8(ascii: ";")) else { return false }
+            return prefixes.contains { value.starts(with: $0.utf8) }
+        }
+    }
+
     /// The value of the first field named `lower` (lower case).
     func firstValue(named lower: String) -> String? {
         fields.first { nameEquals($0, lower) }.map { value($0) }
