@@ -763,6 +763,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     // MARK: upgrade
 
+    /// The app accepted a WebSocket handshake: its 101 goes to the client, then both connections
+    /// become a byte tunnel (`Upgrade`).
     private func upgrade(_ head: ResponseHead) {
         guard let connection = upstream, let upstreamChannel = connection.channel else { return }
         exchange.status = 101
@@ -778,30 +780,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         record(aborted: false)
         phase = .closed
         upstream = nil
-        connection.owner = nil
-        connection.pool = nil
-        let (clientGlue, upstreamGlue) = GlueHandler.pair()
-        do {
-            let up = upstreamChannel.pipeline.syncOperations
-            try up.addHandler(upstreamGlue)
-            _ = up.removeHandler(connection)
-            let down = context.pipeline.syncOperations
-            try down.addHandler(clientGlue)
-            let clientChannel = context.channel
-            // What the client sent right behind its handshake is the tunnel's already.
-            let early = reader.takeRemaining()
-            if early.readableBytes > 0 { upstreamChannel.writeAndFlush(early, promise: nil) }
-            _ = down.removeHandler(context: context)
-            // This handler held back the client's read while the handshake was in flight: the
-            // glue takes over reading on both sides from here.
-            clientChannel.read()
-            upstreamChannel.read()
-            tunnel?.attach([clientChannel, upstreamChannel])
-        } catch {
-            tunnel?.finish()
-            upstreamChannel.close(promise: nil)
-            context.close(promise: nil)
-        }
+        Upgrade.splice(client: context, upstream: connection, upstreamChannel: upstreamChannel, clientBytes: reader.takeRemaining(), tunnel: tunnel)
     }
 
     // MARK: bookkeeping
