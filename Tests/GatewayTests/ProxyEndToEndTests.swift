@@ -320,6 +320,21 @@ struct ProxyEndToEndTests {
         #expect(closed)
     }
 
+    @Test("bytes the client sends in the same packet as its handshake reach the app through the tunnel")
+    func websocketEarlyBytes() async throws {
+        let h = try await ProxyHarness.start()
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (status, echoed) = try await blocking {
+            let c = try RawClient(port: port)
+            try c.send("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\nearly!")
+            let response = try c.readResponse()
+            return (response.status, String(decoding: try c.read(count: 6), as: UTF8.self))
+        }
+        #expect(status == 101)
+        #expect(echoed == "early!", "the wire engine read them with the handshake: they must go into the tunnel, not be lost")
+    }
+
     @Test("a 101 to a request that asked for no upgrade is a 502, never a tunnel")
     func unaskedSwitch() async throws {
         let h = try await ProxyHarness.start()
