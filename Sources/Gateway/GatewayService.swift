@@ -105,12 +105,10 @@ public final class GatewayService: Service, Sendable {
                 throw StartupFailure(key: "routes[\(index)].upstream", "the host '\(route.upstream.host)' does not resolve")
             }
             address.tls = try TLSContexts.upstream(route, index: index)
-            var proxyRoute = ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
-                                        requestGuard: SessionGuard(auth: auth, route: route),
-                                        maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace)
-            proxyRoute.stripPrefix = route.stripPrefix
-            proxyRoute.upstreamHost = route.upstreamHost
-            return proxyRoute
+            return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
+                              requestGuard: SessionGuard(auth: auth, route: route),
+                              maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace,
+                              stripPrefix: route.stripPrefix, upstreamHost: route.upstreamHost)
         }
         // The endpoints answer locally; their upstream address is never dialled.
         let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c))

@@ -79,24 +79,27 @@ public struct UpstreamAddress: Sendable, Hashable, CustomStringConvertible {
 }
 
 /// One route as the proxy sees it: match rule, upstream, and the guard that admits requests.
-public struct ProxyRoute: Sendable {
-    public var name: String
+/// A route, fixed for the life of a routing snapshot. A class: every proxied request holds its
+/// route from routing to the access log, and a struct of this size was copied (and each of its
+/// strings retained) several times per request.
+public final class ProxyRoute: Sendable {
+    public let name: String
     /// Lower-case host name; `nil` answers any host.
-    public var host: String?
-    public var pathPrefix: String
-    public var upstream: UpstreamAddress
-    public var requestGuard: any RequestGuard
+    public let host: String?
+    public let pathPrefix: String
+    public let upstream: UpstreamAddress
+    public let requestGuard: any RequestGuard
     /// Largest request body forwarded, in bytes (0: unlimited); beyond it: 413.
-    public var maxBodyBytes: Int
+    public let maxBodyBytes: Int
     /// `TRACE` is forwarded only when a route opts in (otherwise 405, as nginx answers).
-    public var allowTrace: Bool
+    public let allowTrace: Bool
     /// The upstream sees the path without `pathPrefix` (`/static/index.html` → `/index.html`).
-    public var stripPrefix: Bool = false
+    public let stripPrefix: Bool
     /// The `Host` the upstream receives instead of the client's (`X-Forwarded-Host` keeps it).
-    public var upstreamHost: String? = nil
+    public let upstreamHost: String?
 
     public init(name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamAddress, requestGuard: any RequestGuard = PublicGuard(),
-                maxBodyBytes: Int = 0, allowTrace: Bool = false) {
+                maxBodyBytes: Int = 0, allowTrace: Bool = false, stripPrefix: Bool = false, upstreamHost: String? = nil) {
         self.name = name
         self.host = host
         self.pathPrefix = pathPrefix
@@ -104,6 +107,8 @@ public struct ProxyRoute: Sendable {
         self.requestGuard = requestGuard
         self.maxBodyBytes = maxBodyBytes
         self.allowTrace = allowTrace
+        self.stripPrefix = stripPrefix
+        self.upstreamHost = upstreamHost
     }
 
     /// Whether `path` (canonical) is under this route's prefix, on a segment boundary:

@@ -17,8 +17,7 @@ struct RouteTargetTests {
         ("/api/v1", true, "/api/v1/users", nil, "/users"),
     ] as [(String, Bool, String, String?, String)])
     func stripPrefix(prefix: String, strip: Bool, path: String, query: String?, expected: String) throws {
-        var route = ProxyRoute(name: "r", pathPrefix: prefix, upstream: UpstreamAddress(host: "127.0.0.1", port: 1))
-        route.stripPrefix = strip
+        let route = ProxyRoute(name: "r", pathPrefix: prefix, upstream: UpstreamAddress(host: "127.0.0.1", port: 1), stripPrefix: strip)
         #expect(route.upstreamTarget(RequestTarget(path: path, query: query)) == expected)
     }
 }
