@@ -69,7 +69,9 @@ enum RequestRejection: Error, Equatable {
 }
 
 /// The header rules of the proxy, fixed per route table.
-struct RequestHeaderRules: Sendable {
+/// A class: one per routing snapshot, read by every request (a struct of five arrays was copied,
+/// and each retained, on every request).
+final class RequestHeaderRules: Sendable {
     /// Identity header names, lower-case with `_` folded to `-`.
     let strippedNames: [String]
     /// Every client header whose name starts with this (folded like `strippedNames`) is removed:
