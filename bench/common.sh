@@ -33,3 +33,21 @@ http {
 CONF
   nginx -c "$WORK/nginx.conf" -p "$WORK"
 }
+
+start_public_gateway() {  # proxy_port admin_port upstream_port: sessiongate with one public route; sets SG_PID
+  cat > "$WORK/sessiongate.yaml" <<CONF
+server:
+  listen: "127.0.0.1:$1"
+  admin_listen: "127.0.0.1:$2"
+  access_log: off
+routes:
+  - name: bench
+    upstream: "http://127.0.0.1:$3"
+    auth: public
+CONF
+  "$BIN" serve --config "$WORK/sessiongate.yaml" > "$WORK/sessiongate.log" 2>&1 &
+  SG_PID=$!
+  PIDS+=($SG_PID)
+  for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
+  grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
+}

@@ -5,7 +5,8 @@
 # retain/release. Not part of `make bench` (it measures nothing against a baseline); used to
 # say what each change bought (bench/RESULTS.md).
 #
-# Environment: DURATION (default 10s), TOP (symbols listed, default 25).
+# Environment: DURATION (default 10s), TOP (symbols listed, default 25), CALLERS=<symbol> (also
+# print who calls it, e.g. CALLERS=swift_retain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -15,20 +16,7 @@ source bench/common.sh
 command -v perf >/dev/null || { echo "perf is needed (apt-get install linux-perf)"; exit 1; }
 UPSTREAM_PORT=18180; NGINX_PORT=18181; SG_PORT=18182; SG_ADMIN=18183
 start_nginx $UPSTREAM_PORT $NGINX_PORT
-cat > "$WORK/sessiongate.yaml" <<CONF
-server:
-  listen: "127.0.0.1:$SG_PORT"
-  admin_listen: "127.0.0.1:$SG_ADMIN"
-  access_log: off
-routes:
-  - name: bench
-    upstream: "http://127.0.0.1:$UPSTREAM_PORT"
-    auth: public
-CONF
-"$BIN" serve --config "$WORK/sessiongate.yaml" > "$WORK/sessiongate.log" 2>&1 &
-SG_PID=$!
-PIDS+=($SG_PID)
-for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
+start_public_gateway $SG_PORT $SG_ADMIN $UPSTREAM_PORT
 wrk -t2 -c50 -d2s "http://127.0.0.1:$SG_PORT/" > /dev/null  # warm-up
 perf record -q -e cpu-clock:u -g -p "$SG_PID" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
 PERF=$!

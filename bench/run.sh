@@ -15,21 +15,7 @@ source bench/common.sh
 UPSTREAM_PORT=18080; NGINX_PORT=18081; SG_PORT=18082; SG_ADMIN=18083
 start_nginx $UPSTREAM_PORT $NGINX_PORT
 
-cat > "$WORK/sessiongate.yaml" <<CONF
-server:
-  listen: "127.0.0.1:$SG_PORT"
-  admin_listen: "127.0.0.1:$SG_ADMIN"
-  access_log: off
-routes:
-  - name: bench
-    upstream: "http://127.0.0.1:$UPSTREAM_PORT"
-    auth: public
-CONF
-"$BIN" serve --config "$WORK/sessiongate.yaml" > "$WORK/sessiongate.log" 2>&1 &
-SG_PID=$!
-PIDS+=($SG_PID)
-for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
-grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
+start_public_gateway $SG_PORT $SG_ADMIN $UPSTREAM_PORT
 
 declare -A PORT=([direct]=$UPSTREAM_PORT [nginx]=$NGINX_PORT [sessiongate]=$SG_PORT)
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)

@@ -27,20 +27,21 @@ public struct GuardRequest {
 
     public init(head: HTTPRequestHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress? = nil, host: RequestHost? = nil,
                 isWebSocketUpgrade: Bool = false, hasBearer: Bool = false) {
-        self.wire = nil
-        self.parsed = head
-        self.target = target
-        self.routeName = routeName
-        self.clientAddress = clientAddress
-        self.host = host
-        self.isWebSocketUpgrade = isWebSocketUpgrade
-        self.hasBearer = hasBearer
+        self.init(wire: nil, parsed: head, target: target, routeName: routeName, clientAddress: clientAddress, host: host,
+                  isWebSocketUpgrade: isWebSocketUpgrade, hasBearer: hasBearer)
     }
 
+    /// A request as the proxy received it.
     init(wire: WireHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress?, host: RequestHost?,
          isWebSocketUpgrade: Bool, hasBearer: Bool) {
+        self.init(wire: wire, parsed: nil, target: target, routeName: routeName, clientAddress: clientAddress, host: host,
+                  isWebSocketUpgrade: isWebSocketUpgrade, hasBearer: hasBearer)
+    }
+
+    private init(wire: WireHead?, parsed: HTTPRequestHead?, target: RequestTarget, routeName: String, clientAddress: SocketAddress?,
+                 host: RequestHost?, isWebSocketUpgrade: Bool, hasBearer: Bool) {
         self.wire = wire
-        self.parsed = nil
+        self.parsed = parsed
         self.target = target
         self.routeName = routeName
         self.clientAddress = clientAddress

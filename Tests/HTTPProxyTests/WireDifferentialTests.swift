@@ -110,11 +110,9 @@ struct WireDifferentialTests {
                     case .body(let bytes):
                         current?.body += bytes.readableBytesView
                     case .end(let trailers):
-                        current?.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
-                        outcome.messages.append(current!)
-                        current = nil
+                        let message = complete(&current, trailers, into: &outcome)
                         // NIO stops at an upgrade request, the proxy after a closing one.
-                        if isUpgrade(outcome.messages.last!) || !keepsAlive(outcome.messages.last!) { return outcome }
+                        if isUpgrade(message) || !keepsAlive(message) { return outcome }
                     }
                 }
             }
@@ -123,6 +121,15 @@ struct WireDifferentialTests {
             outcome.reason = "\(error)"
         }
         return outcome
+    }
+
+    /// The message being read is complete: its trailers noted, it joins the outcome.
+    static func complete(_ current: inout Message?, _ trailers: WireTrailers?, into outcome: inout Outcome) -> Message {
+        var message = current!
+        current = nil
+        message.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
+        outcome.messages.append(message)
+        return message
     }
 
     /// Whether the connection stays open after `message` (RFC 9112 §9.3).

@@ -80,10 +80,7 @@ struct WireResponseDifferentialTests {
                 case .body(let bytes):
                     current?.body += bytes.readableBytesView
                 case .end(let trailers):
-                    current?.trailers = trailers.map { t in t.fields.map { "\(t.name($0)): \(t.value($0))" } }
-                    outcome.messages.append(current!)
-                    current = nil
-                    if stops(outcome.messages.last!) { return outcome }
+                    if stops(WireDifferentialTests.complete(&current, trailers, into: &outcome)) { return outcome }
                 }
             }
         } catch {

@@ -11,13 +11,9 @@ import NIOHTTP1
 /// are held (`takeRemaining`) up to `maxHeadBytes`; beyond that the reader fails as a head too
 /// large would (431), so a client cannot make the proxy buffer without bound.
 struct RequestReader {
-    enum Part {
-        case head(WireHead)
-        case body(ByteBuffer)
-        /// The request is complete; the trailers of a chunked body, if any were sent (the proxy
-        /// drops them: an app merging them into the headers would see fields never checked).
-        case end(WireTrailers?)
-    }
+    /// `.end` carries a chunked body's trailers; the proxy drops them (an app merging them into
+    /// the headers would see fields never checked).
+    typealias Part = WireMessagePart
 
     private enum State {
         case head
@@ -36,12 +32,7 @@ struct RequestReader {
 
     /// Bytes received from the client.
     mutating func receive(_ bytes: ByteBuffer) {
-        if buffer.readableBytes == 0 {
-            buffer = bytes
-        } else {
-            var bytes = bytes
-            buffer.writeBuffer(&bytes)
-        }
+        buffer.cumulate(bytes)
     }
 
     /// The next part from what has arrived; nil while more bytes are needed (or after an

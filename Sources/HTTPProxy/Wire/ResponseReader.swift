@@ -11,12 +11,7 @@ import NIOHTTP1
 /// (`takeRemaining`). Bytes nobody asked for (no request outstanding) are an error: an idle
 /// upstream connection must not speak.
 struct ResponseReader {
-    enum Part {
-        case head(WireHead)
-        case body(ByteBuffer)
-        /// The response is complete (trailers of a chunked body, if any were sent).
-        case end(WireTrailers?)
-    }
+    typealias Part = WireMessagePart
 
     private enum State {
         case head
@@ -42,12 +37,7 @@ struct ResponseReader {
 
     /// Bytes received from the upstream.
     mutating func receive(_ bytes: ByteBuffer) {
-        if buffer.readableBytes == 0 {
-            buffer = bytes
-        } else {
-            var bytes = bytes
-            buffer.writeBuffer(&bytes)
-        }
+        buffer.cumulate(bytes)
     }
 
     /// Bytes received and not yet read (after a response, bytes that belong to none).

@@ -94,3 +94,25 @@ enum WireError: Error, Equatable, CustomStringConvertible {
         }
     }
 }
+
+/// What a reader (`RequestReader`, `ResponseReader`) takes from the bytes received, in order.
+enum WireMessagePart {
+    case head(WireHead)
+    /// Body bytes, framing removed (slices of the received buffers).
+    case body(ByteBuffer)
+    /// The message is complete; the trailers of a chunked body, if any were sent.
+    case end(WireTrailers?)
+}
+
+extension ByteBuffer {
+    /// Appends bytes just received to what is left unread: taken as they are when nothing is
+    /// left (no copy), else copied behind it.
+    mutating func cumulate(_ received: ByteBuffer) {
+        if readableBytes == 0 {
+            self = received
+        } else {
+            var received = received
+            writeBuffer(&received)
+        }
+    }
+}
