@@ -313,6 +313,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         exchange.requestID = nextRequestID()
         exchange.keepAlive = false
         // The wire engine reads HTTP/1.0 and HTTP/1.1 only, heads within server.limits.
+        if head.method == .CONNECT {
+            // A tunnel to wherever the client names is not what a gateway in front of an app
+            // offers (nginx answers 405 too); the reader parsed nothing behind it.
+            return respondLocal(Self.methodNotAllowed("CONNECT is not proxied"))
+        }
         let snapshot = shared.snapshot
         let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
         let inbound: InboundRequest
@@ -342,8 +347,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             return respondLocal(.error(.notFound, "no route for this host and path"))
         }
         if head.method == .TRACE, !route.allowTrace {
-            var response = LocalResponse.error(.methodNotAllowed, "TRACE is not forwarded on this route")
-            response.headers.append(("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"))  // RFC 9110 §15.5.6
+            var response = Self.methodNotAllowed("TRACE is not forwarded on this route")
+            response.close = false
             return respondLocal(response)
         }
         if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.firstValue(named: "origin"), host: inbound.host) {
@@ -401,7 +406,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             exchange.user = user
             exchange.forwarded = true
             exchange.inbound = nil
-            var head = UpstreamRequestHead(method: exchange.method, target: route.upstreamTarget(target), removing: removeHeaders,
+            var head = UpstreamRequestHead(method: exchange.method, target: route.upstreamTarget(target), removing: removeHeaders.map { $0.lowercased() },
                                            replacesHost: route.upstreamHost != nil)
             head.adding.reserveCapacity(5 + addHeaders.count)
             head.adding.append(("X-Forwarded-For", inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString))
@@ -421,6 +426,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             exchange.upstreamHead = bytes
             acquireUpstream()
         }
+    }
+
+    /// 405 with `Allow` (RFC 9110 §15.5.6), closing the connection.
+    private static func methodNotAllowed(_ reason: String) -> LocalResponse {
+        var response = LocalResponse.error(.methodNotAllowed, reason, close: true)
+        response.headers.append(("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"))
+        return response
     }
 
     /// A verdict nobody will apply: a tunnel lease it carries is finished (it leaves its registry).

@@ -82,7 +82,8 @@ extension HTTPHeaders: HeaderValues {
 }
 
 extension GuardRequest: HeaderValues {
-    public var mayCarryBearer: Bool { hasBearer }
+    /// Known from the proxy's pass for a received head; a head given whole is looked at.
+    public var mayCarryBearer: Bool { wire == nil || hasBearer }
 
     public func forEachValue(named lower: String, _ body: (String) -> Void) {
         if let wire {

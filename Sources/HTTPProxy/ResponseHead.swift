@@ -47,7 +47,7 @@ struct ResponseHead {
             if Self.isHopByHop(head, field) || head.nameIs(field, "connection") || head.nameIs(field, "upgrade")
                 || head.nameIs(field, "transfer-encoding") { return false }
             if status == 204, head.nameIs(field, "content-length") { return false }
-            if !named.isEmpty, named.contains(where: { head.nameEquals(field, $0) }) { return false }
+            if !named.isEmpty, named.contains(where: { head.nameEquals(field, $0) }), Self.isOrdinary(head, field) { return false }
             return !withholds(field, rules)
         }
         if !hasRequestID, let id = additions.requestID { HTTPWire.writeHeader("x-request-id", id, into: &buffer) }
@@ -75,6 +75,14 @@ struct ResponseHead {
     private func withholds(_ field: WireField, _ rules: RequestHeaderRules?) -> Bool {
         guard let rules, !rules.hiddenCookies.isEmpty, head.nameIs(field, "set-cookie") else { return false }
         return rules.setsHiddenCookie(head.value(field))
+    }
+
+    /// A field `Connection` may name away: not one the proxy frames or identifies the message
+    /// by (`Content-Length`, `X-Request-Id`, …). An app answering `Connection: content-length`
+    /// must not make the proxy relay a body without its length on a kept-alive connection.
+    private static func isOrdinary(_ head: WireHead, _ field: WireField) -> Bool {
+        if case .other = RequestHeaderRules.classify(head.name(field)) { return true }
+        return false
     }
 
     /// RFC 9110 §7.6.1's hop-by-hop fields besides `Connection`, `Upgrade` and the framing

@@ -8,7 +8,8 @@ import NIOHTTP1
 struct UpstreamRequestHead {
     var method: HTTPMethod
     var target: String
-    /// Lower-case names the guard removes (`Authorization` carrying the gateway's own token).
+    /// Names the guard removes (`Authorization` carrying the gateway's own token), lower-cased;
+    /// a removal wins over the rules' rewrite of the same field.
     var removing: [String] = []
     /// The route sets its own `Host` (`upstream_host`): the client's is not sent.
     var replacesHost = false
@@ -33,11 +34,9 @@ struct UpstreamRequestHead {
                     keep = false
                     replacement = edit.value
                 }
-                if replacesHost, head.nameIs(field, "host") {
+                if (replacesHost && head.nameIs(field, "host")) || (!removing.isEmpty && removing.contains(where: { head.nameEquals(field, $0) })) {
                     keep = false
                     replacement = nil
-                } else if keep, !removing.isEmpty, removing.contains(where: { head.nameEquals(field, $0) }) {
-                    keep = false
                 }
                 if keep {
                     runEnd = Int(field.lineEnd)

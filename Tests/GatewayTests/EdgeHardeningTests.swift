@@ -226,6 +226,10 @@ struct EdgeHardeningTests {
         defer { Task { await h.stop() } }
         let trace = try await h.request("TRACE /echo HTTP/1.1\r\nHost: a\r\nCookie: secret=1\r\n\r\n")
         #expect(trace.status == 405)
+        // CONNECT is never a tunnel, whatever its target, and what follows it is not parsed.
+        let connect = try await h.request("CONNECT /echo HTTP/1.1\r\nHost: a\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n")
+        #expect(connect.status == 405)
+        #expect(connect.header("connection") == "close")
         #expect(h.upstream.stats.withLockedValue { $0.requests } == 0)
         let optedIn = try await h.request("TRACE /diag HTTP/1.1\r\nHost: a\r\n\r\n")
         #expect(optedIn.status == 200)

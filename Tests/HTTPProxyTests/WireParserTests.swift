@@ -273,4 +273,60 @@ struct WireParserTests {
         #expect(afterEnd.hasUnreadBytes)
         #expect(throws: WireError.malformed("line ends after a response")) { try afterEnd.next() }
     }
+
+    @Test("a client that always leaves the next request's first byte behind does not make the reader keep what it read")
+    func boundedCumulation() throws {
+        var reader = RequestReader(maxHeadBytes: 16 * 1024, maxFields: 100)
+        let request = "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 1024\r\n\r\n" + String(repeating: "x", count: 1024)
+        var received = 0
+        for index in 0..<1000 {
+            // Each read: the rest of one request and the first byte of the next.
+            let bytes = index == 0 ? request + "P" : String(request.dropFirst()) + "P"
+            reader.receive(ByteBuffer(string: bytes))
+            received += bytes.utf8.count
+            while let part = try reader.next() {
+                if case .end = part { continue }
+            }
+        }
+        #expect(received > 1_000_000)
+        #expect(reader.bufferCapacity < 64 * 1024, "the reader kept \(reader.bufferCapacity) bytes of \(received) received")
+    }
+
+    static func responseHead(_ raw: String, hiddenCookies: [String] = []) throws -> String {
+        var parser = HeadParser(kind: .response)
+        var buffer = ByteBuffer(string: raw)
+        let head = ResponseHead(try #require(try parser.parse(&buffer)))
+        var out = ByteBuffer()
+        head.write(rules: RequestHeaderRules(identityHeaders: [], hiddenCookies: hiddenCookies), .init(requestID: "gw-id"), into: &out)
+        return String(buffer: out)
+    }
+
+    @Test("response heads reach the client as sent, less what the rules remove", arguments: [
+        ("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n",
+         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nx-request-id: gw-id\r\n\r\n"),
+        // An app naming its framing or its id in Connection keeps both: a body without its
+        // length on a kept-alive connection would swallow the next response.
+        ("HTTP/1.1 200 OK\r\nConnection: content-length, x-request-id, x-private\r\nContent-Length: 5\r\nX-Request-Id: app\r\nX-Private: 1\r\nX-Kept: 2\r\n\r\n",
+         "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Request-Id: app\r\nX-Kept: 2\r\n\r\n"),
+        ("HTTP/1.1 204 No Content\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\nSet-Cookie: __Host-sg=x\r\nSet-Cookie: theme=dark\r\n\r\n",
+         "HTTP/1.1 204 No Content\r\nSet-Cookie: theme=dark\r\nx-request-id: gw-id\r\n\r\n"),
+    ])
+    func responseHeads(_ raw: String, _ expected: String) throws {
+        #expect(try Self.responseHead(raw, hiddenCookies: ["__Host-sg"]) == expected)
+    }
+
+    @Test("the upstream head: the client's lines as sent, a guard's removal winning over the rules' rewrite")
+    func upstreamRequestHead() throws {
+        var parser = HeadParser(kind: .request)
+        var buffer = ByteBuffer(string: "GET /a HTTP/1.1\r\nHost: A.example.\r\nCookie: __Host-sg=1; theme=dark\r\nAuthorization: Bearer t\r\nX-Auth-User: spoof\r\nAccept: */*\r\n\r\n")
+        let wire = try #require(try parser.parse(&buffer))
+        let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User"], hiddenCookies: ["__Host-sg"])
+        let inbound = try rules.inspect(wire, peerTrusted: false).get()
+        var out = ByteBuffer()
+        UpstreamRequestHead(method: .GET, target: "/a", adding: [("X-Forwarded-For", "1.2.3.4")]).write(inbound, into: &out)
+        #expect(String(buffer: out) == "GET /a HTTP/1.1\r\nHost: a.example\r\nCookie: theme=dark\r\nAuthorization: Bearer t\r\nAccept: */*\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n")
+        out.clear()
+        UpstreamRequestHead(method: .GET, target: "/a", removing: ["authorization", "cookie"], replacesHost: true, adding: [("Host", "app")]).write(inbound, into: &out)
+        #expect(String(buffer: out) == "GET /a HTTP/1.1\r\nAccept: */*\r\nHost: app\r\n\r\n")
+    }
 }

@@ -6,7 +6,7 @@ import NIOHTTP1
 /// What the proxy's client connections run, in place of NIO's decoder, and what
 /// `WireDifferentialTests` compares with NIO's llhttp decoder.
 ///
-/// After a request that asks to upgrade (an `Upgrade` field, as llhttp decides) nothing more is
+/// After a request that asks to upgrade (an `Upgrade` field, or CONNECT, as llhttp decides) nothing more is
 /// parsed: what follows belongs to a tunnel, or to nobody if the upgrade is refused. Those bytes
 /// are held (`takeRemaining`) up to `maxHeadBytes`; beyond that the reader fails as a head too
 /// large would (431), so a client cannot make the proxy buffer without bound.
@@ -55,11 +55,14 @@ struct RequestReader {
             }
         case .head:
             guard buffer.readableBytes > 0, let head = try parser.parse(&buffer) else { return nil }
-            let upgrade = head.fields.contains { head.nameIs($0, "upgrade") }
+            let upgrade = head.method == .CONNECT || head.fields.contains { head.nameIs($0, "upgrade") }
             state = .body(BodyDecoder(try MessageFraming.request(head), maxFields: parser.maxFields), upgrade: upgrade)
             return .head(head)
         }
     }
+
+    /// The storage the reader keeps (its bound is what `cumulate` promises; tested).
+    var bufferCapacity: Int { buffer.capacity }
 
     /// The bytes received and not parsed: after an upgrade request, the tunnel's first bytes.
     mutating func takeRemaining() -> ByteBuffer {

@@ -106,11 +106,16 @@ enum WireMessagePart {
 
 extension ByteBuffer {
     /// Appends bytes just received to what is left unread: taken as they are when nothing is
-    /// left (no copy), else copied behind it.
+    /// left (no copy), else copied behind it after the bytes already read are dropped. What is
+    /// left unread is at most a partial head or framing line (the readers bound both), so the
+    /// buffer never holds more than that plus one read — a connection that always leaves a
+    /// byte behind must not keep everything it ever sent (found in review: memory and copying
+    /// grew with every request).
     mutating func cumulate(_ received: ByteBuffer) {
         if readableBytes == 0 {
             self = received
         } else {
+            discardReadBytes()
             var received = received
             writeBuffer(&received)
         }
