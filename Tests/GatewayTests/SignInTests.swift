@@ -349,7 +349,8 @@ struct RedisSessionEndToEndTests {
         _ = try await b.signIn(from: "/x", as: h.simulator.createUser())
         #expect(try await b.request("/x").status == 200)
         let redis = try #require(h.redis)
-        let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database), group: .singleton, logger: Logger(label: "t"))
+        let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
+                                     group: .singleton, logger: Logger(label: "t"))  // seconds: the whole suite shares 2 cores
         defer { Task { await client.close() } }
         let prefix = h.configuration.store.keyPrefix
         let keys = try await client.send(["KEYS", .string(prefix + "session:*")])
