@@ -112,7 +112,7 @@ enum TLSContexts {
         var parts = tm()
         gmtime_r(&t, &parts)
         var buffer = [CChar](repeating: 0, count: 32)
-        strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M:%S UTC", &parts)
-        return String(cString: buffer)
+        let count = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M:%S UTC", &parts)
+        return String(decoding: buffer.prefix(count).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

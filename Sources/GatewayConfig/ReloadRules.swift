@@ -12,7 +12,7 @@ public enum ReloadRules {
         public let path: String
         let differs: @Sendable (GatewayConfiguration, GatewayConfiguration) -> Bool
 
-        static func on<T: Equatable>(_ path: String, _ value: @escaping @Sendable (GatewayConfiguration) -> T) -> Key {
+        static func on<T: Equatable & Sendable>(_ path: String, _ value: @escaping @Sendable (GatewayConfiguration) -> T) -> Key {
             Key(path: path) { value($0) != value($1) }
         }
     }

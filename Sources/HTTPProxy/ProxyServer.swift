@@ -114,7 +114,6 @@ public final class ProxyServer: Sendable {
         let quiesce = ServerQuiescingHelper(group: group)
         let shared = self.shared
         let pools = self.pools
-        let limits = configuration.limits
         let tls = configuration.tls
         let logger = self.logger
         let channel = try await ServerBootstrap(group: group)

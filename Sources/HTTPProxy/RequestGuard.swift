@@ -11,7 +11,7 @@ public protocol RequestGuard: Sendable {
     func admit(_ request: GuardRequest, on eventLoop: any EventLoop) -> GuardDecision
 }
 
-public struct GuardRequest {
+public struct GuardRequest: Sendable {
     /// The head as the client sent it (nil when made from an `HTTPRequestHead`).
     let wire: WireHead?
     private let parsed: HTTPRequestHead?

@@ -77,8 +77,9 @@ final class TLSRecordSniffer: ChannelInboundHandler, RemovableChannelHandler {
         guard looksLikeHTTP else { return context.close(promise: nil) }
         let body = "This port speaks HTTPS: use an https:// URL.\n"
         let response = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: \(body.utf8.count)\r\nconnection: close\r\n\r\n\(body)"
-        context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(string: response))).whenComplete { _ in
-            context.close(promise: nil)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(string: response))).whenComplete { _ in
+            channel.close(promise: nil)
         }
     }
 }

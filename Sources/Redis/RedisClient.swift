@@ -151,7 +151,8 @@ final class LoopConnection {
 
     func sendAll(_ commands: [[RedisArgument]]) -> EventLoopFuture<[RESPValue]> {
         let this = NIOLoopBound(self, eventLoop: loop)
-        func writeAll(_ handler: RedisConnectionHandler) -> EventLoopFuture<[RESPValue]> {
+        let loop = self.loop
+        @Sendable func writeAll(_ handler: RedisConnectionHandler) -> EventLoopFuture<[RESPValue]> {
             let replies = commands.map { this.value.write($0, to: handler, flush: false) }
             handler.flush()
             return EventLoopFuture.whenAllSucceed(replies, on: loop)

@@ -15,6 +15,14 @@ public enum RedisError: Error, Equatable, Sendable, CustomStringConvertible {
     /// Behind sentinels, the server dialled is not (or no longer) the master.
     case notMaster
 
+    /// The server will not run this command for this client: an ACL without the command's
+    /// category (`NOPERM`), or a command renamed away (`ERR unknown command`). Retrying it is
+    /// pointless; a caller with another way to the same answer should take it.
+    public var isRefusedCommand: Bool {
+        guard case .server(let message) = self else { return false }
+        return message.hasPrefix("NOPERM ") || message.hasPrefix("ERR unknown command")
+    }
+
     public var description: String {
         switch self {
         case .server(let message): return "redis error: \(message.prefix(120))"

@@ -90,7 +90,7 @@ public final class RedisSessionStore: SessionStore {
             return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(parts[1]) ?? [:]),
                                                           revokedAt: parts[2].string.flatMap { Int64($0) }))
         }.flatMapError { error in
-            if case RedisError.server(let message) = error, message.hasPrefix("NOPERM") || message.hasPrefix("NOSCRIPT") || message.contains("unknown command") {
+            if let refused = error as? RedisError, refused.isRefusedCommand {
                 self.scriptsRefused.withLockedValue { $0 = true }
                 return self.loadInTwo(handle, on: loop)
             }

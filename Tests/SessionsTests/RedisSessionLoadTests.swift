@@ -55,11 +55,22 @@ struct RedisSessionLoadTests {
         #expect(calls["eval"] == 2, "\(calls)")
     }
 
-    @Test("an ACL user that may not run scripts gets the same answer in two round trips")
-    func withoutScripts() async throws {
-        let server = try RedisServerProcess(arguments: ["--user", "gateway", "on", ">pw", "~*", "&*", "+@all", "-@scripting"])
+    enum ScriptsRefused: String, CaseIterable, CustomTestStringConvertible, Sendable {
+        /// An ACL user without `+@scripting`: NOPERM.
+        case acl
+        /// `rename-command EVAL ""`: ERR unknown command.
+        case renamed
+        var testDescription: String { rawValue }
+    }
+
+    @Test("where scripts are refused (an ACL user without +@scripting, EVAL renamed away), the same answer in two round trips",
+          arguments: ScriptsRefused.allCases)
+    func withoutScripts(_ refusal: ScriptsRefused) async throws {
+        let server = try RedisServerProcess(arguments: refusal == .acl
+            ? ["--user", "gateway", "on", ">pw", "~*", "&*", "+@all", "-@scripting"]
+            : ["--rename-command", "EVAL", ""])
         defer { server.stop() }
-        let client = try Self.client(server, user: "gateway", password: "pw")
+        let client = refusal == .acl ? try Self.client(server, user: "gateway", password: "pw") : try Self.client(server)
         let admin = try Self.client(server)
         defer { Task { await client.close(); await admin.close() } }
         let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
@@ -70,3 +81,4 @@ struct RedisSessionLoadTests {
         #expect(calls["hgetall"] == 3, "\(calls)")
     }
 }
+

@@ -13,7 +13,7 @@ struct WireField: Equatable {
 
 /// A request or response head as received: its bytes, unchanged, and where each part is. Nothing
 /// is decoded into `String`s until asked for; forwarding copies the unchanged lines as they are.
-struct WireHead {
+struct WireHead: Sendable {
     /// The whole head: any empty lines before the start line, the start line, the fields and the
     /// empty line that ends the head.
     var bytes: ByteBuffer
