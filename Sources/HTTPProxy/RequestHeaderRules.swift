@@ -134,15 +134,22 @@ final class RequestHeaderRules: Sendable {
     /// One pass over the request head: validates framing and decides which field lines go
     /// upstream. Values are read as `String`s only for the fields the rules interpret.
     func inspect(_ head: WireHead, peerTrusted: Bool) -> Result<InboundRequest, RequestRejection> {
+        // Framing is the wire engine's one rule (the reader already framed the body by it).
+        let framing: BodyFraming
+        do {
+            switch try MessageFraming.request(head) {
+            case .chunked: framing = .chunked
+            case .contentLength(let length): framing = length > 0 ? .contentLength(length) : .none
+            case .untilClose: framing = .none  // never for a request
+            }
+        } catch {
+            return .failure(.badRequest(error.description))
+        }
         var rawHost: String? = nil
         var hostIndex = 0
         var hostCount = 0
         var unknownExpectation = false
         var hasBearer = false
-        var contentLength: Int? = nil
-        var contentLengthCount = 0
-        var transferEncodingCount = 0
-        var chunked = false
         var connectionTokens: [String] = []
         var upgradeValue: String? = nil
         var forwardedFor: String? = nil
@@ -166,18 +173,11 @@ final class RequestHeaderRules: Sendable {
                 let value = head.value(field)
                 if value.utf8.count > 7, HeaderName.equals(value.prefix(7), "bearer ") { hasBearer = true }
             case .contentLength:
-                contentLengthCount += 1
-                let value = head.value(field)
-                guard !value.isEmpty, value.utf8.count <= 18, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let n = Int(value) else {
-                    return .failure(.badRequest("invalid Content-Length"))
-                }
-                contentLength = n
+                break
             case .transferEncoding:
-                transferEncodingCount += 1
-                chunked = head.valueIs(field, "chunked")
-                if !chunked { return .failure(.badRequest("unsupported Transfer-Encoding")) }
-                // Written as exactly `chunked`: a backend must frame the body as the proxy did.
-                if head.value(field) != "chunked" { edits.append(.init(index: index, value: "chunked")) }
+                // `chunked` in any case (framing checked it), written as exactly `chunked`: a
+                // backend must frame the body as the proxy did.
+                if !head.valueIsExactly(field, "chunked") { edits.append(.init(index: index, value: "chunked")) }
             case .connection:
                 connectionTokens += HeaderName.tokens(head.value(field))
                 edits.append(.init(index: index, value: nil))
@@ -225,10 +225,6 @@ final class RequestHeaderRules: Sendable {
         }
         if hostCount > 1 { return .failure(.badRequest("duplicate Host")) }
         if hostCount == 0, head.version.major == 1, head.version.minor >= 1 { return .failure(.badRequest("missing Host")) }
-        if contentLengthCount > 1 { return .failure(.badRequest("duplicate Content-Length")) }
-        if transferEncodingCount > 1 { return .failure(.badRequest("duplicate Transfer-Encoding")) }
-        if transferEncodingCount > 0, contentLengthCount > 0 { return .failure(.badRequest("both Content-Length and Transfer-Encoding")) }
-        if transferEncodingCount > 0, head.version.minor == 0 { return .failure(.badRequest("Transfer-Encoding in HTTP/1.0")) }
         var host: RequestHost? = nil
         if let rawHost {
             switch RequestHost.parse(rawHost) {
@@ -249,7 +245,6 @@ final class RequestHeaderRules: Sendable {
         }
         edits.sort { $0.index < $1.index }
 
-        let framing: BodyFraming = chunked ? .chunked : (contentLength.map { $0 > 0 ? .contentLength($0) : .none } ?? .none)
         var keepAlive = head.version.minor >= 1
         if connectionTokens.contains("close") { keepAlive = false }
         if head.version.minor == 0, connectionTokens.contains("keep-alive") { keepAlive = true }

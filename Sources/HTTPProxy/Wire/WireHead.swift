@@ -47,11 +47,16 @@ struct WireHead: Sendable {
     @inline(__always)
     func valueIs(_ field: WireField, _ lower: StaticString) -> Bool { bytesAre(field.valueStart, field.valueLength, lower) }
 
+    /// Whether the field's value is exactly `text`, case included.
+    func valueIsExactly(_ field: WireField, _ text: StaticString) -> Bool {
+        bytesAre(field.valueStart, field.valueLength, text, caseFold: 0)
+    }
+
     @inline(__always)
-    private func bytesAre(_ start: Int32, _ length: Int32, _ lower: StaticString) -> Bool {
+    private func bytesAre(_ start: Int32, _ length: Int32, _ lower: StaticString, caseFold: UInt8 = 0x20) -> Bool {
         guard Int(length) == lower.utf8CodeUnitCount else { return false }
         return bytes.withUnsafeReadableBytes { raw in
-            for i in 0..<Int(length) where raw[Int(start) + i] | 0x20 != lower.utf8Start[i] { return false }
+            for i in 0..<Int(length) where raw[Int(start) + i] | caseFold != lower.utf8Start[i] { return false }
             return true
         }
     }
