@@ -49,8 +49,8 @@ enum ExchangeRules {
     /// Whether the client may be read now. Never while a verdict or a connection is pending;
     /// a request body only as fast as the upstream takes it (or, for the gateway's own
     /// endpoints, until it is complete); once the request is complete, only
-    /// until one pipelined part is queued (so buffering stays bounded by a single read, and the
-    /// connection's read interest is not toggled per request).
+    /// while nothing of a pipelined request is held unparsed (`pipelinedEmpty`: so buffering stays
+    /// bounded by a single read, and the connection's read interest is not toggled per request).
     /// Between requests, only while the client takes our responses (`clientWritable`): the
     /// gateway's own answers are not paced by an upstream, so a client pipelining requests
     /// without reading would otherwise pile responses up in memory.
@@ -64,24 +64,20 @@ enum ExchangeRules {
         }
     }
 
-    /// What a decoder error (bytes that do not parse) does to the exchange in flight.
+    /// What a decoder error (bytes that do not parse) does to the exchange in flight. Bytes are
+    /// parsed only while the current request is arriving or between requests (a pipelined
+    /// request waits unparsed for its turn), so junk behind a complete request is answered in
+    /// its turn, after the request before it.
     enum DecoderErrorAction: Equatable {
-        /// Answer 400/431 now and close (nothing else is in flight, or the request itself broke
+        /// Answer 400/431 now and close (nothing is in flight, or the request itself broke
         /// before any response byte).
         case answerNow
-        /// The junk follows a complete request: that request (and any complete pipelined ones
-        /// before the junk) is answered first, then the error, then the connection closes.
-        case answerAfterCurrent
         /// The request broke while its response was streaming: abort the connection.
         case abort
     }
 
-    /// Bytes after a WebSocket handshake are the tunnel's, not HTTP: a flood there is answered
-    /// at once (the decoder only buffers them).
-    static func onDecoderError(phase: Phase, requestEnded: Bool, responseStarted: Bool, upgradeRequested: Bool) -> DecoderErrorAction {
-        if phase == .idle { return .answerNow }
-        if requestEnded, !upgradeRequested { return .answerAfterCurrent }
-        return responseStarted ? .abort : .answerNow
+    static func onDecoderError(phase: Phase, responseStarted: Bool) -> DecoderErrorAction {
+        phase != .idle && responseStarted ? .abort : .answerNow
     }
 
     /// Whether a response status can be relayed: outside 100–599 nobody can say how the

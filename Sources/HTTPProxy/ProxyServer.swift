@@ -133,7 +133,7 @@ public final class ProxyServer: Sendable {
                     }
                     let sync = channel.pipeline.syncOperations
                     try tls?.addHandlers(to: sync, observer: shared.observer, logger: logger)
-                    try sync.addHandler(ProxyServerHandler(shared: shared, pool: pool))
+                    try sync.addHandler(ProxyServerHandler(shared: shared, connector: pool))
                 }
             }
             .bind(host: configuration.listen.host, port: configuration.listen.port)

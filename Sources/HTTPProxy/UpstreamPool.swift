@@ -9,9 +9,21 @@ struct UnresolvedUpstream: Error {
     let host: String
 }
 
+/// Where a client connection gets its upstream connections: the pool in production; in the
+/// handler's tests, connections on `EmbeddedChannel`s (forwarding, retries, timeouts and
+/// pipelining without sockets).
+protocol UpstreamConnector: AnyObject {
+    /// An idle kept-alive connection, if one is alive.
+    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection?
+    /// A new connection, on the caller's event loop.
+    func connect(_ address: UpstreamAddress) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>>
+    /// A connection back after a complete exchange, to be kept alive or closed.
+    func release(_ connection: UpstreamConnection)
+}
+
 /// Keep-alive connections to upstreams, one pool per event loop, used only on that loop: a
 /// client's request goes upstream on the client's own event loop, without a thread hop.
-final class UpstreamPool {
+final class UpstreamPool: UpstreamConnector {
     let eventLoop: any EventLoop
     private var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
     private let maxIdlePerUpstream: Int

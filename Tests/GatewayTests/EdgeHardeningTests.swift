@@ -241,7 +241,9 @@ struct EdgeHardeningTests {
 
     @Test("bytes that do not parse after complete requests: those are answered first, then 400 and close", arguments: [
         ("a valid request, junk in the same read", "GET /echo HTTP/1.1\r\nHost: a\r\n\r\nJUNK JUNK\r\n\r\n", ["/echo"]),
-        ("a pipelined request cut short by junk is never forwarded half",
+        // Its turn comes after the first response (a pipelined request is parsed only then, as
+        // nginx does): its head may reach the app, its body never completes there.
+        ("a pipelined request cut short by junk never completes at the app",
          "GET /slow?ms=200 HTTP/1.1\r\nHost: a\r\n\r\nPOST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n",
          ["/slow?ms=200"]),
     ])
@@ -257,7 +259,7 @@ struct EdgeHardeningTests {
         }
         #expect(statuses == [200, 400], "\(name)")
         #expect(closed)
-        #expect(h.upstream.stats.withLockedValue { $0.paths } == forwarded)
+        #expect(h.upstream.stats.withLockedValue { $0.completed } == forwarded)
     }
 
     @Test("junk arriving while a response streams: the response completes, then 400 and close")

@@ -25,6 +25,8 @@ final class TestUpstream: Sendable {
         var connections = 0
         var requests = 0
         var paths: [String] = []
+        /// Requests that arrived whole (their end too).
+        var completed: [String] = []
         var lastHeaders: HTTPHeaders = [:]
         /// The trailer section of the last request, as the upstream received it.
         var lastTrailers: HTTPHeaders? = nil
@@ -108,7 +110,10 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
             }
         case .end(let trailers):
             guard let head else { return }
-            upstream.stats.withLockedValue { $0.lastTrailers = trailers }
+            upstream.stats.withLockedValue {
+                $0.lastTrailers = trailers
+                $0.completed.append(head.uri)
+            }
             if head.uri.hasPrefix("/ws") { return upgrade(context: context, head: head) }
             respond(context: context, head: head)
         }

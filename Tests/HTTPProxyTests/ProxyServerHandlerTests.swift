@@ -38,7 +38,7 @@ struct ProxyServerHandlerTests {
         let pool = UpstreamPool(eventLoop: channel.eventLoop, connectTimeout: .seconds(1), idleTimeout: .seconds(60), observer: SilentProxyObserver())
         let reads = ReadCounter()
         try channel.pipeline.syncOperations.addHandler(reads)
-        try channel.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, pool: pool))
+        try channel.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, connector: pool))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()
         return Fixture(channel: channel, reads: reads)
     }

@@ -40,7 +40,7 @@ struct RequestReader {
     mutating func next() throws(WireError) -> Part? {
         switch state {
         case .stopped:
-            if buffer.readableBytes > parser.maxHeadBytes { throw .tooLarge("more than \(parser.maxHeadBytes) bytes after an upgrade request") }
+            try checkHeldBytes()
             return nil
         case .body(var decoder, let upgrade):
             // Kept even when no part comes out: the decoder may have read framing.
@@ -60,6 +60,16 @@ struct RequestReader {
             return .head(head)
         }
     }
+
+    /// After an upgrade request: fails once more than `maxHeadBytes` are held (called while the
+    /// request is being answered, when no part is asked for).
+    func checkHeldBytes() throws(WireError) {
+        guard case .stopped = state, buffer.readableBytes > parser.maxHeadBytes else { return }
+        throw .tooLarge("more than \(parser.maxHeadBytes) bytes after an upgrade request")
+    }
+
+    /// Bytes are held that no part came out of yet (after a complete request: the next one's).
+    var holdsBytes: Bool { buffer.readableBytes > 0 }
 
     /// The storage the reader keeps (its bound is what `cumulate` promises; tested).
     var bufferCapacity: Int { buffer.capacity }

@@ -1,0 +1,660 @@
+import GatewayConfig
+import NIOCore
+import NIOHTTP1
+
+/// Everything a client connection decides, as a value: each event (a parsed request part, a
+/// verdict, an upstream connection, a response part, a timer) moves it from one state to the
+/// next and returns the one `Action` the channel handler runs. The handler
+/// (`ProxyServerHandler`) only translates NIO events into events and runs actions; nothing here
+/// touches a channel.
+///
+/// States carry their data: the exchange waiting for a verdict is in `.awaitingVerdict`, the
+/// upstream connection serving it is in `.forwarding`. An answer that arrives for another
+/// exchange than the state's (the client left, the request was answered meanwhile) finds no
+/// state to apply to, so it is discarded — an action cannot outlive its state.
+///
+/// Pipelining needs no queue: the handler hands in parsed parts only while `acceptsParts`, so a
+/// pipelined request stays unparsed in the `RequestReader` until the one before it is answered
+/// (and junk behind a complete request is only found, and answered 400, in its turn).
+struct ClientConnectionStateMachine {
+    typealias Part = RequestReader.Part
+
+    enum State {
+        /// Between requests.
+        case idle
+        /// The route's guard is deciding (`verdict(_:for:)`); body parts are buffered.
+        case awaitingVerdict(ExchangeContext)
+        /// Reading a body for one of the gateway's own endpoints.
+        case collecting(ExchangeContext, Collector)
+        /// The endpoint has the body and is answering (`answered(_:for:)`).
+        case answering(ExchangeContext)
+        /// Waiting for an upstream connection (`connected(_:for:)`); body parts are buffered.
+        case connecting(ExchangeContext)
+        /// The request goes to, and the response comes from, this upstream connection.
+        case forwarding(ExchangeContext, UpstreamConnection)
+        /// Nothing more is read or answered: closing, lingering, or handed to a tunnel.
+        case closed
+    }
+
+    struct Collector {
+        let maxBytes: Int
+        let respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>
+        var body: ByteBuffer
+    }
+
+    /// What follows a complete response.
+    enum After: Equatable {
+        /// Keep the connection: parse the next request.
+        case nextRequest
+        /// Close it (gracefully: what was written goes out, then a lingering close).
+        case close
+    }
+
+    enum Action {
+        case none
+        /// Ask the route's guard; its decision comes back as `verdict(_:for:)`.
+        case admit(ExchangeContext, GuardRequest, ProxyRoute)
+        /// Hand the collected body to the endpoint; its response comes back as `answered(_:for:)`.
+        case answer(ExchangeContext, ByteBuffer, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)
+        /// Take a pooled connection (`pooled`) or open one; it comes back as `connected(_:for:)`.
+        case connect(ExchangeContext, UpstreamAddress, pooled: Bool)
+        /// Write the request head and what was buffered of the body to the new upstream connection.
+        case startForwarding(UpstreamConnection, head: ByteBuffer, ExchangeContext, body: CircularBuffer<Part>)
+        /// A body part (or the end) for the upstream.
+        case forward(UpstreamConnection, Part)
+        /// Bytes for the client (a response head, an interim response).
+        case write(ByteBuffer)
+        /// A response body part for the client.
+        case writeBody(ByteBuffer, chunked: Bool)
+        /// A response the gateway made: write it, record the exchange, let go of `upstream` (and
+        /// count `failure` against it), then `after`.
+        case respond(ByteBuffer, ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?, after: After)
+        /// The upstream's response is complete: write the last chunk if any, record, return the
+        /// connection to the pool (`reuse`) or close it, then `after`.
+        case finish(ExchangeContext, lastChunk: Bool, upstream: UpstreamConnection?, reuse: Bool, after: After)
+        /// The response cannot be completed: record `exchange` as aborted, close everything.
+        case abort(ExchangeContext?, upstream: UpstreamConnection?, failure: UpstreamErrorKind?)
+        /// Close gracefully with nothing to answer (idle timeout, drain, half-close).
+        case close(upstream: UpstreamConnection?)
+        /// The app accepted the WebSocket handshake: relay its 101, then splice the connections.
+        case upgrade(ExchangeContext, UpstreamConnection, ResponseHead)
+        /// A connection nobody needs any more (it arrived too late).
+        case closeUpstream(UpstreamConnection)
+        /// A verdict nobody will apply: its tunnel lease, if any, is finished.
+        case discard(Verdict)
+    }
+
+    private let shared: ProxyShared
+    private let peerAddress: IPAddress?
+    private let remoteAddress: SocketAddress?
+    /// The client's address as `X-Forwarded-For` and the access log write it.
+    let peerString: String
+    private let allocator = ByteBufferAllocator()
+    private(set) var state: State = .idle
+    /// Body parts received while the verdict or the upstream connection is pending.
+    private var buffered = CircularBuffer<Part>()
+    private var quiescing = false
+    private var inputClosed = false
+    private var idSeed: UInt64
+
+    // Deadlines (one timer in the handler serves them all).
+    private var lastActivity: NIODeadline
+    private var responseDeadline: NIODeadline? = nil
+    /// While a request body is arriving: when its head came (`ExchangeRules.bodyDeadline`), and
+    /// how long the gateway held the client back meanwhile (not the client's time).
+    private var bodyStart: NIODeadline? = nil
+    private var bodyHeld: TimeAmount = .zero
+    private var heldSince: NIODeadline? = nil
+
+    init(shared: ProxyShared, remoteAddress: SocketAddress?, seed: UInt64, now: NIODeadline) {
+        self.shared = shared
+        self.remoteAddress = remoteAddress
+        let ip = remoteAddress?.ipAddress
+        self.peerString = ip ?? "-"
+        self.peerAddress = ip.flatMap(IPAddress.parse)
+        self.idSeed = seed | 1
+        self.lastActivity = now
+    }
+
+    /// The exchange in flight, if any.
+    var current: ExchangeContext? {
+        switch state {
+        case .idle, .closed: return nil
+        case .awaitingVerdict(let x), .collecting(let x, _), .answering(let x), .connecting(let x), .forwarding(let x, _): return x
+        }
+    }
+
+    var phase: ExchangeRules.Phase {
+        switch state {
+        case .idle: return .idle
+        case .awaitingVerdict, .answering: return .awaitingVerdict
+        case .collecting: return .collecting
+        case .connecting: return .connecting
+        case .forwarding: return .forwarding
+        case .closed: return .closed
+        }
+    }
+
+    var isClosed: Bool { if case .closed = state { return true } else { return false } }
+
+    /// Whether the next parsed request part may be handed in: between requests, and while the
+    /// current request is still arriving. A pipelined request waits, unparsed, for its turn.
+    var acceptsParts: Bool {
+        switch state {
+        case .idle: return true
+        case .closed: return false
+        case .awaitingVerdict(let x), .collecting(let x, _), .answering(let x), .connecting(let x), .forwarding(let x, _): return !x.requestEnded
+        }
+    }
+
+    /// Whether the client may be read now (`ExchangeRules.shouldReadClient`); `unparsedBytes`:
+    /// the reader holds bytes of a request not yet handed in.
+    func wantsRead(clientWritable: Bool, unparsedBytes: Bool) -> Bool {
+        let upstreamWritable: Bool
+        if case .forwarding(_, let upstream) = state { upstreamWritable = upstream.isWritable } else { upstreamWritable = false }
+        return ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: current?.requestEnded ?? false,
+                                              pipelinedEmpty: !unparsedBytes, upstreamWritable: upstreamWritable, clientWritable: clientWritable)
+    }
+
+    /// The body or response deadline, when one is running (the idle deadline is checked lazily).
+    var eagerDeadline: NIODeadline? {
+        switch (responseDeadline, currentBodyDeadline) {
+        case (let a?, let b?): return min(a, b)
+        case (let a, let b): return a ?? b
+        }
+    }
+
+    // MARK: client events
+
+    mutating func clientActivity(now: NIODeadline) { lastActivity = now }
+
+    /// The handler held a read back (the gateway, not the client, is slow meanwhile).
+    mutating func readHeld(now: NIODeadline) {
+        if bodyStart != nil, heldSince == nil { heldSince = now }
+    }
+
+    /// Reading resumes: the time the client was held back is not counted against its body.
+    mutating func readResumed(now: NIODeadline) {
+        if let since = heldSince {
+            bodyHeld = bodyHeld + (now - since)
+            heldSince = nil
+        }
+    }
+
+    /// A part the `RequestReader` parsed (only while `acceptsParts`).
+    mutating func requestPart(_ part: Part, now: NIODeadline) -> Action {
+        switch state {
+        case .idle:
+            // Anything but a head here is what remains of a request answered before its end.
+            guard case .head(let head) = part else { return .none }
+            return startExchange(head, now: now)
+        case .closed, .answering:
+            return .none
+        case .awaitingVerdict(let x), .connecting(let x):
+            if let failed = count(part, x) { return failed }
+            buffered.append(part)
+            return .none
+        case .collecting(let x, var collector):
+            if let failed = count(part, x) { return failed }
+            return collect(part, x, &collector)
+        case .forwarding(let x, let upstream):
+            if let failed = count(part, x) { return failed }
+            if case .end = part { startResponseDeadline(now: now) }
+            return .forward(upstream, part)
+        }
+    }
+
+    /// The client's bytes are not HTTP/1.1 (or too much of it): framing is in doubt, so answer
+    /// (if nothing was answered yet) and close. Nothing after the error is read.
+    mutating func requestUnreadable(_ error: WireError, now: NIODeadline) -> Action {
+        let response: LocalResponse
+        switch error {
+        case .tooLarge(let reason): response = .error(.requestHeaderFieldsTooLarge, "request head too large: \(reason)", close: true)
+        case .malformed(let reason): response = .error(.badRequest, "malformed HTTP request: \(reason)", close: true)
+        }
+        let exchange: ExchangeContext
+        if let x = current {
+            if ExchangeRules.onDecoderError(phase: phase, responseStarted: x.responseStarted) == .abort { return abort(failure: nil) }
+            exchange = x
+        } else {
+            exchange = ExchangeContext(method: .GET, clientVersion: .http1_1, start: now, path: "", requestID: nextRequestID())
+        }
+        return respond(response, exchange)
+    }
+
+    /// The client half-closed after sending: answer what it asked, then close.
+    mutating func inputClosed(now: NIODeadline) -> Action {
+        inputClosed = true
+        current?.keepAlive = false
+        if case .idle = state { return closeNow() }
+        return .none
+    }
+
+    /// The server drains: finish the exchange in flight, then close.
+    mutating func quiesce() -> Action {
+        quiescing = true
+        if case .idle = state { return closeNow() }
+        return .none
+    }
+
+    /// The client connection is gone.
+    mutating func clientClosed() -> Action {
+        let before = state
+        state = .closed
+        buffered.removeAll()
+        switch before {
+        case .forwarding(let x, let upstream): return .abort(x, upstream: upstream, failure: nil)
+        case .connecting(let x), .awaitingVerdict(let x), .collecting(let x, _), .answering(let x):
+            // Nothing was answered: nothing to record, only a lease to finish.
+            if let tunnel = x.tunnel { x.tunnel = nil; tunnel.finish() }
+            return .none
+        case .idle, .closed:
+            return .none
+        }
+    }
+
+    /// The handler closed the connection gracefully and now only discards what arrives.
+    mutating func closing() { state = .closed }
+
+    // MARK: answers that come back
+
+    mutating func verdict(_ result: Result<Verdict, any Error>, for exchange: ExchangeContext, now: NIODeadline) -> Action {
+        guard case .awaitingVerdict(let x) = state, x === exchange else {
+            if case .success(let verdict) = result { return .discard(verdict) }
+            return .none
+        }
+        switch result {
+        case .failure: return respond(.error(.serviceUnavailable, "admission could not be decided"), x)
+        case .success(.respond(let response)): return respond(response, x)
+        case .success(.collectBody(let maxBytes, let respond)):
+            var collector = Collector(maxBytes: maxBytes, respond: respond, body: allocator.buffer(capacity: 0))
+            state = .collecting(x, collector)
+            while let part = buffered.popFirst() {
+                let action = collect(part, x, &collector)
+                if case .none = action { continue }
+                buffered.removeAll()
+                return action
+            }
+            return .none
+        case .success(.forward(let addHeaders, let removeHeaders, let tunnel, let user)):
+            guard let inbound = x.inbound, let target = x.target, let route = x.route else { return .discard(.forward(addHeaders: [], tunnel: tunnel)) }
+            x.tunnel = tunnel
+            x.user = user
+            x.forwarded = true
+            x.inbound = nil
+            var head = UpstreamRequestHead(method: x.method, target: route.upstreamTarget(target), removing: removeHeaders.map { $0.lowercased() },
+                                           replacesHost: route.upstreamHost != nil)
+            head.adding.reserveCapacity(5 + addHeaders.count)
+            head.adding.append(("X-Forwarded-For", inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString))
+            head.adding.append(("X-Forwarded-Proto", inbound.forwardedProto ?? shared.scheme))
+            if let host = inbound.host?.authority { head.adding.append(("X-Forwarded-Host", host)) }
+            if let host = route.upstreamHost {
+                head.adding.append(("Host", host))
+            } else if inbound.host == nil {
+                head.adding.append(("Host", route.upstream.description))
+            }
+            head.adding.append(("X-Request-Id", x.requestID))
+            for (name, value) in addHeaders where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
+                head.adding.append((name, value))
+            }
+            var bytes = allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
+            head.write(inbound, into: &bytes)
+            x.upstreamHead = bytes
+            x.upstreamStart = now
+            state = .connecting(x)
+            // WebSocket handshakes never take a pooled connection (theirs becomes a tunnel).
+            return .connect(x, route.upstream, pooled: !x.isWebSocket)
+        }
+    }
+
+    mutating func answered(_ result: Result<LocalResponse, any Error>, for exchange: ExchangeContext) -> Action {
+        guard case .answering(let x) = state, x === exchange else { return .none }
+        switch result {
+        case .success(let response): return respond(response, x)
+        case .failure: return respond(.error(.serviceUnavailable, "the request could not be answered"), x)
+        }
+    }
+
+    /// The upstream connection asked for with `.connect`, or why there is none.
+    mutating func connected(_ result: Result<UpstreamConnection, any Error>, for exchange: ExchangeContext, now: NIODeadline) -> Action {
+        guard case .connecting(let x) = state, x === exchange else {
+            if case .success(let connection) = result { return .closeUpstream(connection) }
+            return .none
+        }
+        switch result {
+        case .success(let connection):
+            guard let head = x.upstreamHead else { return .closeUpstream(connection) }
+            state = .forwarding(x, connection)
+            // The request's end is among what goes out now: the upstream's time to answer starts.
+            if x.requestEnded { startResponseDeadline(now: now) }
+            let body = buffered
+            buffered.removeAll()
+            return .startForwarding(connection, head: head, x, body: body)
+        case .failure(let error):
+            if let channelError = error as? ChannelError, case .connectTimeout = channelError {
+                return respond(.error(.gatewayTimeout, "upstream did not accept the connection in time"), x, failure: .connectTimeout)
+            } else if error is UpstreamTLSFailure {
+                return respond(.error(.badGateway, "TLS handshake with the upstream failed"), x, failure: .tlsHandshake)
+            }
+            return respond(.error(.badGateway, "upstream refused the connection"), x, failure: .connectRefused)
+        }
+    }
+
+    // MARK: upstream events
+
+    mutating func upstreamPart(_ part: ResponseReader.Part, now: NIODeadline) -> Action {
+        guard case .forwarding(let x, let upstream) = state else { return .none }
+        lastActivity = now
+        switch part {
+        case .head(let head):
+            return responseHead(head, x, upstream, now: now)
+        case .body(let bytes):
+            x.bytesSent += bytes.readableBytes
+            if x.framing == .noBody { return .none }
+            return .writeBody(bytes, chunked: x.framing == .chunked)
+        case .end:
+            // Response trailers are not relayed.
+            responseDeadline = nil
+            buffered.removeAll()
+            let after = afterResponse(x)
+            state = after == .close ? .closed : .idle
+            return .finish(x, lastChunk: x.framing == .chunked, upstream: upstream,
+                           reuse: x.requestEnded && x.upstreamKeepAlive && !x.isWebSocket, after: after)
+        }
+    }
+
+    private mutating func responseHead(_ wire: WireHead, _ x: ExchangeContext, _ upstream: UpstreamConnection, now: NIODeadline) -> Action {
+        let status = wire.status
+        if let start = x.upstreamStart, x.upstreamNanoseconds == nil, status >= 200 || status == 101 {
+            x.upstreamNanoseconds = Int64(now.uptimeNanoseconds - start.uptimeNanoseconds)
+        }
+        if status == 101 {
+            if x.isWebSocket, !x.responseStarted {
+                x.status = 101
+                x.responseStarted = true
+                state = .closed
+                return .upgrade(x, upstream, ResponseHead(wire))
+            }
+            return respond(.error(.badGateway, "upstream switched protocols unasked"), x, failure: .closedBeforeResponse)
+        }
+        guard ExchangeRules.relaysStatus(status) else {
+            return respond(.error(.badGateway, "upstream answered with an invalid status"), x, failure: .invalidResponse)
+        }
+        if status < 200 {
+            // Interim (100 Continue, 103): the status line alone, to HTTP/1.1 clients.
+            guard x.clientVersion.minor >= 1 else { return .none }
+            var buffer = allocator.buffer(capacity: 64)
+            HTTPWire.writeStatusLine(HTTPResponseStatus(statusCode: status), into: &buffer)
+            buffer.writeStaticString("\r\n")
+            return .write(buffer)
+        }
+        let head = ResponseHead(wire)
+        responseDeadline = nil
+        x.responseStarted = true
+        x.status = status
+        x.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: wire.version, connectionTokens: head.connectionTokens)
+        x.framing = ExchangeRules.responseFraming(requestMethod: x.method, status: status, hasContentLength: head.hasContentLength,
+                                                  clientVersion: x.clientVersion)
+        if x.framing == .untilClose || quiescing || inputClosed { x.keepAlive = false }
+        var buffer = allocator.buffer(capacity: wire.bytes.readableBytes + 96)
+        head.write(rules: x.snapshot?.rules,
+                   .init(requestID: x.requestID, chunked: x.framing == .chunked, keepAlive: x.keepAlive, clientVersion: x.clientVersion),
+                   into: &buffer)
+        return .write(buffer)
+    }
+
+    /// The upstream connection closed (`error`: it sent what is not a response, or failed).
+    mutating func upstreamClosed(_ error: (any Error)?) -> Action {
+        guard case .forwarding(let x, let connection) = state else { return .none }
+        if let invalid = error as? WireError {
+            // Bytes that are not a response (framing two hops could read differently, a bad
+            // status line, a truncated chunk): never relayed.
+            guard x.responseStarted else {
+                return respond(.error(.badGateway, "upstream response refused: \(invalid)"), x, upstream: nil, failure: .invalidResponse)
+            }
+            state = .closed
+            return .abort(x, upstream: nil, failure: .invalidResponse)
+        }
+        if !x.responseStarted {
+            if ExchangeRules.mayRetry(method: x.method, connectionWasReused: connection.reused, requestHasBody: x.requestHasBody,
+                                      requestEnded: x.requestEnded, alreadyRetried: x.retried), let route = x.route {
+                // The pooled connection was closed by the upstream before answering: the request
+                // never reached it. Retry once on a fresh connection (RFC 9110 §9.2.2).
+                x.retried = true
+                buffered.removeAll()
+                buffered.append(.end(nil))
+                responseDeadline = nil
+                state = .connecting(x)
+                return .connect(x, route.upstream, pooled: false)
+            }
+            return respond(.error(.badGateway, "upstream closed the connection before responding"), x, upstream: nil, failure: .closedBeforeResponse)
+        }
+        // Mid-response: never let a truncated response look complete.
+        state = .closed
+        return .abort(x, upstream: nil, failure: .resetDuringResponse)
+    }
+
+    // MARK: timers
+
+    mutating func timerFired(now: NIODeadline) -> Action {
+        if case .closed = state { return .none }
+        if let deadline = responseDeadline, deadline <= now, case .forwarding(let x, _) = state, !x.responseStarted {
+            responseDeadline = nil
+            return respond(.error(.gatewayTimeout, "upstream did not respond in time"), x, failure: .responseTimeout)
+        }
+        if let deadline = currentBodyDeadline, deadline <= now {
+            return requestFailed(.requestTimeout, "the request body did not arrive within server.timeouts.request_body")
+        }
+        guard lastActivity + shared.timeouts.idle <= now else { return .none }
+        switch state {
+        case .idle:
+            return closeNow()
+        case .collecting(let x, _):
+            return respond(.error(.requestTimeout, "the request body did not arrive within the idle timeout", close: true), x)
+        case .awaitingVerdict(let x), .answering(let x):
+            return respond(.error(.serviceUnavailable, "admission could not be decided in time", close: true), x)
+        case .forwarding(let x, _), .connecting(let x):
+            if x.responseStarted { return abort(failure: .idleTimeout) }
+            return respond(.error(.gatewayTimeout, "no progress within the idle timeout", close: true), x, failure: .idleTimeout)
+        case .closed:
+            return .none
+        }
+    }
+
+    /// When the timer should fire next (after `timerFired` returned `.none`).
+    func nextDeadline(now: NIODeadline) -> NIODeadline {
+        var next = lastActivity + shared.timeouts.idle
+        if let deadline = eagerDeadline, deadline < next { next = deadline }
+        return max(next, now + .milliseconds(1))
+    }
+
+    // MARK: the steps
+
+    private mutating func startExchange(_ head: WireHead, now: NIODeadline) -> Action {
+        bodyStart = nil
+        buffered.removeAll(keepingCapacity: true)
+        let x = ExchangeContext(method: head.method, clientVersion: head.version, start: now, path: head.target, requestID: nextRequestID())
+        state = .awaitingVerdict(x)
+        // The wire engine reads HTTP/1.0 and HTTP/1.1 only, heads within server.limits.
+        if head.method == .CONNECT {
+            // A tunnel to wherever the client names is not what a gateway in front of an app
+            // offers (nginx answers 405 too); the reader parsed nothing behind it.
+            return respond(Self.methodNotAllowed("CONNECT is not proxied"), x)
+        }
+        let snapshot = shared.snapshot
+        let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
+        let inbound: InboundRequest
+        switch snapshot.rules.inspect(head, peerTrusted: trusted) {
+        case .success(let value): inbound = value
+        case .failure(.badRequest(let reason)): return respond(.error(.badRequest, reason, close: true), x)
+        case .failure(.expectationFailed): return respond(.error(.expectationFailed, "only Expect: 100-continue is supported", close: true), x)
+        }
+        x.requestHasBody = inbound.framing != .none
+        x.requestEnded = false
+        x.requestChunked = inbound.framing == .chunked
+        x.keepAlive = inbound.keepAlive && !quiescing && !inputClosed && !inbound.isWebSocketUpgrade
+        x.isWebSocket = inbound.isWebSocketUpgrade
+        if let id = inbound.requestID { x.requestID = id }
+        if shared.observer.wantsRequestDetails { x.userAgent = head.firstValue(named: "user-agent") }
+        if inbound.upgrade == nil, head.fields.contains(where: { head.nameIs($0, "upgrade") }) {
+            // e.g. h2c: served as plain HTTP/1.1 without the upgrade, then closed (the
+            // reader stops parsing after an upgrade request).
+            x.keepAlive = false
+        }
+        let target: RequestTarget
+        switch RequestTarget.parse(head.target, host: inbound.host) {
+        case .success(let t): target = t
+        case .failure(let rejection): return respond(.error(.badRequest, rejection.rawValue, close: true), x)
+        }
+        x.path = target.path
+        guard let route = snapshot.table.match(host: inbound.host, path: target.path) else {
+            return respond(.error(.notFound, "no route for this host and path"), x)
+        }
+        if head.method == .TRACE, !route.allowTrace {
+            var response = Self.methodNotAllowed("TRACE is not forwarded on this route")
+            response.close = false
+            return respond(response, x)
+        }
+        if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.firstValue(named: "origin"), host: inbound.host) {
+            return respond(.error(.forbidden, "cross-origin WebSocket handshake refused", close: true), x)
+        }
+        x.maxBodyBytes = route.maxBodyBytes
+        if route.maxBodyBytes > 0, case .contentLength(let length) = inbound.framing, length > route.maxBodyBytes {
+            return respond(.error(.payloadTooLarge, "request body larger than \(route.maxBodyBytes) bytes", close: true), x)
+        }
+        if x.requestHasBody {
+            bodyStart = now
+            bodyHeld = .zero
+            heldSince = nil
+        }
+        x.route = route
+        x.inbound = inbound
+        x.target = target
+        x.snapshot = snapshot
+        return .admit(x, GuardRequest(wire: head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
+                                      isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer), route)
+    }
+
+    /// Counts a body part against the route's bound; the failure to run when it is exceeded.
+    private mutating func count(_ part: Part, _ x: ExchangeContext) -> Action? {
+        switch part {
+        case .end:
+            x.requestEnded = true
+            bodyStart = nil
+        case .body(let bytes):
+            x.bodyBytes += bytes.readableBytes
+            if x.maxBodyBytes > 0, x.bodyBytes > x.maxBodyBytes {
+                return requestFailed(.payloadTooLarge, "request body larger than \(x.maxBodyBytes) bytes")
+            }
+        case .head:
+            break
+        }
+        return nil
+    }
+
+    /// A body part for one of the gateway's own endpoints (the state is `.collecting(x, _)`).
+    private mutating func collect(_ part: Part, _ x: ExchangeContext, _ collector: inout Collector) -> Action {
+        // The state lets go of its copy first, so that the body grows in place.
+        state = .answering(x)
+        switch part {
+        case .head:
+            break
+        case .body(var bytes):
+            guard collector.body.readableBytes + bytes.readableBytes <= collector.maxBytes else {
+                return respond(.error(.payloadTooLarge, "request body larger than \(collector.maxBytes) bytes", close: true), x)
+            }
+            collector.body.writeBuffer(&bytes)
+        case .end:
+            return .answer(x, collector.body, respond: collector.respond)
+        }
+        state = .collecting(x, collector)
+        return .none
+    }
+
+    /// The request failed while its body was arriving (too large, too slow): answered with
+    /// `status` and closed if no response byte went out yet; otherwise the connection is aborted.
+    private mutating func requestFailed(_ status: HTTPResponseStatus, _ reason: String) -> Action {
+        bodyStart = nil
+        guard let x = current else { return .none }
+        if x.responseStarted { return abort(failure: nil) }
+        return respond(.error(status, reason, close: true), x)
+    }
+
+    /// A response the gateway makes for `x`; the upstream connection in the state, if any, is let go.
+    private mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, failure: UpstreamErrorKind? = nil) -> Action {
+        var upstream: UpstreamConnection? = nil
+        if case .forwarding(_, let connection) = state { upstream = connection }
+        return respond(response, x, upstream: upstream, failure: failure)
+    }
+
+    private mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
+        let drained = x.requestEnded || !x.requestHasBody
+        if response.close || !drained || quiescing || inputClosed { x.keepAlive = false }
+        x.status = Int(response.status.code)
+        x.responseStarted = true
+        x.bytesSent = response.body.readableBytes
+        let bytes = HTTPWire.localResponse(response, requestID: x.requestID, keepAlive: x.keepAlive, headRequest: x.method == .HEAD,
+                                           allocator: allocator)
+        responseDeadline = nil
+        bodyStart = nil
+        buffered.removeAll()
+        let after: After = x.keepAlive ? .nextRequest : .close
+        state = after == .close ? .closed : .idle
+        return .respond(bytes, x, upstream: upstream, failure: failure, after: after)
+    }
+
+    private func afterResponse(_ x: ExchangeContext) -> After {
+        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: x.requestEnded, quiescing: quiescing, inputClosed: inputClosed)
+            ? .nextRequest : .close
+    }
+
+    private mutating func abort(failure: UpstreamErrorKind?) -> Action {
+        var upstream: UpstreamConnection? = nil
+        if case .forwarding(_, let connection) = state { upstream = connection }
+        let x = current
+        state = .closed
+        return .abort(x, upstream: upstream, failure: failure)
+    }
+
+    private mutating func closeNow() -> Action {
+        var upstream: UpstreamConnection? = nil
+        if case .forwarding(_, let connection) = state { upstream = connection }
+        state = .closed
+        return .close(upstream: upstream)
+    }
+
+    private mutating func startResponseDeadline(now: NIODeadline) {
+        responseDeadline = now + shared.timeouts.upstreamResponse
+    }
+
+    /// nil while no body is arriving, or while the gateway holds the client back.
+    private var currentBodyDeadline: NIODeadline? {
+        guard let start = bodyStart, heldSince == nil, let x = current, !x.requestEnded else { return nil }
+        return ExchangeRules.bodyDeadline(start: start, allowance: shared.timeouts.requestBody, held: bodyHeld, bytesReceived: x.bodyBytes)
+    }
+
+    /// 405 with `Allow` (RFC 9110 §15.5.6), closing the connection.
+    private static func methodNotAllowed(_ reason: String) -> LocalResponse {
+        var response = LocalResponse.error(.methodNotAllowed, reason, close: true)
+        response.headers.append(("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"))
+        return response
+    }
+
+    private mutating func nextRequestID() -> String {
+        // xorshift64*: unique enough to correlate log lines; seeded per connection.
+        idSeed ^= idSeed >> 12
+        idSeed ^= idSeed << 25
+        idSeed ^= idSeed >> 27
+        var value = idSeed &* 2_685_821_657_736_338_717
+        // 16 lower-case hex digits, written in place (String(_:radix:) and padding cost ~3 % of
+        // a proxied request).
+        return String(unsafeUninitializedCapacity: 16) { out in
+            for i in stride(from: 15, through: 0, by: -1) {
+                let digit = UInt8(truncatingIfNeeded: value & 0xF)
+                out[i] = digit < 10 ? 0x30 + digit : 0x57 + digit
+                value >>= 4
+            }
+            return 16
+        }
+    }
+}

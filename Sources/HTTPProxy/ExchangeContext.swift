@@ -1,0 +1,66 @@
+import NIOCore
+import NIOHTTP1
+
+/// One request/response pair on a client connection, from its head to its last response byte.
+///
+/// A class for its identity: every answer that comes back later (a verdict, an endpoint's
+/// response, an upstream connection) names the exchange it was asked for, and the state machine
+/// applies it only while that very exchange is still the one waiting for it. A late answer for a
+/// finished exchange cannot be mistaken for the current one's (no generation counters).
+final class ExchangeContext {
+    let method: HTTPMethod
+    let clientVersion: HTTPVersion
+    let start: NIODeadline
+    /// The canonical path once the target parsed; the raw target before.
+    var path: String
+    var requestID: String
+    var requestEnded = false
+    var requestHasBody = false
+    /// The body goes upstream in chunks (it came chunked).
+    var requestChunked = false
+    var keepAlive = false
+    var isWebSocket = false
+    var route: ProxyRoute? = nil
+    var userAgent: String? = nil
+    /// Kept between the head and the verdict (the upstream head is written from it).
+    var inbound: InboundRequest? = nil
+    var target: RequestTarget? = nil
+    /// The request head as it goes upstream (kept for the retry).
+    var upstreamHead: ByteBuffer? = nil
+    var responseStarted = false
+    var framing: ExchangeRules.ResponseFraming = .raw
+    var upstreamKeepAlive = true
+    var status = 0
+    var bytesSent = 0
+    var retried = false
+    /// The request went to the upstream (not answered by the gateway itself).
+    var forwarded = false
+    /// Request body bytes received so far, and the route's bound on them (0: none).
+    var bodyBytes = 0
+    var maxBodyBytes = 0
+    /// The routing snapshot this request was admitted under (its header rules).
+    var snapshot: RoutingSnapshot? = nil
+    /// A WebSocket handshake's lease: attached on upgrade, finished otherwise.
+    var tunnel: TunnelLease? = nil
+    /// Who the guard admitted, for the access log.
+    var user: String? = nil
+    /// When the upstream connection was asked for, and how long until the response head.
+    var upstreamStart: NIODeadline? = nil
+    var upstreamNanoseconds: Int64? = nil
+
+    init(method: HTTPMethod, clientVersion: HTTPVersion, start: NIODeadline, path: String, requestID: String) {
+        self.method = method
+        self.clientVersion = clientVersion
+        self.start = start
+        self.path = path
+        self.requestID = requestID
+    }
+
+    /// The access-log record of this exchange.
+    func record(aborted: Bool, client: String, now: NIODeadline) -> ExchangeRecord {
+        ExchangeRecord(
+            method: method.rawValue, path: path, status: status, route: route?.name, upstream: forwarded ? route?.upstream : nil,
+            client: client, requestID: requestID, durationNanoseconds: Int64(now.uptimeNanoseconds - start.uptimeNanoseconds),
+            bytesSent: bytesSent, aborted: aborted, userAgent: userAgent, user: user, upstreamNanoseconds: upstreamNanoseconds)
+    }
+}
