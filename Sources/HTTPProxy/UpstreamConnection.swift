@@ -74,12 +74,15 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     func channelInactive(context: ChannelHandlerContext) {
         isActive = false
         pool?.remove(self)
-        // A body read until close ends here; any other body or head was cut short.
+        // A body read until close ends here; any other body or head was cut short. A body cut
+        // short is the connection's failure (reset during the response), a head cut short is
+        // not a response.
         if let owner {
+            let inBody = reader.readingBody
             do {
                 if let part = try reader.finish() { owner.upstreamRead(part) }
             } catch {
-                return fail(context: context, error)
+                if !inBody { return fail(context: context, error) }
             }
         }
         let owner = self.owner

@@ -92,6 +92,9 @@ struct ResponseReader {
         }
     }
 
+    /// A response body is being read (a close now truncates it).
+    var readingBody: Bool { if case .body = state { return true } else { return false } }
+
     /// After a 101: the bytes that came behind its head (the tunnel's first bytes).
     mutating func takeRemaining() -> ByteBuffer {
         defer { buffer = ByteBuffer() }

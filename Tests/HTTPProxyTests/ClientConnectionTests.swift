@@ -1,0 +1,280 @@
+import GatewayConfig
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOEmbedded
+import NIOHTTP1
+import Testing
+
+@testable import HTTPProxy
+
+/// Upstream connections on `EmbeddedChannel`s of the client's own loop: the test reads what the
+/// proxy writes upstream (`readOutbound`) and answers with raw bytes (`writeInbound`).
+final class EmbeddedConnector: UpstreamConnector {
+    let loop: EmbeddedEventLoop
+    /// Every connection opened, oldest first.
+    private(set) var opened: [EmbeddedChannel] = []
+    private(set) var idle: [UpstreamConnection] = []
+    /// With `manual`, `connect` waits for the test (`pending`).
+    var manual = false
+    private(set) var pending: [EventLoopPromise<NIOLoopBound<UpstreamConnection>>] = []
+
+    init(loop: EmbeddedEventLoop) { self.loop = loop }
+
+    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
+        while let connection = idle.popLast() {
+            if connection.isActive { return connection }
+        }
+        return nil
+    }
+
+    func connect(_ address: UpstreamAddress) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
+        let promise = loop.makePromise(of: NIOLoopBound<UpstreamConnection>.self)
+        if manual {
+            pending.append(promise)
+        } else {
+            promise.succeed(open())
+        }
+        return promise.futureResult
+    }
+
+    func open() -> NIOLoopBound<UpstreamConnection> {
+        let channel = EmbeddedChannel(loop: loop)
+        let connection = UpstreamConnection(address: UpstreamAddress(host: "127.0.0.1", port: 1))
+        try! channel.pipeline.syncOperations.addHandler(connection)
+        try! channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        opened.append(channel)
+        return NIOLoopBound(connection, eventLoop: loop)
+    }
+
+    func release(_ connection: UpstreamConnection) {
+        connection.owner = nil
+        connection.reused = true
+        idle.append(connection)
+    }
+}
+
+final class RecordingObserver: ProxyObserver, @unchecked Sendable {
+    var records: [ExchangeRecord] = []
+    var failures: [UpstreamErrorKind] = []
+    var wantsRequestDetails: Bool { false }
+    func exchangeCompleted(_ record: ExchangeRecord) { records.append(record) }
+    func upstreamFailed(_ kind: UpstreamErrorKind, route: String) { failures.append(kind) }
+    func clientConnectionOpened() {}
+    func clientConnectionClosed() {}
+    func upstreamConnectionOpened() {}
+    func upstreamConnectionClosed() {}
+}
+
+/// The client connection's state machine driven through its handler on `EmbeddedChannel`s:
+/// forwarding, the retry-once rule, timeouts, pipelining and aborts, without a socket.
+@Suite("Client connection: forwarding on EmbeddedChannels")
+struct ClientConnectionTests {
+    struct Fixture {
+        let client: EmbeddedChannel
+        let connector: EmbeddedConnector
+        let observer: RecordingObserver
+
+        var loop: EmbeddedEventLoop { client.embeddedEventLoop }
+
+        func send(_ text: String) throws { try client.writeInbound(ByteBuffer(string: text)) }
+
+        /// Everything the proxy wrote to the client so far.
+        func clientOutput() throws -> String { try Self.drain(client) }
+
+        /// Everything the proxy wrote to upstream connection `index` so far.
+        func upstreamOutput(_ index: Int) throws -> String { try Self.drain(connector.opened[index]) }
+
+        /// The app answers on upstream connection `index`.
+        func answer(_ index: Int, _ text: String) throws {
+            try connector.opened[index].writeInbound(ByteBuffer(string: text))
+        }
+
+        static func drain(_ channel: EmbeddedChannel) throws -> String {
+            var text = ""
+            while var buffer = try channel.readOutbound(as: ByteBuffer.self) {
+                text += buffer.readString(length: buffer.readableBytes) ?? ""
+            }
+            return text
+        }
+    }
+
+    static let timeouts = ProxyConfiguration.Timeouts(upstreamConnect: .seconds(1), upstreamResponse: .seconds(5), idle: .seconds(30),
+                                                      requestBody: .seconds(10))
+
+    func makeFixture(_ requestGuard: any RequestGuard = ScriptedGuard { _, _ in .verdict(.forward) }) throws -> Fixture {
+        let client = EmbeddedChannel()
+        let routes = [ProxyRoute(name: "r", upstream: UpstreamAddress(host: "127.0.0.1", port: 1), requestGuard: requestGuard)]
+        let snapshot = RoutingSnapshot(routes: routes, identityHeaders: ["X-Auth-User"], trustedProxies: [])
+        let configuration = ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: Self.timeouts)
+        let observer = RecordingObserver()
+        let shared = ProxyShared(snapshot: snapshot, configuration: configuration, observer: observer)
+        let connector = EmbeddedConnector(loop: client.embeddedEventLoop)
+        // Connected first, as a server's child channel is when its handlers are added.
+        try client.connect(to: SocketAddress(ipAddress: "192.0.2.7", port: 4000)).wait()
+        try client.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, connector: connector))
+        return Fixture(client: client, connector: connector, observer: observer)
+    }
+
+    @Test("a request goes upstream with the proxy's fields; the response comes back; the connection returns to the pool")
+    func forwards() throws {
+        let f = try makeFixture()
+        try f.send("GET /a?b=1 HTTP/1.1\r\nHost: app\r\nX-Auth-User: forged\r\n\r\n")
+        let sent = try f.upstreamOutput(0)
+        #expect(sent.hasPrefix("GET /a?b=1 HTTP/1.1\r\nHost: app\r\n"))
+        #expect(sent.contains("X-Forwarded-For: 192.0.2.7\r\n"))
+        #expect(!sent.lowercased().contains("x-auth-user"), "a client's identity header never reaches the app")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-App: 1\r\n\r\nok")
+        let text = try f.clientOutput()
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n"))
+        #expect(text.contains("X-App: 1\r\n"))
+        #expect(text.hasSuffix("\r\n\r\nok"))
+        #expect(f.connector.idle.count == 1, "a complete keep-alive exchange gives its connection back")
+        #expect(f.observer.records.map(\.status) == [200])
+        #expect(f.client.isActive)
+    }
+
+    @Test("pipelined requests: the second goes upstream only after the first response, on the same connection")
+    func pipelining() throws {
+        let f = try makeFixture()
+        try f.send("GET /one HTTP/1.1\r\nHost: app\r\n\r\nGET /two HTTP/1.1\r\nHost: app\r\n\r\n")
+        let first = try f.upstreamOutput(0)
+        #expect(first.hasPrefix("GET /one "))
+        #expect(!first.contains("/two"), "a pipelined request waits for its turn")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\none")
+        #expect(f.connector.opened.count == 1, "the pooled connection serves the second request")
+        #expect(try f.upstreamOutput(0).hasPrefix("GET /two "))
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntwo")
+        let text = try f.clientOutput()
+        #expect(text.hasSuffix("one") == false && text.contains("\r\n\r\noneHTTP/1.1 200 OK") && text.hasSuffix("\r\n\r\ntwo"))
+    }
+
+    @Test("a pooled connection the app closed before answering: the request is sent once more, on a fresh connection")
+    func retryOnce() throws {
+        let f = try makeFixture()
+        try f.send("GET /one HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 204 No Content\r\n\r\n")
+        _ = try f.clientOutput()
+        _ = try f.upstreamOutput(0)
+        try f.send("GET /two HTTP/1.1\r\nHost: app\r\n\r\n")
+        #expect(try f.upstreamOutput(0).hasPrefix("GET /two "))
+        try f.connector.opened[0].close().wait()
+        #expect(f.connector.opened.count == 2, "a fresh connection for the retry")
+        #expect(try f.upstreamOutput(1).hasPrefix("GET /two "))
+        try f.answer(1, "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
+        #expect(try f.clientOutput().hasPrefix("HTTP/1.1 200 OK\r\n"))
+
+        // The fresh connection failing the same way is the app's answer: 502, no third try.
+        try f.send("GET /three HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.connector.opened[1].close().wait()
+        #expect(f.connector.opened.count == 3)
+        try f.connector.opened[2].close().wait()
+        #expect(f.connector.opened.count == 3)
+        #expect(try f.clientOutput().hasPrefix("HTTP/1.1 502 Bad Gateway\r\n"))
+    }
+
+    @Test("a request with a body is never retried: 502")
+    func noRetryWithBody() throws {
+        let f = try makeFixture()
+        try f.send("GET /one HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 204 No Content\r\n\r\n")
+        _ = try f.clientOutput()
+        _ = try f.upstreamOutput(0)
+        try f.send("PUT /two HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\n\r\nabc")
+        #expect(try f.upstreamOutput(0).hasSuffix("\r\n\r\nabc"))
+        try f.connector.opened[0].close().wait()
+        #expect(f.connector.opened.count == 1)
+        #expect(try f.clientOutput().hasPrefix("HTTP/1.1 502 Bad Gateway\r\n"))
+        #expect(f.observer.failures == [.closedBeforeResponse])
+    }
+
+    @Test("the app does not answer within upstream_response: 504, and its connection is closed")
+    func responseTimeout() throws {
+        let f = try makeFixture()
+        try f.send("GET /slow HTTP/1.1\r\nHost: app\r\n\r\n")
+        f.loop.advanceTime(by: Self.timeouts.upstreamResponse - .milliseconds(10))
+        #expect(try f.clientOutput().isEmpty)
+        f.loop.advanceTime(by: .milliseconds(20))
+        #expect(try f.clientOutput().hasPrefix("HTTP/1.1 504 Gateway Timeout\r\n"))
+        #expect(!f.connector.opened[0].isActive)
+        #expect(f.observer.failures == [.responseTimeout])
+        #expect(f.client.isActive, "the client's connection is kept")
+    }
+
+    @Test("connecting fails: 504 for a timeout, 502 for a refusal")
+    func connectFailures() throws {
+        for (error, status) in [(ChannelError.connectTimeout(.seconds(1)) as any Error, "504"), (ChannelError.ioOnClosedChannel, "502")] {
+            let f = try makeFixture()
+            f.connector.manual = true
+            try f.send("GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+            #expect(try f.clientOutput().isEmpty)
+            f.connector.pending[0].fail(error)
+            #expect(try f.clientOutput().hasPrefix("HTTP/1.1 \(status) "))
+        }
+    }
+
+    @Test("a connection that arrives after the client left is closed, not used")
+    func lateConnection() throws {
+        let f = try makeFixture()
+        f.connector.manual = true
+        try f.send("GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.client.close().wait()
+        f.connector.pending[0].succeed(f.connector.open())
+        #expect(!f.connector.opened[0].isActive)
+        #expect(try f.upstreamOutput(0).isEmpty, "nothing was written on it")
+    }
+
+    @Test("the app's connection breaks mid-response: the client's connection is aborted, never completed")
+    func abortMidResponse() throws {
+        let f = try makeFixture()
+        try f.send("GET /big HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345")
+        try f.connector.opened[0].close().wait()
+        let text = try f.clientOutput()
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.hasSuffix("12345"))
+        #expect(!f.client.isActive)
+        #expect(f.observer.records.map(\.aborted) == [true])
+        #expect(f.observer.failures == [.resetDuringResponse])
+    }
+
+    @Test("a body sent while the verdict is pending goes upstream after the head, in order")
+    func bufferedBody() throws {
+        let box = PromiseBox()
+        let f = try makeFixture(ScriptedGuard { _, loop in
+            let promise = loop.makePromise(of: Verdict.self)
+            box.promise = promise
+            return .pending(promise.futureResult)
+        })
+        try f.send("POST /up HTTP/1.1\r\nHost: app\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        try f.send("2\r\nde\r\n0\r\n\r\n")
+        #expect(f.connector.opened.isEmpty)
+        box.promise?.succeed(.forward)
+        let sent = try f.upstreamOutput(0)
+        #expect(sent.hasPrefix("POST /up HTTP/1.1\r\n"))
+        #expect(sent.hasSuffix("\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"))
+    }
+
+    @Test("the verdict never comes: 503 after the idle timeout, and a late verdict is discarded")
+    func verdictTimeout() throws {
+        let box = PromiseBox()
+        let f = try makeFixture(ScriptedGuard { _, loop in
+            let promise = loop.makePromise(of: Verdict.self)
+            box.promise = promise
+            return .pending(promise.futureResult)
+        })
+        try f.send("GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+        f.loop.advanceTime(by: Self.timeouts.idle + .milliseconds(1))
+        #expect(try f.clientOutput().hasPrefix("HTTP/1.1 503 Service Unavailable\r\n"))
+        box.promise?.succeed(.forward)
+        #expect(f.connector.opened.isEmpty, "a verdict for an answered exchange forwards nothing")
+    }
+
+    @Test("a request body that stops arriving: 408 after request_body, and the half-sent request's upstream connection is closed")
+    func bodyTimeout() throws {
+        let f = try makeFixture()
+        try f.send("POST /up HTTP/1.1\r\nHost: app\r\nContent-Length: 100\r\n\r\nabc")
+        #expect(f.connector.opened.count == 1)
+        f.loop.advanceTime(by: Self.timeouts.requestBody + .milliseconds(1))
+        #expect(try f.clientOutput().hasPrefix("HTTP/1.1 408 Request Timeout\r\n"))
+        #expect(!f.connector.opened[0].isActive)
+    }
+}
