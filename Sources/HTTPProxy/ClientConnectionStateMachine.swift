@@ -169,25 +169,26 @@ struct ClientConnectionStateMachine {
     mutating func clientActivity(now: NIODeadline) { lastActivity = now }
 
     /// The handler held a read back (the gateway, not the client, is slow meanwhile).
-    mutating func readHeld(now: NIODeadline) {
-        if bodyStart != nil, heldSince == nil { heldSince = now }
+    mutating func readHeld(now: @autoclosure () -> NIODeadline) {
+        if bodyStart != nil, heldSince == nil { heldSince = now() }
     }
 
     /// Reading resumes: the time the client was held back is not counted against its body.
-    mutating func readResumed(now: NIODeadline) {
+    mutating func readResumed(now: @autoclosure () -> NIODeadline) {
         if let since = heldSince {
-            bodyHeld = bodyHeld + (now - since)
+            bodyHeld = bodyHeld + (now() - since)
             heldSince = nil
         }
     }
 
-    /// A part the `RequestReader` parsed (only while `acceptsParts`).
-    mutating func requestPart(_ part: Part, now: NIODeadline) -> Action {
+    /// A part the `RequestReader` parsed (only while `acceptsParts`). The clocks are read only
+    /// when an event needs the time (a few `clock_gettime` per request were 2 % of one).
+    mutating func requestPart(_ part: Part, now: @autoclosure () -> NIODeadline) -> Action {
         switch state {
         case .idle:
             // Anything but a head here is what remains of a request answered before its end.
             guard case .head(let head) = part else { return .none }
-            return startExchange(head, now: now)
+            return startExchange(head, now: now())
         case .closed, .answering:
             return .none
         case .awaitingVerdict(let x), .connecting(let x):
@@ -199,7 +200,7 @@ struct ClientConnectionStateMachine {
             return collect(part, x, &collector)
         case .forwarding(let x, let upstream):
             if let failed = count(part, x) { return failed }
-            if case .end = part { startResponseDeadline(now: now) }
+            if case .end = part { startResponseDeadline(now: now()) }
             return .forward(upstream, part)
         }
     }
@@ -258,7 +259,7 @@ struct ClientConnectionStateMachine {
 
     // MARK: answers that come back
 
-    mutating func verdict(_ result: Result<Verdict, any Error>, for exchange: ExchangeContext, now: NIODeadline) -> Action {
+    mutating func verdict(_ result: Result<Verdict, any Error>, for exchange: ExchangeContext, now: @autoclosure () -> NIODeadline) -> Action {
         guard case .awaitingVerdict(let x) = state, x === exchange else {
             if case .success(let verdict) = result { return .discard(verdict) }
             return .none
@@ -300,7 +301,7 @@ struct ClientConnectionStateMachine {
             var bytes = allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
             head.write(inbound, into: &bytes)
             x.upstreamHead = bytes
-            x.upstreamStart = now
+            x.upstreamStart = now()
             state = .connecting(x)
             // WebSocket handshakes never take a pooled connection (theirs becomes a tunnel).
             return .connect(x, route.upstream, pooled: !x.isWebSocket)
@@ -316,7 +317,7 @@ struct ClientConnectionStateMachine {
     }
 
     /// The upstream connection asked for with `.connect`, or why there is none.
-    mutating func connected(_ result: Result<UpstreamConnection, any Error>, for exchange: ExchangeContext, now: NIODeadline) -> Action {
+    mutating func connected(_ result: Result<UpstreamConnection, any Error>, for exchange: ExchangeContext, now: @autoclosure () -> NIODeadline) -> Action {
         guard case .connecting(let x) = state, x === exchange else {
             if case .success(let connection) = result { return .closeUpstream(connection) }
             return .none
@@ -326,7 +327,7 @@ struct ClientConnectionStateMachine {
             guard let head = x.upstreamHead else { return .closeUpstream(connection) }
             state = .forwarding(x, connection)
             // The request's end is among what goes out now: the upstream's time to answer starts.
-            if x.requestEnded { startResponseDeadline(now: now) }
+            if x.requestEnded { startResponseDeadline(now: now()) }
             let body = buffered
             buffered.removeAll()
             return .startForwarding(connection, head: head, x, body: body)
@@ -342,12 +343,14 @@ struct ClientConnectionStateMachine {
 
     // MARK: upstream events
 
-    mutating func upstreamPart(_ part: ResponseReader.Part, now: NIODeadline) -> Action {
+    /// The upstream delivered bytes (once per read burst: it counts as progress).
+    mutating func upstreamActivity(now: NIODeadline) { lastActivity = now }
+
+    mutating func upstreamPart(_ part: ResponseReader.Part, now: @autoclosure () -> NIODeadline) -> Action {
         guard case .forwarding(let x, let upstream) = state else { return .none }
-        lastActivity = now
         switch part {
         case .head(let head):
-            return responseHead(head, x, upstream, now: now)
+            return responseHead(head, x, upstream, now: now())
         case .body(let bytes):
             x.bytesSent += bytes.readableBytes
             if x.framing == .noBody { return .none }

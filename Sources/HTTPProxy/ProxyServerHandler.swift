@@ -175,6 +175,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func upstreamReadComplete() {
+        machine.upstreamActivity(now: now)
         context.flush()
     }
 
