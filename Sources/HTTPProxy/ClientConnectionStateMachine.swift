@@ -82,13 +82,16 @@ struct ClientConnectionStateMachine {
         case closeUpstream(UpstreamConnection)
         /// A verdict nobody will apply: its tunnel lease, if any, is finished.
         case discard(Verdict)
+        /// The client left before anything was answered: nothing to record; the exchange's
+        /// tunnel lease, if any, is finished.
+        case drop(ExchangeContext)
     }
 
     private let shared: ProxyShared
-    private let peerAddress: IPAddress?
-    private let remoteAddress: SocketAddress?
+    private var peerAddress: IPAddress? = nil
+    private var remoteAddress: SocketAddress? = nil
     /// The client's address as `X-Forwarded-For` and the access log write it.
-    let peerString: String
+    private(set) var peerString = "-"
     private let allocator = ByteBufferAllocator()
     private(set) var state: State = .idle
     /// Body parts received while the verdict or the upstream connection is pending.
@@ -106,14 +109,20 @@ struct ClientConnectionStateMachine {
     private var bodyHeld: TimeAmount = .zero
     private var heldSince: NIODeadline? = nil
 
-    init(shared: ProxyShared, remoteAddress: SocketAddress?, seed: UInt64, now: NIODeadline) {
+    init(shared: ProxyShared, seed: UInt64) {
         self.shared = shared
+        self.idSeed = seed | 1
+        self.lastActivity = .now()
+    }
+
+    /// The connection is in a pipeline: who the client is (read once: `Channel.remoteAddress`
+    /// takes a lock on every access), and when it started.
+    mutating func connectionStarted(remoteAddress: SocketAddress?, now: NIODeadline) {
         self.remoteAddress = remoteAddress
         let ip = remoteAddress?.ipAddress
-        self.peerString = ip ?? "-"
-        self.peerAddress = ip.flatMap(IPAddress.parse)
-        self.idSeed = seed | 1
-        self.lastActivity = now
+        peerString = ip ?? "-"
+        peerAddress = ip.flatMap(IPAddress.parse)
+        lastActivity = now
     }
 
     /// The exchange in flight, if any.
@@ -246,9 +255,7 @@ struct ClientConnectionStateMachine {
         switch before {
         case .forwarding(let x, let upstream): return .abort(x, upstream: upstream, failure: nil)
         case .connecting(let x), .awaitingVerdict(let x), .collecting(let x, _), .answering(let x):
-            // Nothing was answered: nothing to record, only a lease to finish.
-            if let tunnel = x.tunnel { x.tunnel = nil; tunnel.finish() }
-            return .none
+            return .drop(x)
         case .idle, .closed:
             return .none
         }
@@ -493,7 +500,6 @@ struct ClientConnectionStateMachine {
         case .failure(.expectationFailed): return respond(.error(.expectationFailed, "only Expect: 100-continue is supported", close: true), x)
         }
         x.requestHasBody = inbound.framing != .none
-        x.requestEnded = false
         x.requestChunked = inbound.framing == .chunked
         x.keepAlive = inbound.keepAlive && !quiescing && !inputClosed && !inbound.isWebSocketUpgrade
         x.isWebSocket = inbound.isWebSocketUpgrade
@@ -591,8 +597,9 @@ struct ClientConnectionStateMachine {
     }
 
     private mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
+        // A body not read to its end leaves the connection's framing in doubt.
         let drained = x.requestEnded || !x.requestHasBody
-        if response.close || !drained || quiescing || inputClosed { x.keepAlive = false }
+        x.keepAlive = !response.close && keepsAlive(x, requestComplete: drained)
         x.status = Int(response.status.code)
         x.responseStarted = true
         x.bytesSent = response.body.readableBytes
@@ -607,8 +614,11 @@ struct ClientConnectionStateMachine {
     }
 
     private func afterResponse(_ x: ExchangeContext) -> After {
-        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: x.requestEnded, quiescing: quiescing, inputClosed: inputClosed)
-            ? .nextRequest : .close
+        keepsAlive(x, requestComplete: x.requestEnded) ? .nextRequest : .close
+    }
+
+    private func keepsAlive(_ x: ExchangeContext, requestComplete: Bool) -> Bool {
+        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing, inputClosed: inputClosed)
     }
 
     private mutating func abort(failure: UpstreamErrorKind?) -> Action {

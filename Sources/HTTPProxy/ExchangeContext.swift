@@ -56,6 +56,13 @@ final class ExchangeContext {
         self.requestID = requestID
     }
 
+    /// The exchange ends without becoming a tunnel: its WebSocket lease, if any, leaves its registry.
+    func endLease() {
+        guard let tunnel else { return }
+        self.tunnel = nil
+        tunnel.finish()
+    }
+
     /// The access-log record of this exchange.
     func record(aborted: Bool, client: String, now: NIODeadline) -> ExchangeRecord {
         ExchangeRecord(

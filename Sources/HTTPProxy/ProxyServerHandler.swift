@@ -21,12 +21,15 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private let shared: ProxyShared
     private let connector: any UpstreamConnector
     private var context: ChannelHandlerContext!
-    private var machine: Machine!
+    /// Not optional: a computed property read through an optional copies the whole struct.
+    private var machine: Machine
     private var reader: RequestReader
     private var readPending = false
     private var inReadBurst = false
-    /// Parsed parts are being handed in (a response that ends inside it does not start another pump).
+    /// Parsed parts are being handed in; `pumpAgain`: a response ended inside (a flush can
+    /// re-enter), so the pump goes round once more instead of starting a nested one.
     private var pumping = false
+    private var pumpAgain = false
     private var closing = false
     /// After the last response: output shut, input still read and discarded (lingering close).
     private var lingering = false
@@ -37,17 +40,19 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         self.shared = shared
         self.connector = connector
         self.reader = RequestReader(maxHeadBytes: shared.limits.maxHeaderBytes, maxFields: shared.limits.maxHeaderCount)
+        var rng = SystemRandomNumberGenerator()
+        self.machine = Machine(shared: shared, seed: rng.next())
     }
 
-    private var now: NIODeadline { context.eventLoop.now }
+    private var eventLoop: (any EventLoop)? = nil
+    private var now: NIODeadline { eventLoop?.now ?? .now() }
 
     // MARK: NIO events
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        var rng = SystemRandomNumberGenerator()
-        // Read once: `Channel.remoteAddress` takes a lock on every access.
-        machine = Machine(shared: shared, remoteAddress: context.channel.remoteAddress, seed: rng.next(), now: context.eventLoop.now)
+        self.eventLoop = context.eventLoop
+        machine.connectionStarted(remoteAddress: context.channel.remoteAddress, now: context.eventLoop.now)
         shared.observer.clientConnectionOpened()
         armTimer(at: now + shared.timeouts.idle)
     }
@@ -123,34 +128,49 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private var wantsRead: Bool {
-        machine.wantsRead(clientWritable: context.channel.isWritable, unparsedBytes: reader.holdsBytes)
+        machine.wantsRead(clientWritable: context.channel.isWritable, unparsedBytes: reader.holdsUnparsedRequest)
     }
 
     private func resumeReading() {
         guard readPending, context != nil, wantsRead else { return }
         readPending = false
         machine.readResumed(now: now)
+        armEagerDeadline()
         context.read()
     }
 
     /// Hands parsed parts to the machine while it takes them.
     private func pump() {
-        guard !pumping else { return }
+        guard !pumping else {
+            pumpAgain = true
+            return
+        }
         pumping = true
         defer { pumping = false }
-        do {
-            while machine.acceptsParts, let part = try reader.next() {
-                run(machine.requestPart(part, now: now))
+        repeat {
+            pumpAgain = false
+            do {
+                while machine.acceptsParts, let part = try reader.next() {
+                    run(machine.requestPart(part, now: now))
+                }
+                // Bytes behind an upgrade request are held for the tunnel: a flood is answered
+                // (431) at once, not when the app answers the handshake.
+                if !machine.isClosed { try reader.checkHeldBytes() }
+            } catch {
+                run(machine.requestUnreadable(error, now: now))
             }
-            // Bytes behind an upgrade request are held for the tunnel: a flood is answered (431)
-            // at once, not when the app answers the handshake.
-            if !machine.isClosed { try reader.checkHeldBytes() }
-        } catch {
-            run(machine.requestUnreadable(error, now: now))
-        }
-        // Parts handed on outside a client read burst: channelReadComplete will not flush them.
-        if !inReadBurst, case .forwarding(_, let upstream) = machine.state { upstream.flush() }
+            // Parts handed on outside a client read burst: channelReadComplete will not flush
+            // them. The flush may fail at once and end the exchange (then: round again).
+            if !inReadBurst, case .forwarding(_, let upstream) = machine.state { upstream.flush() }
+        } while pumpAgain && context != nil && !machine.isClosed
+        noteHeldRead()
         armEagerDeadline()
+    }
+
+    /// A read NIO asked for and the gateway held back counts as the gateway's time, not the
+    /// body's, from the moment the body's clock runs (it may start after the read was held).
+    private func noteHeldRead() {
+        if readPending, context != nil, !wantsRead { machine.readHeld(now: now) }
     }
 
     /// Runs what an answer that came back later (a verdict, an endpoint's response, a
@@ -159,10 +179,12 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard context != nil else {
             if case .closeUpstream(let connection) = action { connection.close() }
             if case .discard(let verdict) = action { Self.discard(verdict) }
+            if case .drop(let exchange) = action { exchange.endLease() }
             return
         }
         run(action)
         resumeReading()
+        noteHeldRead()
         armEagerDeadline()
     }
 
@@ -233,8 +255,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             connection.owner = self
             connection.writeHead(head, method: exchange.method, chunked: exchange.requestChunked)
             for part in body { write(part, to: connection) }
-            // Inside a read burst, channelReadComplete flushes once for the whole burst.
-            if !inReadBurst { connection.flush() }
+            // Inside a read burst, channelReadComplete flushes once for the whole burst; inside
+            // a pump, the pump flushes when the parts it hands on are written.
+            if !inReadBurst, !pumping { connection.flush() }
         case .forward(let connection, let part):
             write(part, to: connection)
         case .write(let bytes):
@@ -274,6 +297,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             connection.close()
         case .discard(let verdict):
             Self.discard(verdict)
+        case .drop(let exchange):
+            exchange.endLease()
         }
     }
 
@@ -305,11 +330,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private func record(_ exchange: ExchangeContext, aborted: Bool) {
-        if let tunnel = exchange.tunnel {
-            // The exchange ended without becoming a tunnel.
-            exchange.tunnel = nil
-            tunnel.finish()
-        }
+        // The exchange ended without becoming a tunnel.
+        exchange.endLease()
         shared.observer.exchangeCompleted(exchange.record(aborted: aborted, client: machine.peerString, now: now))
     }
 
@@ -323,6 +345,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         machine.closing()
         let channel = context.channel
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
+        // A client that never reads would keep the last write, and so the connection, pending
+        // forever (the idle timer stops with the machine): closed after the idle timeout.
+        context.eventLoop.scheduleTask(in: shared.timeouts.idle) { channel.close(promise: nil) }
         context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(capacity: 0))).whenComplete { _ in
             channel.close(mode: .output).whenComplete { result in
                 guard case .success = result else { return channel.close(promise: nil) }
@@ -351,7 +376,14 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         // What the app sent right behind its 101 is the tunnel's already.
         var early = connection.takeTunnelBytes()
         buffer.writeBuffer(&early)
+        let clientChannel = context.channel
         context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        guard let context, clientChannel.isActive else {
+            // The client left while the 101 was written (the failed write closed it, and its
+            // channelInactive found nothing to close): no tunnel, and the app's side closes.
+            connection.close()
+            return record(exchange, aborted: true)
+        }
         let tunnel = exchange.tunnel
         exchange.tunnel = nil
         record(exchange, aborted: false)

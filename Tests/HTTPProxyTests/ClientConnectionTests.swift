@@ -16,6 +16,8 @@ final class EmbeddedConnector: UpstreamConnector {
     private(set) var idle: [UpstreamConnection] = []
     /// With `manual`, `connect` waits for the test (`pending`).
     var manual = false
+    /// The first connection opened closes itself on the flush after this many (nil: never).
+    var closeOnFlush: Int? = nil
     private(set) var pending: [EventLoopPromise<NIOLoopBound<UpstreamConnection>>] = []
 
     init(loop: EmbeddedEventLoop) { self.loop = loop }
@@ -40,6 +42,12 @@ final class EmbeddedConnector: UpstreamConnector {
     func open() -> NIOLoopBound<UpstreamConnection> {
         let channel = EmbeddedChannel(loop: loop)
         let connection = UpstreamConnection(address: UpstreamAddress(host: "127.0.0.1", port: 1))
+        if opened.isEmpty, let after = closeOnFlush {
+            let closer = CloseOnFlush()
+            closer.armed = true
+            closer.after = after
+            try! channel.pipeline.syncOperations.addHandler(closer)
+        }
         try! channel.pipeline.syncOperations.addHandler(connection)
         try! channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         opened.append(channel)
@@ -101,7 +109,9 @@ struct ClientConnectionTests {
     static let timeouts = ProxyConfiguration.Timeouts(upstreamConnect: .seconds(1), upstreamResponse: .seconds(5), idle: .seconds(30),
                                                       requestBody: .seconds(10))
 
-    func makeFixture(_ requestGuard: any RequestGuard = ScriptedGuard { _, _ in .verdict(.forward) }) throws -> Fixture {
+    /// `outbound`: a handler between the proxy and the client's socket.
+    func makeFixture(_ requestGuard: any RequestGuard = ScriptedGuard { _, _ in .verdict(.forward) },
+                     outbound: (any ChannelOutboundHandler & Sendable)? = nil) throws -> Fixture {
         let client = EmbeddedChannel()
         let routes = [ProxyRoute(name: "r", upstream: UpstreamAddress(host: "127.0.0.1", port: 1), requestGuard: requestGuard)]
         let snapshot = RoutingSnapshot(routes: routes, identityHeaders: ["X-Auth-User"], trustedProxies: [])
@@ -111,6 +121,7 @@ struct ClientConnectionTests {
         let connector = EmbeddedConnector(loop: client.embeddedEventLoop)
         // Connected first, as a server's child channel is when its handlers are added.
         try client.connect(to: SocketAddress(ipAddress: "192.0.2.7", port: 4000)).wait()
+        if let outbound { try client.pipeline.syncOperations.addHandler(outbound) }
         try client.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, connector: connector))
         return Fixture(client: client, connector: connector, observer: observer)
     }
@@ -277,4 +288,102 @@ struct ClientConnectionTests {
         #expect(try f.clientOutput().hasPrefix("HTTP/1.1 408 Request Timeout\r\n"))
         #expect(!f.connector.opened[0].isActive)
     }
+}
+
+/// Closes its channel on a flush, once armed (a client that resets while a response is written:
+/// NIO fails the write and closes inside the flush).
+final class CloseOnFlush: ChannelOutboundHandler, @unchecked Sendable {
+    typealias OutboundIn = ByteBuffer
+    var armed = false
+    /// Flushes let through before closing.
+    var after = 0
+    func flush(context: ChannelHandlerContext) {
+        guard armed else { return context.flush() }
+        if after > 0 {
+            after -= 1
+            return context.flush()
+        }
+        armed = false
+        context.close(promise: nil)
+    }
+}
+
+final class LeaseCount: @unchecked Sendable {
+    var ended = 0
+}
+
+/// What re-entrancy through a failing flush does (found in review): NIO closes a channel inside
+/// the flush whose write failed, so the handler's callbacks run inside its own actions.
+@Suite("Client connection: re-entrancy and stalls")
+struct ClientConnectionReentrancyTests {
+    @Test("the client leaves while the app's 101 is written: the app's connection closes, the exchange is aborted, the lease ends once")
+    func clientGoneDuringUpgrade() throws {
+        let leases = LeaseCount()
+        let closer = CloseOnFlush()
+        let f = try ClientConnectionTests().makeFixture(ScriptedGuard { _, _ in
+            .verdict(.forward(addHeaders: [], tunnel: TunnelLease { _ in leases.ended += 1 }))
+        }, outbound: closer)
+        try f.send("GET /ws HTTP/1.1\r\nHost: app\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        #expect(try f.upstreamOutput(0).hasPrefix("GET /ws "))
+        closer.armed = true
+        try f.answer(0, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        f.loop.run()
+        #expect(!f.client.isActive)
+        #expect(!f.connector.opened[0].isActive, "the app's side of a tunnel that never was must close")
+        #expect(f.observer.records.map(\.aborted) == [true])
+        #expect(leases.ended == 1)
+    }
+
+    @Test("a pipelined request behind one whose reused connection fails at its first flush is still served")
+    func pumpAfterFailedFlush() throws {
+        let f = try ClientConnectionTests().makeFixture()
+        f.connector.closeOnFlush = 1  // connection 0: its 2nd flush fails (the app reset it while idle)
+        try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\nPOST /2 HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        f.loop.run()
+        let text = try f.clientOutput()
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n"))
+        #expect(text.contains("HTTP/1.1 502 Bad Gateway\r\n"), "POST /2 has a body: never retried")
+        #expect(f.connector.opened.count == 2)
+        #expect(try f.upstreamOutput(1).hasPrefix("GET /3 "), "the request behind it must not be stranded")
+    }
+
+    @Test("a client that never reads cannot keep a closing connection open: closed after the idle timeout")
+    func closingNeverHangs() throws {
+        let f = try ClientConnectionTests().makeFixture(outbound: StallWrites())
+        try f.send("GET /x HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx")
+        #expect(f.client.isActive, "the last write is still pending")
+        f.loop.advanceTime(by: ClientConnectionTests.timeouts.idle + .seconds(1))
+        #expect(!f.client.isActive)
+    }
+
+    @Test("time the gateway holds the client back is not the body's, even when the body's clock starts while a read is held")
+    func heldReadCountedForPipelinedBody() throws {
+        let box = PromiseBox()
+        let f = try ClientConnectionTests().makeFixture(ScriptedGuard { request, loop in
+            guard request.target.path == "/2" else { return .verdict(.forward) }
+            let promise = loop.makePromise(of: Verdict.self)
+            box.promise = promise
+            return .pending(promise.futureResult)
+        })
+        try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\nPOST /2 HTTP/1.1\r\nHost: app\r\nContent-Length: 10\r\n\r\nabc")
+        f.client.read()  // NIO asks to read while /1 is served: held
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        // /2 waits for its verdict longer than request_body: the gateway's time, not the client's.
+        f.loop.advanceTime(by: ClientConnectionTests.timeouts.requestBody + .seconds(1))
+        #expect(!(try f.clientOutput().contains("408")))
+        box.promise?.succeed(.forward)
+        #expect(f.client.isActive)
+    }
+}
+
+/// Holds every write's promise forever (a client that stopped reading).
+final class StallWrites: ChannelOutboundHandler, @unchecked Sendable {
+    typealias OutboundIn = ByteBuffer
+    var promises: [EventLoopPromise<Void>] = []
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if let promise { promises.append(promise) }
+    }
+    func flush(context: ChannelHandlerContext) {}
 }

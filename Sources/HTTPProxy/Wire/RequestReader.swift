@@ -68,8 +68,12 @@ struct RequestReader {
         throw .tooLarge("more than \(parser.maxHeadBytes) bytes after an upgrade request")
     }
 
-    /// Bytes are held that no part came out of yet (after a complete request: the next one's).
-    var holdsBytes: Bool { buffer.readableBytes > 0 }
+    /// Bytes of a next (pipelined) request are held, unparsed. Not after an upgrade request:
+    /// those bytes are the tunnel's, bounded by `checkHeldBytes`.
+    var holdsUnparsedRequest: Bool {
+        if case .stopped = state { return false }
+        return buffer.readableBytes > 0
+    }
 
     /// The storage the reader keeps (its bound is what `cumulate` promises; tested).
     var bufferCapacity: Int { buffer.capacity }
