@@ -6,7 +6,8 @@
 # say what each change bought (bench/RESULTS.md).
 #
 # Environment: DURATION (default 10s), TOP (symbols listed, default 25), CALLERS=<symbol> (also
-# print who calls it, e.g. CALLERS=swift_retain).
+# print who calls it, e.g. CALLERS=swift_retain), PERF_DATA=<file> (keep the samples, e.g. to
+# compare two builds: perf diff old.data new.data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -22,6 +23,7 @@ perf record -q -e cpu-clock:u -g -p "$SG_PID" -o "$WORK/perf.data" -- sleep "${D
 PERF=$!
 wrk -t2 -c50 -d"$DURATION" "http://127.0.0.1:$SG_PORT/" | grep -E "Requests/sec"
 wait $PERF || true
+[ -n "${PERF_DATA:-}" ] && cp "$WORK/perf.data" "$PERF_DATA"
 [ -n "${CALLERS:-}" ] && perf report -q -i "$WORK/perf.data" --no-children --sort symbol -S "$CALLERS" -g caller,0.5,callee --percent-limit 0.5 2>/dev/null | head -120
 perf report -q -i "$WORK/perf.data" --no-children --sort symbol --percent-limit 0.8 2>/dev/null \
   | grep -E "^ +[0-9]" | head -"$TOP" | sed -E 's/\s+$//' | cut -c1-160

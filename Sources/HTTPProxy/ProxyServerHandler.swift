@@ -215,7 +215,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         switch action {
         case .none:
             break
-        case .admit(let exchange, let request, let route):
+        case .admit(let exchange, let route):
+            guard let request = machine.guardRequest(for: exchange, route: route) else { return }
             switch route.requestGuard.admit(request, on: context.eventLoop) {
             case .verdict(let verdict):
                 run(machine.verdict(.success(verdict), for: exchange, now: now))
@@ -251,15 +252,17 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 }
                 handler.deliver(handler.machine.connected(connection, for: exchange, now: handler.now))
             }
-        case .startForwarding(let connection, let head, let exchange, let body):
+        case .startForwarding(let connection, let exchange, let body):
             connection.owner = self
-            connection.writeHead(head, method: exchange.method, chunked: exchange.requestChunked)
+            if let head = exchange.upstreamHead { connection.writeHead(head, method: exchange.method, chunked: exchange.requestChunked) }
             for part in body { write(part, to: connection) }
             // Inside a read burst, channelReadComplete flushes once for the whole burst; inside
             // a pump, the pump flushes when the parts it hands on are written.
             if !inReadBurst, !pumping { connection.flush() }
-        case .forward(let connection, let part):
-            write(part, to: connection)
+        case .forwardBody(let connection, let bytes):
+            connection.writeBody(bytes)
+        case .forwardEnd(let connection):
+            connection.writeEnd()
         case .write(let bytes):
             context.write(wrapOutboundOut(bytes), promise: nil)
         case .writeBody(let bytes, let chunked):
