@@ -174,10 +174,23 @@ struct ClientConnectionStateMachine {
     /// Whether the client may be read now (`ExchangeRules.shouldReadClient`); `unparsedBytes`:
     /// the reader holds bytes of a request not yet handed in.
     mutating func wantsRead(clientWritable: Bool, unparsedBytes: Bool) -> Bool {
-        let upstreamWritable: Bool
-        if case .forwarding(_, let upstream) = state { upstreamWritable = upstream.isWritable } else { upstreamWritable = false }
-        return ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: current?.requestEnded ?? false,
-                                              pipelinedEmpty: !unparsedBytes, upstreamWritable: upstreamWritable, clientWritable: clientWritable)
+        // One pass over the state (each binding of a payload is a retain).
+        let phase: ExchangeRules.Phase
+        var requestEnded = false
+        var upstreamWritable = false
+        switch state {
+        case .idle: phase = .idle
+        case .closed: phase = .closed
+        case .awaitingVerdict(let x), .answering(let x): phase = .awaitingVerdict; requestEnded = x.requestEnded
+        case .collecting(let x, _): phase = .collecting; requestEnded = x.requestEnded
+        case .connecting(let x): phase = .connecting; requestEnded = x.requestEnded
+        case .forwarding(let x, let upstream):
+            phase = .forwarding
+            requestEnded = x.requestEnded
+            upstreamWritable = upstream.isWritable
+        }
+        return ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: requestEnded, pipelinedEmpty: !unparsedBytes,
+                                              upstreamWritable: upstreamWritable, clientWritable: clientWritable)
     }
 
     /// The body or response deadline, when one is running (the idle deadline is checked lazily).

@@ -211,8 +211,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     // MARK: actions
 
-    private func run(_ action: Machine.Action) {
-        switch action {
+    private func run(_ action: consuming Machine.Action) {
+        // Consumed: the payloads move into the bindings instead of being copied (retained) out.
+        switch consume action {
         case .none:
             break
         case .admit(let exchange, let route):

@@ -34,7 +34,7 @@ struct HeadParser {
     private var scanned = 0
     private var lineStart = 0
     /// The head read so far, line by line (its bytes are set when it is complete).
-    private var pending = WireHead(bytes: ByteBuffer(), version: .http1_1, fieldsStart: 0, fields: [])
+    private var pending = HeadParser.blank()
     private var sawStartLine = false
 
     init(kind: Kind, maxHeadBytes: Int = 16 * 1024, maxFields: Int = 100) {
@@ -48,9 +48,14 @@ struct HeadParser {
     mutating func parse(_ buffer: inout ByteBuffer) throws(WireError) -> WireHead? {
         let result: Result<Int?, WireError> = buffer.withUnsafeReadableBytes { raw in readLines(raw) }
         guard let end = try result.get() else { return nil }
-        var head = pending
+        // Moved out, not copied (a copy retained and released what the head holds: ~2 % of a
+        // proxied request).
+        var head = Self.blank()
+        swap(&head, &pending)
         head.bytes = buffer.readSlice(length: end)!
-        reset()
+        scanned = 0
+        lineStart = 0
+        sawStartLine = false
         return head
     }
 
@@ -59,7 +64,15 @@ struct HeadParser {
         scanned = 0
         lineStart = 0
         sawStartLine = false
-        pending = WireHead(bytes: ByteBuffer(), version: .http1_1, fieldsStart: 0, fields: [])
+        pending = Self.blank()
+    }
+
+    /// A head to fill, with room for the fields of most heads (growing the list one append at a
+    /// time was four allocations a head).
+    private static func blank() -> WireHead {
+        var fields: [WireField] = []
+        fields.reserveCapacity(16)
+        return WireHead(bytes: ByteBuffer(), version: .http1_1, fieldsStart: 0, fields: fields)
     }
 
     /// Reads the lines that have arrived: the head's length once its empty line has.

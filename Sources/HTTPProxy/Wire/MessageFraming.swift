@@ -6,7 +6,7 @@ import NIOHTTP1
 /// HTTP/1.1, never both. Neither may end in HTAB: RFC 9110 trims it, but llhttp refuses it, and
 /// a backend reading `chunked\t` as an unknown coding would frame the body differently.
 enum MessageFraming {
-    static func request(_ head: WireHead) throws(WireError) -> BodyDecoder.Framing {
+    static func request(_ head: borrowing WireHead) throws(WireError) -> BodyDecoder.Framing {
         let fields = try FramingFields(head)
         if fields.encodings > 0, !fields.chunked { throw .malformed("unsupported Transfer-Encoding") }
         if fields.lengths > 1 { throw .malformed("duplicate Content-Length") }
@@ -27,7 +27,7 @@ enum MessageFraming {
         /// Every `Transfer-Encoding` is exactly `chunked` (and there is at least one).
         var chunked = false
 
-        init(_ head: WireHead) throws(WireError) {
+        init(_ head: borrowing WireHead) throws(WireError) {
             var allChunked = true
             for field in head.fields {
                 if head.nameIs(field, "content-length") {
@@ -80,7 +80,7 @@ extension MessageFraming {
     /// until the connection closes.
     /// The framing fields are checked even where no body follows (HEAD, 1xx, 204, 304), as llhttp
     /// does: a response that lies about its length is not relayed.
-    static func response(_ head: WireHead, requestMethod: HTTPMethod) throws(WireError) -> BodyDecoder.Framing {
+    static func response(_ head: borrowing WireHead, requestMethod: HTTPMethod) throws(WireError) -> BodyDecoder.Framing {
         let bodyless = requestMethod == .HEAD || (100..<200).contains(head.status) || head.status == 204 || head.status == 304
         let fields = try FramingFields(head)
         if fields.lengths > 1 { throw .malformed("duplicate Content-Length") }
