@@ -16,6 +16,11 @@ import NIOHTTP1
 /// Pipelining needs no queue: the handler hands in parsed parts only while `acceptsParts`, so a
 /// pipelined request stays unparsed in the `RequestReader` until the one before it is answered
 /// (and junk behind a complete request is only found, and answered 400, in its turn).
+///
+/// Its parts are in three files: this one (states, actions, the answers that come back, timers,
+/// responses the gateway makes), `+Request` (a request's head and body) and `+Upstream` (the
+/// app's response). Members are internal so that the three can share them; only
+/// `ProxyServerHandler` uses the machine, through its events.
 struct ClientConnectionStateMachine {
     typealias Part = RequestReader.Part
 
@@ -92,33 +97,33 @@ struct ClientConnectionStateMachine {
         case drop(ExchangeContext)
     }
 
-    private let shared: ProxyShared
-    private var peerAddress: IPAddress? = nil
-    private var remoteAddress: SocketAddress? = nil
+    let shared: ProxyShared
+    var peerAddress: IPAddress? = nil
+    var remoteAddress: SocketAddress? = nil
     /// The client's address as `X-Forwarded-For` and the access log write it.
-    private(set) var peerString = "-"
-    private let allocator = ByteBufferAllocator()
-    private(set) var state: State = .idle
+    var peerString = "-"
+    let allocator = ByteBufferAllocator()
+    var state: State = .idle
     /// Body parts received while the verdict or the upstream connection is pending.
-    private var buffered = CircularBuffer<Part>()
-    private var quiescing = false
-    private var inputClosed = false
+    var buffered = CircularBuffer<Part>()
+    var quiescing = false
+    var inputClosed = false
     /// The last exchange, reused for the next when nothing else holds it (`newExchange`).
-    private var spare: ExchangeContext? = nil
-    private var idSeed: UInt64
+    var spare: ExchangeContext? = nil
+    var requestIDs: RequestIDs
 
     // Deadlines (one timer in the handler serves them all).
-    private var lastActivity: NIODeadline
-    private var responseDeadline: NIODeadline? = nil
+    var lastActivity: NIODeadline
+    var responseDeadline: NIODeadline? = nil
     /// While a request body is arriving: when its head came (`ExchangeRules.bodyDeadline`), and
     /// how long the gateway held the client back meanwhile (not the client's time).
-    private var bodyStart: NIODeadline? = nil
-    private var bodyHeld: TimeAmount = .zero
-    private var heldSince: NIODeadline? = nil
+    var bodyStart: NIODeadline? = nil
+    var bodyHeld: TimeAmount = .zero
+    var heldSince: NIODeadline? = nil
 
     init(shared: ProxyShared, seed: UInt64) {
         self.shared = shared
-        self.idSeed = seed | 1
+        self.requestIDs = RequestIDs(seed: seed)
         self.lastActivity = .now()
     }
 
@@ -333,21 +338,8 @@ struct ClientConnectionStateMachine {
             x.user = user
             x.forwarded = true
             x.inbound = nil
-            var head = UpstreamRequestHead(method: x.method, target: route.upstreamTarget(target), removing: removeHeaders.map { $0.lowercased() },
-                                           replacesHost: route.upstreamHost != nil)
-            head.adding.reserveCapacity(5 + addHeaders.count)
-            head.adding.append(("X-Forwarded-For", inbound.forwardedFor.map { "\($0), \(peerString)" } ?? peerString))
-            head.adding.append(("X-Forwarded-Proto", inbound.forwardedProto ?? shared.scheme))
-            if let host = inbound.host?.authority { head.adding.append(("X-Forwarded-Host", host)) }
-            if let host = route.upstreamHost {
-                head.adding.append(("Host", host))
-            } else if inbound.host == nil {
-                head.adding.append(("Host", route.upstream.description))
-            }
-            head.adding.append(("X-Request-Id", x.requestID))
-            for (name, value) in addHeaders where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
-                head.adding.append((name, value))
-            }
+            let head = UpstreamRequestHead.forwarding(inbound, method: x.method, target: target, route: route, requestID: x.requestID,
+                                                      client: peerString, scheme: shared.scheme, adding: addHeaders, removing: removeHeaders)
             var bytes = allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
             head.write(inbound, into: &bytes)
             x.upstreamHead = bytes
@@ -391,102 +383,6 @@ struct ClientConnectionStateMachine {
         }
     }
 
-    // MARK: upstream events
-
-    /// The upstream delivered bytes (once per read burst: it counts as progress).
-    mutating func upstreamActivity(now: NIODeadline) { lastActivity = now }
-
-    mutating func upstreamPart(_ part: ResponseReader.Part, now: @autoclosure () -> NIODeadline) -> Action {
-        guard case .forwarding(let x, let upstream) = state else { return .none }
-        switch part {
-        case .head(let head):
-            return responseHead(head, x, upstream, now: now())
-        case .body(let bytes):
-            x.bytesSent += bytes.readableBytes
-            if x.framing == .noBody { return .none }
-            return .writeBody(bytes, chunked: x.framing == .chunked)
-        case .end:
-            // Response trailers are not relayed.
-            responseDeadline = nil
-            buffered.removeAll()
-            let after = afterResponse(x)
-            state = after == .close ? .closed : .idle
-            return .finish(x, lastChunk: x.framing == .chunked, upstream: upstream,
-                           reuse: x.requestEnded && x.upstreamKeepAlive && !x.isWebSocket, after: after)
-        }
-    }
-
-    private mutating func responseHead(_ wire: WireHead, _ x: ExchangeContext, _ upstream: UpstreamConnection, now: NIODeadline) -> Action {
-        let status = wire.status
-        if let start = x.upstreamStart, x.upstreamNanoseconds == nil, status >= 200 || status == 101 {
-            x.upstreamNanoseconds = Int64(now.uptimeNanoseconds - start.uptimeNanoseconds)
-        }
-        if status == 101 {
-            if x.isWebSocket, !x.responseStarted {
-                x.status = 101
-                x.responseStarted = true
-                state = .closed
-                return .upgrade(x, upstream, ResponseHead(wire))
-            }
-            return respond(.error(.badGateway, "upstream switched protocols unasked"), x, failure: .closedBeforeResponse)
-        }
-        guard ExchangeRules.relaysStatus(status) else {
-            return respond(.error(.badGateway, "upstream answered with an invalid status"), x, failure: .invalidResponse)
-        }
-        if status < 200 {
-            // Interim (100 Continue, 103): the status line alone, to HTTP/1.1 clients.
-            guard x.clientVersion.minor >= 1 else { return .none }
-            var buffer = allocator.buffer(capacity: 64)
-            HTTPWire.writeStatusLine(HTTPResponseStatus(statusCode: status), into: &buffer)
-            buffer.writeStaticString("\r\n")
-            return .write(buffer)
-        }
-        let head = ResponseHead(wire)
-        responseDeadline = nil
-        x.responseStarted = true
-        x.status = status
-        x.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: wire.version, connectionTokens: head.connectionTokens)
-        x.framing = ExchangeRules.responseFraming(requestMethod: x.method, status: status, hasContentLength: head.hasContentLength,
-                                                  clientVersion: x.clientVersion)
-        if x.framing == .untilClose || quiescing || inputClosed { x.keepAlive = false }
-        var buffer = allocator.buffer(capacity: wire.bytes.readableBytes + 96)
-        head.write(rules: x.snapshot?.rules,
-                   .init(requestID: x.requestID, chunked: x.framing == .chunked, keepAlive: x.keepAlive, clientVersion: x.clientVersion),
-                   into: &buffer)
-        return .write(buffer)
-    }
-
-    /// The upstream connection closed (`error`: it sent what is not a response, or failed).
-    mutating func upstreamClosed(_ error: (any Error)?) -> Action {
-        guard case .forwarding(let x, let connection) = state else { return .none }
-        if let invalid = error as? WireError {
-            // Bytes that are not a response (framing two hops could read differently, a bad
-            // status line, a truncated chunk): never relayed.
-            guard x.responseStarted else {
-                return respond(.error(.badGateway, "upstream response refused: \(invalid)"), x, upstream: nil, failure: .invalidResponse)
-            }
-            state = .closed
-            return .abort(x, upstream: nil, failure: .invalidResponse)
-        }
-        if !x.responseStarted {
-            if ExchangeRules.mayRetry(method: x.method, connectionWasReused: connection.reused, requestHasBody: x.requestHasBody,
-                                      requestEnded: x.requestEnded, alreadyRetried: x.retried), let route = x.route {
-                // The pooled connection was closed by the upstream before answering: the request
-                // never reached it. Retry once on a fresh connection (RFC 9110 §9.2.2).
-                x.retried = true
-                buffered.removeAll()
-                buffered.append(.end(nil))
-                responseDeadline = nil
-                state = .connecting(x)
-                return .connect(x, route.upstream, pooled: false)
-            }
-            return respond(.error(.badGateway, "upstream closed the connection before responding"), x, upstream: nil, failure: .closedBeforeResponse)
-        }
-        // Mid-response: never let a truncated response look complete.
-        state = .closed
-        return .abort(x, upstream: nil, failure: .resetDuringResponse)
-    }
-
     // MARK: timers
 
     mutating func timerFired(now: NIODeadline) -> Action {
@@ -521,123 +417,11 @@ struct ClientConnectionStateMachine {
         return max(next, now + .milliseconds(1))
     }
 
-    // MARK: the steps
-
-    private mutating func startExchange(_ head: WireHead, now: NIODeadline) -> Action {
-        bodyStart = nil
-        buffered.removeAll(keepingCapacity: true)
-        let x = newExchange(method: head.method, clientVersion: head.version, start: now, path: head.target)
-        state = .awaitingVerdict(x)
-        // The wire engine reads HTTP/1.0 and HTTP/1.1 only, heads within server.limits.
-        if head.method == .CONNECT {
-            // A tunnel to wherever the client names is not what a gateway in front of an app
-            // offers (nginx answers 405 too); the reader parsed nothing behind it.
-            return respond(Self.methodNotAllowed("CONNECT is not proxied"), x)
-        }
-        let snapshot = shared.snapshot
-        let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
-        let inbound: InboundRequest
-        switch snapshot.rules.inspect(head, peerTrusted: trusted) {
-        case .success(let value): inbound = value
-        case .failure(.badRequest(let reason)): return respond(.error(.badRequest, reason, close: true), x)
-        case .failure(.expectationFailed): return respond(.error(.expectationFailed, "only Expect: 100-continue is supported", close: true), x)
-        }
-        x.requestHasBody = inbound.framing != .none
-        x.requestChunked = inbound.framing == .chunked
-        x.keepAlive = inbound.keepAlive && !quiescing && !inputClosed && !inbound.isWebSocketUpgrade
-        x.isWebSocket = inbound.isWebSocketUpgrade
-        if let id = inbound.requestID { x.requestID = id }
-        if shared.observer.wantsRequestDetails { x.userAgent = head.firstValue(named: "user-agent") }
-        if inbound.upgrade == nil, head.fields.contains(where: { head.nameIs($0, "upgrade") }) {
-            // e.g. h2c: served as plain HTTP/1.1 without the upgrade, then closed (the
-            // reader stops parsing after an upgrade request).
-            x.keepAlive = false
-        }
-        let target: RequestTarget
-        switch RequestTarget.parse(head.target, host: inbound.host) {
-        case .success(let t): target = t
-        case .failure(let rejection): return respond(.error(.badRequest, rejection.rawValue, close: true), x)
-        }
-        x.path = target.path
-        guard let route = snapshot.table.match(host: inbound.host, path: target.path) else {
-            return respond(.error(.notFound, "no route for this host and path"), x)
-        }
-        if head.method == .TRACE, !route.allowTrace {
-            var response = Self.methodNotAllowed("TRACE is not forwarded on this route")
-            response.close = false
-            return respond(response, x)
-        }
-        if inbound.isWebSocketUpgrade, !snapshot.origins.admits(origin: head.firstValue(named: "origin"), host: inbound.host) {
-            return respond(.error(.forbidden, "cross-origin WebSocket handshake refused", close: true), x)
-        }
-        x.maxBodyBytes = route.maxBodyBytes
-        if route.maxBodyBytes > 0, case .contentLength(let length) = inbound.framing, length > route.maxBodyBytes {
-            return respond(.error(.payloadTooLarge, "request body larger than \(route.maxBodyBytes) bytes", close: true), x)
-        }
-        if x.requestHasBody {
-            bodyStart = now
-            bodyHeld = .zero
-            heldSince = nil
-        }
-        x.route = route
-        x.inbound = inbound
-        x.target = target
-        x.snapshot = snapshot
-        return .admit(x, route)
-    }
-
-    /// A context for a new request: the last one if only this machine still holds it (then no
-    /// answer for it can come back, so reusing its identity is safe), otherwise a new one.
-    private mutating func newExchange(method: HTTPMethod, clientVersion: HTTPVersion, start: NIODeadline, path: String) -> ExchangeContext {
-        let requestID = nextRequestID()
-        if isKnownUniquelyReferenced(&spare), let x = spare {
-            x.reset(method: method, clientVersion: clientVersion, start: start, path: path, requestID: requestID)
-            return x
-        }
-        let x = ExchangeContext(method: method, clientVersion: clientVersion, start: start, path: path, requestID: requestID)
-        spare = x
-        return x
-    }
-
-    /// Counts a body part against the route's bound; the failure to run when it is exceeded.
-    private mutating func count(_ part: Part, _ x: ExchangeContext) -> Action? {
-        switch part {
-        case .end:
-            x.requestEnded = true
-            bodyStart = nil
-        case .body(let bytes):
-            x.bodyBytes += bytes.readableBytes
-            if x.maxBodyBytes > 0, x.bodyBytes > x.maxBodyBytes {
-                return requestFailed(.payloadTooLarge, "request body larger than \(x.maxBodyBytes) bytes")
-            }
-        case .head:
-            break
-        }
-        return nil
-    }
-
-    /// A body part for one of the gateway's own endpoints (the state is `.collecting(x, _)`).
-    private mutating func collect(_ part: Part, _ x: ExchangeContext, _ collector: inout Collector) -> Action {
-        // The state lets go of its copy first, so that the body grows in place.
-        state = .answering(x)
-        switch part {
-        case .head:
-            break
-        case .body(var bytes):
-            guard collector.body.readableBytes + bytes.readableBytes <= collector.maxBytes else {
-                return respond(.error(.payloadTooLarge, "request body larger than \(collector.maxBytes) bytes", close: true), x)
-            }
-            collector.body.writeBuffer(&bytes)
-        case .end:
-            return .answer(x, collector.body, respond: collector.respond)
-        }
-        state = .collecting(x, collector)
-        return .none
-    }
+    // MARK: responses the gateway makes
 
     /// The request failed while its body was arriving (too large, too slow): answered with
     /// `status` and closed if no response byte went out yet; otherwise the connection is aborted.
-    private mutating func requestFailed(_ status: HTTPResponseStatus, _ reason: String) -> Action {
+    mutating func requestFailed(_ status: HTTPResponseStatus, _ reason: String) -> Action {
         bodyStart = nil
         guard let x = current else { return .none }
         if x.responseStarted { return abort(failure: nil) }
@@ -645,13 +429,13 @@ struct ClientConnectionStateMachine {
     }
 
     /// A response the gateway makes for `x`; the upstream connection in the state, if any, is let go.
-    private mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, failure: UpstreamErrorKind? = nil) -> Action {
+    mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, failure: UpstreamErrorKind? = nil) -> Action {
         var upstream: UpstreamConnection? = nil
         if case .forwarding(_, let connection) = state { upstream = connection }
         return respond(response, x, upstream: upstream, failure: failure)
     }
 
-    private mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
+    mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
         // A body not read to its end leaves the connection's framing in doubt.
         let drained = x.requestEnded || !x.requestHasBody
         x.keepAlive = !response.close && keepsAlive(x, requestComplete: drained)
@@ -668,15 +452,15 @@ struct ClientConnectionStateMachine {
         return .respond(bytes, x, upstream: upstream, failure: failure, after: after)
     }
 
-    private func afterResponse(_ x: ExchangeContext) -> After {
+    func afterResponse(_ x: ExchangeContext) -> After {
         keepsAlive(x, requestComplete: x.requestEnded) ? .nextRequest : .close
     }
 
-    private func keepsAlive(_ x: ExchangeContext, requestComplete: Bool) -> Bool {
+    func keepsAlive(_ x: ExchangeContext, requestComplete: Bool) -> Bool {
         ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing, inputClosed: inputClosed)
     }
 
-    private mutating func abort(failure: UpstreamErrorKind?) -> Action {
+    mutating func abort(failure: UpstreamErrorKind?) -> Action {
         var upstream: UpstreamConnection? = nil
         if case .forwarding(_, let connection) = state { upstream = connection }
         let x = current
@@ -684,45 +468,22 @@ struct ClientConnectionStateMachine {
         return .abort(x, upstream: upstream, failure: failure)
     }
 
-    private mutating func closeNow() -> Action {
+    mutating func closeNow() -> Action {
         var upstream: UpstreamConnection? = nil
         if case .forwarding(_, let connection) = state { upstream = connection }
         state = .closed
         return .close(upstream: upstream)
     }
 
-    private mutating func startResponseDeadline(now: NIODeadline) {
+    mutating func startResponseDeadline(now: NIODeadline) {
         responseDeadline = now + shared.timeouts.upstreamResponse
     }
 
     /// nil while no body is arriving, or while the gateway holds the client back.
-    private var currentBodyDeadline: NIODeadline? {
+    var currentBodyDeadline: NIODeadline? {
         guard let start = bodyStart, heldSince == nil, let x = current, !x.requestEnded else { return nil }
         return ExchangeRules.bodyDeadline(start: start, allowance: shared.timeouts.requestBody, held: bodyHeld, bytesReceived: x.bodyBytes)
     }
 
-    /// 405 with `Allow` (RFC 9110 §15.5.6), closing the connection.
-    private static func methodNotAllowed(_ reason: String) -> LocalResponse {
-        var response = LocalResponse.error(.methodNotAllowed, reason, close: true)
-        response.headers.append(("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"))
-        return response
-    }
-
-    private mutating func nextRequestID() -> String {
-        // xorshift64*: unique enough to correlate log lines; seeded per connection.
-        idSeed ^= idSeed >> 12
-        idSeed ^= idSeed << 25
-        idSeed ^= idSeed >> 27
-        var value = idSeed &* 2_685_821_657_736_338_717
-        // 16 lower-case hex digits, written in place (String(_:radix:) and padding cost ~3 % of
-        // a proxied request).
-        return String(unsafeUninitializedCapacity: 16) { out in
-            for i in stride(from: 15, through: 0, by: -1) {
-                let digit = UInt8(truncatingIfNeeded: value & 0xF)
-                out[i] = digit < 10 ? 0x30 + digit : 0x57 + digit
-                value >>= 4
-            }
-            return 16
-        }
-    }
+    mutating func nextRequestID() -> String { requestIDs.next() }
 }

@@ -16,6 +16,30 @@ struct UpstreamRequestHead {
     /// Fields the proxy adds after the client's (forwarding headers, the request id, identity).
     var adding: [(String, String)] = []
 
+    /// The head of a request the guard admitted with `.forward`: the route's target, the guard's
+    /// removals, then the forwarding fields (`X-Forwarded-*` extended with `client`, `Host` when
+    /// the route sets one or the client sent none), the request id and the guard's fields (any
+    /// with a control character left out).
+    static func forwarding(_ inbound: InboundRequest, method: HTTPMethod, target: RequestTarget, route: ProxyRoute, requestID: String,
+                           client: String, scheme: String, adding extra: [(String, String)], removing: [String]) -> UpstreamRequestHead {
+        var head = UpstreamRequestHead(method: method, target: route.upstreamTarget(target), removing: removing.map { $0.lowercased() },
+                                       replacesHost: route.upstreamHost != nil)
+        head.adding.reserveCapacity(5 + extra.count)
+        head.adding.append(("X-Forwarded-For", inbound.forwardedFor.map { "\($0), \(client)" } ?? client))
+        head.adding.append(("X-Forwarded-Proto", inbound.forwardedProto ?? scheme))
+        if let host = inbound.host?.authority { head.adding.append(("X-Forwarded-Host", host)) }
+        if let host = route.upstreamHost {
+            head.adding.append(("Host", host))
+        } else if inbound.host == nil {
+            head.adding.append(("Host", route.upstream.description))
+        }
+        head.adding.append(("X-Request-Id", requestID))
+        for (name, value) in extra where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
+            head.adding.append((name, value))
+        }
+        return head
+    }
+
     func write(_ inbound: InboundRequest, into buffer: inout ByteBuffer) {
         buffer.writeString(method.rawValue)
         buffer.writeStaticString(" ")
