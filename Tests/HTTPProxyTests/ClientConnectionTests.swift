@@ -97,6 +97,15 @@ struct ClientConnectionTests {
             try connector.opened[index].writeInbound(ByteBuffer(string: text))
         }
 
+        /// One exchange on connection 0, which goes back to the pool (its output read).
+        func poolOneConnection() throws {
+            try send("GET /one HTTP/1.1\r\nHost: app\r\n\r\n")
+            try answer(0, "HTTP/1.1 204 No Content\r\n\r\n")
+            _ = try clientOutput()
+            _ = try upstreamOutput(0)
+            #expect(connector.idle.count == 1)
+        }
+
         static func drain(_ channel: EmbeddedChannel) throws -> String {
             var text = ""
             while var buffer = try channel.readOutbound(as: ByteBuffer.self) {
@@ -194,10 +203,7 @@ struct ClientConnectionTests {
     @Test("a pooled connection the app closed before answering: the request is sent once more, on a fresh connection")
     func retryOnce() throws {
         let f = try makeFixture()
-        try f.send("GET /one HTTP/1.1\r\nHost: app\r\n\r\n")
-        try f.answer(0, "HTTP/1.1 204 No Content\r\n\r\n")
-        _ = try f.clientOutput()
-        _ = try f.upstreamOutput(0)
+        try f.poolOneConnection()
         try f.send("GET /two HTTP/1.1\r\nHost: app\r\n\r\n")
         #expect(try f.upstreamOutput(0).hasPrefix("GET /two "))
         try f.connector.opened[0].close().wait()
@@ -218,10 +224,7 @@ struct ClientConnectionTests {
     @Test("a request with a body is never retried: 502")
     func noRetryWithBody() throws {
         let f = try makeFixture()
-        try f.send("GET /one HTTP/1.1\r\nHost: app\r\n\r\n")
-        try f.answer(0, "HTTP/1.1 204 No Content\r\n\r\n")
-        _ = try f.clientOutput()
-        _ = try f.upstreamOutput(0)
+        try f.poolOneConnection()
         try f.send("PUT /two HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\n\r\nabc")
         #expect(try f.upstreamOutput(0).hasSuffix("\r\n\r\nabc"))
         try f.connector.opened[0].close().wait()
@@ -282,11 +285,7 @@ struct ClientConnectionTests {
     @Test("a body sent while the verdict is pending goes upstream after the head, in order")
     func bufferedBody() throws {
         let box = PromiseBox()
-        let f = try makeFixture(ScriptedGuard { _, loop in
-            let promise = loop.makePromise(of: Verdict.self)
-            box.promise = promise
-            return .pending(promise.futureResult)
-        })
+        let f = try makeFixture(ScriptedGuard.later(box))
         try f.send("POST /up HTTP/1.1\r\nHost: app\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
         try f.send("2\r\nde\r\n0\r\n\r\n")
         #expect(f.connector.opened.isEmpty)
@@ -299,11 +298,7 @@ struct ClientConnectionTests {
     @Test("the verdict never comes: 503 after the idle timeout, and a late verdict is discarded")
     func verdictTimeout() throws {
         let box = PromiseBox()
-        let f = try makeFixture(ScriptedGuard { _, loop in
-            let promise = loop.makePromise(of: Verdict.self)
-            box.promise = promise
-            return .pending(promise.futureResult)
-        })
+        let f = try makeFixture(ScriptedGuard.later(box))
         try f.send("GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
         f.loop.advanceTime(by: Self.timeouts.idle + .milliseconds(1))
         #expect(try f.clientOutput().hasPrefix("HTTP/1.1 503 Service Unavailable\r\n"))
@@ -393,12 +388,7 @@ struct ClientConnectionReentrancyTests {
     @Test("time the gateway holds the client back is not the body's, even when the body's clock starts while a read is held")
     func heldReadCountedForPipelinedBody() throws {
         let box = PromiseBox()
-        let f = try ClientConnectionTests().makeFixture(ScriptedGuard { request, loop in
-            guard request.target.path == "/2" else { return .verdict(.forward) }
-            let promise = loop.makePromise(of: Verdict.self)
-            box.promise = promise
-            return .pending(promise.futureResult)
-        })
+        let f = try ClientConnectionTests().makeFixture(ScriptedGuard.later(box) { $0.target.path == "/2" })
         try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\nPOST /2 HTTP/1.1\r\nHost: app\r\nContent-Length: 10\r\n\r\nabc")
         f.client.read()  // NIO asks to read while /1 is served: held
         try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")

@@ -10,6 +10,17 @@ import Testing
 struct ScriptedGuard: RequestGuard {
     let decide: @Sendable (GuardRequest, any EventLoop) -> GuardDecision
     func admit(_ request: GuardRequest, on eventLoop: any EventLoop) -> GuardDecision { decide(request, eventLoop) }
+
+    /// A verdict that comes later, for the requests `when` picks (the others are forwarded at
+    /// once): the test completes `box.promise`.
+    static func later(_ box: PromiseBox, when: @escaping @Sendable (GuardRequest) -> Bool = { _ in true }) -> ScriptedGuard {
+        ScriptedGuard { request, loop in
+            guard when(request) else { return .verdict(.forward) }
+            let promise = loop.makePromise(of: Verdict.self)
+            box.promise = promise
+            return .pending(promise.futureResult)
+        }
+    }
 }
 
 /// Counts `read()` calls that reach the head of the pipeline (i.e. that the proxy let through).
@@ -65,11 +76,7 @@ struct ProxyServerHandlerTests {
     @Test("a verdict that comes later: nothing is read or written until it arrives")
     func deferredVerdict() throws {
         let promiseBox = PromiseBox()
-        let f = try makeChannel(ScriptedGuard { _, loop in
-            let promise = loop.makePromise(of: Verdict.self)
-            promiseBox.promise = promise
-            return .pending(promise.futureResult)
-        })
+        let f = try makeChannel(ScriptedGuard.later(promiseBox))
         try f.channel.writeInbound(ByteBuffer(string: "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"))
         let readsBefore = f.reads.reads
         f.channel.read()
