@@ -47,6 +47,19 @@ public enum HeaderName {
         name.utf8.count == normalizedLower.utf8.count && hasNormalizedPrefix(name, normalizedLower)
     }
 
+    /// `equalsNormalized` for a name's bytes (a `String`'s UTF-8, or a field in a received head).
+    @inline(__always)
+    static func equalsNormalized<Name: Collection<UInt8>>(bytes name: Name, _ normalizedLower: StaticString) -> Bool {
+        guard name.count == normalizedLower.utf8CodeUnitCount else { return false }
+        var i = 0
+        for b in name {
+            let folded = b == UInt8(ascii: "_") ? UInt8(ascii: "-") : b | 0x20
+            guard folded == normalizedLower.utf8Start[i] else { return false }
+            i += 1
+        }
+        return true
+    }
+
     /// Whether `needle` occurs in `text`, byte for byte (no Foundation, no allocation).
     static func contains(_ text: String, _ needle: String) -> Bool {
         let t = text.utf8, n = needle.utf8

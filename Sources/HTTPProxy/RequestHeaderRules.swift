@@ -284,12 +284,16 @@ final class RequestHeaderRules: Sendable {
 
     /// RFC 9110 §7.6.1 hop-by-hop fields and the framing and routing fields, compared without
     /// case and with `_` as `-`. Only the `-` spelling is interpreted.
-    static func classify(_ name: String) -> Kind {
+    static func classify(_ name: String) -> Kind { classify(bytes: name.utf8) }
+
+    /// `classify` for a name's bytes: one classifier for request and response fields, whether
+    /// the name is a `String` or a field of a received head (`WireHead.kind(of:)`).
+    static func classify<Name: Collection<UInt8>>(bytes name: Name) -> Kind {
         let kind = classifyFolded(name)
         switch kind {
         case .other: return kind
-        case .forwarding: return name.utf8.contains(UInt8(ascii: "_")) ? .forwarding(.other) : kind
-        default: return name.utf8.contains(UInt8(ascii: "_")) ? .lookalike : kind
+        case .forwarding: return name.contains(UInt8(ascii: "_")) ? .forwarding(.other) : kind
+        default: return name.contains(UInt8(ascii: "_")) ? .lookalike : kind
         }
     }
 
@@ -311,9 +315,9 @@ final class RequestHeaderRules: Sendable {
         return false
     }
 
-    private static func classifyFolded(_ name: String) -> Kind {
-        @inline(__always) func eq(_ literal: String) -> Bool { HeaderName.equalsNormalized(name, literal) }
-        switch name.utf8.count {
+    private static func classifyFolded<Name: Collection<UInt8>>(_ name: Name) -> Kind {
+        @inline(__always) func eq(_ literal: StaticString) -> Bool { HeaderName.equalsNormalized(bytes: name, literal) }
+        switch name.count {
         case 2: if eq("te") { return .hopByHop }
         case 4: if eq("host") { return .host }
         case 6:

@@ -44,11 +44,16 @@ struct ResponseHead {
         let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" }
         let status = head.status
         copyFields(into: &buffer) { field in
-            if Self.isHopByHop(head, field) || head.nameIs(field, "connection") || head.nameIs(field, "upgrade")
-                || head.nameIs(field, "transfer-encoding") { return false }
-            if status == 204, head.nameIs(field, "content-length") { return false }
-            if !named.isEmpty, named.contains(where: { head.nameEquals(field, $0) }), Self.isOrdinary(head, field) { return false }
-            return !withholds(field, rules)
+            let kind = head.kind(of: field)
+            switch kind {
+            case .hopByHop, .connection, .upgrade, .transferEncoding: return false
+            case .contentLength where status == 204: return false
+            case .other where !named.isEmpty && named.contains(where: { head.nameEquals(field, $0) }):
+                // Only ordinary fields: an app answering `Connection: content-length` must not
+                // make the proxy relay a body without its length on a kept-alive connection.
+                return false
+            default: return !withholds(field, rules)
+            }
         }
         if !hasRequestID, let id = additions.requestID { HTTPWire.writeHeader("x-request-id", id, into: &buffer) }
         if additions.chunked { buffer.writeStaticString("transfer-encoding: chunked\r\n") }
@@ -65,8 +70,10 @@ struct ResponseHead {
     func writeUpgrade(rules: RequestHeaderRules?, into buffer: inout ByteBuffer) {
         HTTPWire.writeStatusLine(.switchingProtocols, into: &buffer)
         copyFields(into: &buffer) { field in
-            if Self.isHopByHop(head, field) || head.nameIs(field, "transfer-encoding") || head.nameIs(field, "content-length") { return false }
-            return !withholds(field, rules)
+            switch head.kind(of: field) {
+            case .hopByHop, .transferEncoding, .contentLength: return false
+            default: return !withholds(field, rules)
+            }
         }
         buffer.writeStaticString("\r\n")
     }
@@ -75,28 +82,6 @@ struct ResponseHead {
     private func withholds(_ field: WireField, _ rules: RequestHeaderRules?) -> Bool {
         guard let rules, !rules.hiddenCookies.isEmpty, head.nameIs(field, "set-cookie") else { return false }
         return rules.setsHiddenCookie(head.value(field))
-    }
-
-    /// A field `Connection` may name away: not one the proxy frames or identifies the message
-    /// by (`Content-Length`, `X-Request-Id`, …). An app answering `Connection: content-length`
-    /// must not make the proxy relay a body without its length on a kept-alive connection.
-    private static func isOrdinary(_ head: WireHead, _ field: WireField) -> Bool {
-        if case .other = RequestHeaderRules.classify(head.name(field)) { return true }
-        return false
-    }
-
-    /// RFC 9110 §7.6.1's hop-by-hop fields besides `Connection`, `Upgrade` and the framing
-    /// fields, in their exact spelling (a `_` spelling is another field, relayed).
-    private static func isHopByHop(_ head: WireHead, _ field: WireField) -> Bool {
-        switch field.nameLength {
-        case 2: return head.nameIs(field, "te")
-        case 7: return head.nameIs(field, "trailer")
-        case 10: return head.nameIs(field, "keep-alive")
-        case 16: return head.nameIs(field, "proxy-connection")
-        case 18: return head.nameIs(field, "proxy-authenticate")
-        case 19: return head.nameIs(field, "proxy-authorization")
-        default: return false
-        }
     }
 
     /// Copies the field lines `keep` accepts as they were received, in runs: consecutive kept

@@ -71,6 +71,14 @@ struct WireHead: Sendable {
         }
     }
 
+    /// What the proxy's header rules make of the field's name (`RequestHeaderRules.classify`),
+    /// read from the bytes.
+    func kind(of field: WireField) -> RequestHeaderRules.Kind {
+        bytes.withUnsafeReadableBytes { raw in
+            RequestHeaderRules.classify(bytes: UnsafeRawBufferPointer(rebasing: raw[Int(field.nameStart)..<Int(field.nameStart + field.nameLength)]))
+        }
+    }
+
     /// The value of the first field named `lower` (lower case).
     func firstValue(named lower: String) -> String? {
         fields.first { nameEquals($0, lower) }.map { value($0) }
