@@ -282,6 +282,20 @@ struct ClientConnectionTests {
         #expect(f.observer.failures == [.resetDuringResponse])
     }
 
+    @Test("bytes that are not a response, after the response started: aborted, never relayed as if complete")
+    func invalidMidResponse() throws {
+        let f = try makeFixture()
+        try f.send("GET /chunks HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n")
+        let text = try f.clientOutput()
+        #expect(text.hasPrefix("HTTP/1.1 200 OK\r\n") && text.hasSuffix("3\r\nabc\r\n"), "the good chunk only")
+        #expect(!text.contains("0\r\n\r\n"), "never the last chunk")
+        #expect(!f.client.isActive)
+        #expect(!f.connector.opened[0].isActive)
+        #expect(f.observer.failures == [.invalidResponse])
+        #expect(f.observer.records.map(\.aborted) == [true])
+    }
+
     @Test("a body sent while the verdict is pending goes upstream after the head, in order")
     func bufferedBody() throws {
         let box = PromiseBox()
