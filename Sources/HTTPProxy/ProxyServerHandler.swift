@@ -350,8 +350,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         let channel = context.channel
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         // A client that never reads would keep the last write, and so the connection, pending
-        // forever (the idle timer stops with the machine): closed after the idle timeout.
-        context.eventLoop.scheduleTask(in: shared.timeouts.idle) { channel.close(promise: nil) }
+        // forever (the idle timer stops with the machine): closed after the idle timeout. The
+        // task is cancelled when the channel closes (else every closed connection would stay
+        // in memory for that long).
+        let hardClose = context.eventLoop.scheduleTask(in: shared.timeouts.idle) { channel.close(promise: nil) }
+        channel.closeFuture.whenComplete { _ in hardClose.cancel() }
         context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(capacity: 0))).whenComplete { _ in
             channel.close(mode: .output).whenComplete { result in
                 guard case .success = result else { return channel.close(promise: nil) }
@@ -365,7 +368,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         lingering = true
         timer?.cancel()
         timer = nil
-        context.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
+        let lingerEnd = context.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
+        channel.closeFuture.whenComplete { _ in lingerEnd.cancel() }
         context.read()
     }
 

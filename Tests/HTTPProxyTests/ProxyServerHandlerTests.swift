@@ -134,9 +134,11 @@ struct ProxyServerHandlerTests {
     @Test("a closed connection's handler is freed (it once kept itself alive through its context: ~2 KiB per connection, forever)")
     func freedAfterClose() throws {
         weak var handler: ProxyServerHandler?
+        weak var channel: EmbeddedChannel?
         do {
             let f = try makeChannel(ScriptedGuard { _, _ in .verdict(.respond(.error(.forbidden, "no"))) })
             handler = try f.channel.pipeline.syncOperations.handler(type: ProxyServerHandler.self)
+            channel = f.channel
             #expect(handler != nil)
             try f.channel.writeInbound(ByteBuffer(string: "GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"))
             f.channel.embeddedEventLoop.run()
@@ -145,6 +147,7 @@ struct ProxyServerHandlerTests {
             _ = try? f.channel.finish()
         }
         #expect(handler == nil, "the handler outlived its closed connection")
+        #expect(channel == nil, "a timer of the closed connection (the lingering close's bound) still holds it")
     }
 }
 
