@@ -118,13 +118,15 @@ public final class LocalSessionCache<Value>: Sendable {
     public func get(_ handle: SessionHandle) -> Value? {
         let stripe = stripe(handle)
         return stripe.lock.withLock {
-            guard let i = stripe.index[handle], let slot = stripe.slots[i] else { return nil }
-            if slot.expires <= .now() {
+            // The slot is read in place: binding it copied the whole entry (every reference in
+            // the session and its user retained, then released) before the value was copied out.
+            guard let i = stripe.index[handle], stripe.slots[i] != nil else { return nil }
+            if stripe.slots[i]!.expires <= .now() {
                 stripe.remove(at: i)
                 return nil
             }
-            if !slot.referenced { stripe.slots[i]!.referenced = true }
-            return slot.value
+            if !stripe.slots[i]!.referenced { stripe.slots[i]!.referenced = true }
+            return stripe.slots[i]!.value
         }
     }
 
