@@ -83,12 +83,12 @@ public final class RedisSessionStore: SessionStore {
         if scriptsRefused.withLockedValue({ $0 }) { return loadInTwo(handle, on: loop) }
         return redis.send(["EVAL", .string(Self.loadScript), "1", .string(sessionKey(handle)), .string(prefix)], on: loop).flatMap { reply in
             guard let parts = reply.arrayValue else { return loop.makeFailedFuture(SessionStoreError("unexpected reply to the session script")) }
-            guard let first = parts.first, let fields = Self.hash(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
+            guard let first = parts.first, let fields = HashReply(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
             guard parts.count == 3, let record = Self.session(handle, fields) else {
                 return loop.makeFailedFuture(SessionStoreError("malformed session record"))
             }
-            return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(parts[1]) ?? [:]),
-                                                          revokedAt: parts[2].string.flatMap { Int64($0) }))
+            return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(parts[1])),
+                                                          revokedAt: HashReply.int64(parts[2])))
         }.flatMapError { error in
             if let refused = error as? RedisError, refused.isRefusedCommand {
                 self.scriptsRefused.withLockedValue { $0 = true }
@@ -101,13 +101,13 @@ public final class RedisSessionStore: SessionStore {
     /// `load` without a script: the session, then its user and revocation marker.
     private func loadInTwo(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
         send(["HGETALL", .string(sessionKey(handle))], on: loop).flatMap { reply in
-            guard let fields = Self.hash(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
+            guard let fields = HashReply(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
             guard let record = Self.session(handle, fields) else { return loop.makeFailedFuture(SessionStoreError("malformed session record")) }
             return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))]], on: loop)
                 .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
                 .map { replies in
-                    StoredSession(session: record, user: UserProfile(sub: record.sub, fields: Self.hash(replies[0]) ?? [:]),
-                                  revokedAt: replies[1].string.flatMap { Int64($0) })
+                    StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(replies[0])),
+                                  revokedAt: HashReply.int64(replies[1]))
                 }
         }
     }
@@ -135,7 +135,7 @@ public final class RedisSessionStore: SessionStore {
                 var live: [SessionRecord] = []
                 var gone: [RedisArgument] = []
                 for (h, r) in pairs {
-                    if let f = Self.hash(r), !f.isEmpty, let record = Self.session(h, f) { live.append(record) } else { gone.append(.string(h.key)) }
+                    if let f = HashReply(r), !f.isEmpty, let record = Self.session(h, f) { live.append(record) } else { gone.append(.string(h.key)) }
                 }
                 let sorted = live.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) }
                 guard !gone.isEmpty else { return loop.makeSucceededFuture(sorted) }
@@ -238,12 +238,73 @@ public final class RedisSessionStore: SessionStore {
         return out
     }
 
-    static func session(_ handle: SessionHandle, _ f: [String: String]) -> SessionRecord? {
-        guard let sub = f["sub"], let created = f["created"].flatMap({ Int64($0) }) else { return nil }
-        return SessionRecord(handle: handle, sub: sub, clientID: f["client_id"] ?? "", created: created,
-                             lastSeen: f["last_seen"].flatMap { Int64($0) } ?? created,
-                             validatedAt: f["validated_at"].flatMap { Int64($0) } ?? created,
-                             sealedRefreshToken: f["refresh_token"])
+    static func session(_ handle: SessionHandle, _ f: HashReply) -> SessionRecord? {
+        guard let sub = f.string("sub"), let created = f.int64("created") else { return nil }
+        return SessionRecord(handle: handle, sub: sub, clientID: f.string("client_id") ?? "", created: created,
+                             lastSeen: f.int64("last_seen") ?? created, validatedAt: f.int64("validated_at") ?? created,
+                             sealedRefreshToken: f.string("refresh_token"))
+    }
+}
+
+/// A flat `HGETALL` reply read in place (a Redis miss is on the request path): a field is found
+/// by comparing its name's bytes — the hashes here hold a handful of fields — and only the
+/// values asked for become `String`s; numbers are parsed from the bytes. No dictionary, and no
+/// `String` per field name, is built.
+struct HashReply {
+    private let items: [RESPValue]
+
+    init?(_ reply: RESPValue) {
+        guard let items = reply.arrayValue, items.count % 2 == 0 else { return nil }
+        self.items = items
+    }
+
+    var isEmpty: Bool { items.isEmpty }
+
+    func bytes(_ name: StaticString) -> [UInt8]? {
+        var i = 0
+        while i < items.count {
+            if case .bulkString(let key?) = items[i], key.count == name.utf8CodeUnitCount,
+               key.withUnsafeBufferPointer({ k in (0..<k.count).allSatisfy { k[$0] == name.utf8Start[$0] } }) {
+                return items[i + 1].bytes
+            }
+            i += 2
+        }
+        return nil
+    }
+
+    func string(_ name: StaticString) -> String? { bytes(name).map { String(decoding: $0, as: UTF8.self) } }
+    func int64(_ name: StaticString) -> Int64? { bytes(name).flatMap(Self.int64(bytes:)) }
+    func flag(_ name: StaticString) -> Bool? { bytes(name).map { $0.elementsEqual("true".utf8) } }
+
+    /// A reply that is a decimal number (a bulk string, as `GET` answers).
+    static func int64(_ reply: RESPValue) -> Int64? { reply.bytes.flatMap(int64(bytes:)) }
+
+    /// `Int64(String)` on bytes: an optional `-`, then 1–18 digits (Unix milliseconds and
+    /// counters; anything else is not a number here).
+    static func int64(bytes: [UInt8]) -> Int64? {
+        var digits = bytes[...]
+        let negative = digits.first == UInt8(ascii: "-")
+        if negative { digits = digits.dropFirst() }
+        guard !digits.isEmpty, digits.count <= 18 else { return nil }
+        var n: Int64 = 0
+        for b in digits {
+            guard b >= 0x30, b <= 0x39 else { return nil }
+            n = n * 10 + Int64(b - 0x30)
+        }
+        return negative ? -n : n
+    }
+}
+
+extension UserProfile {
+    /// The profile from its hash (nil: the user has no stored profile).
+    init(sub: String, hash: HashReply?) {
+        guard let hash else {
+            self.init(sub: sub, fields: [:])
+            return
+        }
+        self.init(sub: sub, name: hash.string("name"), email: hash.string("email"), emailVerified: hash.flag("email_verified"),
+                  privateEmail: hash.flag("private_email"), emailForwarding: hash.string("email_forwarding"),
+                  realUserStatus: hash.int64("real_user_status").map { Int($0) })
     }
 }
 

@@ -2,7 +2,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import Redis
-import Sessions
+@testable import Sessions
 import TestSupport
 import Testing
 
@@ -82,3 +82,28 @@ struct RedisSessionLoadTests {
     }
 }
 
+
+@Suite("A session hash read in place")
+struct HashReplyTests {
+    @Test("numbers from bytes", arguments: [
+        ("1732550400000", Int64(1_732_550_400_000)), ("0", 0), ("-5", -5), ("", nil), ("-", nil), ("12a", nil), (" 1", nil),
+        ("+1", nil), ("1234567890123456789", nil),
+    ] as [(String, Int64?)])
+    func numbers(_ text: String, expected: Int64?) {
+        #expect(HashReply.int64(bytes: Array(text.utf8)) == expected)
+    }
+
+    @Test("fields are found by their names' bytes; absent ones are nil; an odd reply is no hash")
+    func fields() throws {
+        func bulk(_ s: String) -> RESPValue { .bulkString(Array(s.utf8)) }
+        let hash = try #require(HashReply(.array([bulk("sub"), bulk("001.a"), bulk("created"), bulk("42"), bulk("email_verified"), bulk("true"),
+                                                   bulk("subject"), bulk("other")])))
+        #expect(hash.string("sub") == "001.a")
+        #expect(hash.int64("created") == 42)
+        #expect(hash.flag("email_verified") == true)
+        #expect(hash.string("subj") == nil, "a prefix of a name is not the name")
+        #expect(hash.string("name") == nil)
+        #expect(HashReply(.array([bulk("sub")])) == nil)
+        #expect(HashReply(.bulkString(nil)) == nil)
+    }
+}
