@@ -105,7 +105,9 @@ struct CheckServeParityTests {
     func goodFile() async throws {
         let directory = try makeSecretsDirectory("parity")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let yaml = Self.yaml(directory: directory, listen: try closedPort(), admin: try closedPort())
+        let reserved = (ReservedPort(), ReservedPort())
+        defer { withExtendedLifetime(reserved) {} }
+        let yaml = Self.yaml(directory: directory, listen: reserved.0.port, admin: reserved.1.port)
         let path = directory + "/sessiongate.yaml"
         try yaml.write(toFile: path, atomically: true, encoding: .utf8)
         let check = try await Self.run(["check", "--config", path])

@@ -107,7 +107,9 @@ struct ReloadProcessTests {
         let directory = try makeSecretsDirectory("reload")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let appleKey = try P256.Signing.PrivateKey(pemRepresentation: String(contentsOfFile: directory + "/AuthKey.p8", encoding: .utf8))
-        let port = try closedPort()
+        let reserved = ReservedPort()
+        defer { withExtendedLifetime(reserved) {} }
+        let port = reserved.port
         let origin = "http://localhost:\(port)"
         let simulator = try await SimulatedAppleID.start(team: .init(
             teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],

@@ -47,7 +47,8 @@ final class SignInHarness: @unchecked Sendable {
         try Data((0..<64).map { _ in UInt8.random(in: 0 ... 255) }).write(to: URL(fileURLWithPath: directory + "/session.key"))
         try P256.Signing.PrivateKey().pemRepresentation.write(toFile: directory + "/assertion.pem", atomically: true, encoding: .utf8)
 
-        let gatewayPort = try closedPort()
+        let reserved = ReservedPort()  // held until the gateway listens on it
+        let gatewayPort = reserved.port
         let origin = "http://localhost:\(gatewayPort)"
         let simulator = try await SimulatedAppleID.start(team: .init(
             teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
@@ -100,6 +101,7 @@ final class SignInHarness: @unchecked Sendable {
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
         let runTask = Task { try await group.run() }
         await service.waitUntilStarted()
+        withExtendedLifetime(reserved) {}
         return SignInHarness(simulator: simulator, upstream: upstream, service: service, redis: redis, configuration: c,
                              gatewayPort: gatewayPort, group: group, runTask: runTask, directory: directory, clock: clock)
     }
@@ -122,7 +124,8 @@ final class SignInHarness: @unchecked Sendable {
     /// its own port: a fleet of two. Stopped with the harness.
     func addInstance() async throws -> (service: GatewayService, origin: String) {
         var c = configuration
-        let port = try closedPort()
+        let reserved = ReservedPort()  // held until the instance listens on it
+        let port = reserved.port
         c.server.listen = ListenAddress(host: "127.0.0.1", port: port)
         var logger = Logger(label: "gateway-test-b")
         logger.logLevel = .warning
@@ -131,6 +134,7 @@ final class SignInHarness: @unchecked Sendable {
         let task = Task { try await group.run() }
         extraInstances.append((group, task))
         await service.waitUntilStarted()
+        withExtendedLifetime(reserved) {}
         return (service, "http://localhost:\(port)")
     }
 

@@ -111,8 +111,9 @@ struct TLSProcessTests {
         defer { Task { await plain.close(); await secure.close() } }
         try Self.install(first, in: directory)
 
-        let listen = try closedPort()
-        let redirect = try closedPort()
+        let reserved = (ReservedPort(), ReservedPort())
+        defer { withExtendedLifetime(reserved) {} }
+        let (listen, redirect) = (reserved.0.port, reserved.1.port)
         let yaml = Self.yaml(directory: directory, listen: listen, redirect: redirect, upstream: plain.port, secureUpstream: secure.port, ca: ca.certificateFile)
         let gateway = try GatewayProcess.serve(yaml: yaml)
         defer { gateway.signal(SIGKILL) }

@@ -205,6 +205,21 @@ public func closedPort() throws -> Int {
     return port
 }
 
+/// A loopback port held for a server that binds it later with `SO_REUSEADDR` (the gateway: NIO's
+/// `ServerBootstrap` here), for as long as the value lives. A socket bound with `SO_REUSEADDR`
+/// and never listening keeps every other bind off the port — another test asking the kernel
+/// for a free one — yet lets that server listen on it. A `closedPort()` was free when chosen,
+/// and once in ~30 full runs another test's server took it before the gateway started
+/// ("address already in use").
+public final class ReservedPort: @unchecked Sendable {
+    public let port: Int
+    private let fd: Int32
+    public init() {
+        (fd, port) = boundLoopbackSocket(reuseAddress: true)
+    }
+    deinit { close(fd) }
+}
+
 /// A loopback port that refuses connections for as long as the value lives: a socket bound to
 /// it and never listening holds the port, so no other test's server can take it meanwhile (a
 /// `closedPort()` was seen answering as another test's listener in a full run).
@@ -218,8 +233,12 @@ public final class RefusingPort: @unchecked Sendable {
 }
 
 /// A TCP socket bound to a free loopback port (not listening yet): its descriptor and port.
-public func boundLoopbackSocket() -> (fd: Int32, port: Int) {
+public func boundLoopbackSocket(reuseAddress: Bool = false) -> (fd: Int32, port: Int) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    if reuseAddress {
+        var one: Int32 = 1
+        _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+    }
     var addr = sockaddr_in()
     addr.sin_family = sa_family_t(AF_INET)
     addr.sin_port = 0
