@@ -94,8 +94,11 @@ final class AuthCore: Sendable {
                     weak.withLockedValue { $0.value }?.recheckTunnels(payload)
                 },
                 onConnected: {
-                    // Messages may have been missed while disconnected.
+                    // Messages may have been missed while disconnected (or before the first
+                    // subscription: the listener is up first): the cache forgets everything, and
+                    // every open tunnel's session is checked in the store again.
                     cache.flush()
+                    weak.withLockedValue { $0.value }?.recheckAllTunnels()
                 })
             self.subscriber = subscriber
             if configuration.sentinel != nil {
@@ -267,6 +270,12 @@ final class AuthCore: Sendable {
         } else if text.hasPrefix("session ") {
             recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
         }
+    }
+
+    /// After the subscriber (re)connected: a revocation published meanwhile reached no one here.
+    func recheckAllTunnels() {
+        guard tunnels.count > 0 else { return }
+        recheckTunnels(tunnels.all)
     }
 
     /// Ends each tunnel whose session is gone, revoked or expired. A store that does not answer

@@ -40,5 +40,8 @@ final class TunnelRegistry: Sendable {
         bySub.withLockedValue { map in map.values.flatMap { $0.values.filter { $0.handle.key == key } } }
     }
 
+    /// Every open tunnel.
+    var all: [Entry] { bySub.withLockedValue { map in map.values.flatMap { $0.values } } }
+
     var count: Int { bySub.withLockedValue { $0.values.reduce(0) { $0 + $1.count } } }
 }

@@ -181,6 +181,33 @@ struct SessionEdgeTests {
         #expect(try await Self.registryEmpties(b.service))
     }
 
+    @Test("a revocation no message announced (the subscriber was away) still closes the tunnel once the subscriber is back")
+    func tunnelRecheckedAfterResubscribe() async throws {
+        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600))
+        defer { Task { await h.stop() } }
+        let redis = try #require(h.redis)
+        let b = try await h.addInstance()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        let sub = h.simulator.createUser()
+        _ = try await browser.signIn(from: "/x", as: sub)
+        let cookie = try #require(browser.cookies["__Host-sessiongate"])
+        let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
+        let client = try await blocking { () -> RawClient in
+            let client = try RawClient(port: portB, timeoutSeconds: 20)
+            try client.send(Self.handshake(port: portB, cookie: cookie))
+            #expect(try client.readResponse().status == 101)
+            return client
+        }
+        // The user is revoked in the store, and no invalidation is published (as when it was
+        // published while this instance's subscriber was disconnected, or not yet subscribed).
+        let revokedAt = Int64(Date().timeIntervalSince1970 * 1000) + 60_000
+        _ = try RedisCommand.send(["SET", "\(h.configuration.store.keyPrefix)revoked:{\(sub)}", "\(revokedAt)"], port: redis.port)
+        // Every subscriber loses its connection and reconnects.
+        _ = try RedisCommand.send(["CLIENT", "KILL", "TYPE", "pubsub"], port: redis.port)
+        #expect(try await blocking { client.waitForClose() }, "the tunnel outlived a revocation made while no message could reach it")
+        #expect(try await Self.registryEmpties(b.service))
+    }
+
     @Test("refused and failed handshakes leave nothing in the registry")
     func registryAfterRefusals() async throws {
         let h = try await SignInHarness.start()
