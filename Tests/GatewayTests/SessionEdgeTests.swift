@@ -183,7 +183,9 @@ struct SessionEdgeTests {
 
     @Test("a revocation no message announced (the subscriber was away) still closes the tunnel once the subscriber is back")
     func tunnelRecheckedAfterResubscribe() async throws {
-        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600))
+        // A generous store timeout: a sign-in's save once took over the default 3 s in a full
+        // parallel run on 2 cores (a 503 at sign-in, before anything this test checks).
+        let h = try await SignInHarness.start(store: .redis, storeTimeout: .seconds(15), localCacheTTL: .seconds(3600))
         defer { Task { await h.stop() } }
         let redis = try #require(h.redis)
         let b = try await h.addInstance()
