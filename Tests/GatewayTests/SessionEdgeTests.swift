@@ -154,6 +154,16 @@ struct SessionEdgeTests {
         "GET \(path) HTTP/1.1\r\nHost: localhost:\(port)\r\nCookie: __Host-sessiongate=\(cookie)\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\(extra)\r\n"
     }
 
+    /// A WebSocket tunnel opened with a raw handshake (the 101 read).
+    static func openTunnel(port: Int, cookie: String) async throws -> RawClient {
+        try await blocking { () -> RawClient in
+            let client = try RawClient(port: port, timeoutSeconds: 20)
+            try client.send(Self.handshake(port: port, cookie: cookie))
+            #expect(try client.readResponse().status == 101)
+            return client
+        }
+    }
+
     /// The registry forgets every tunnel once it is gone (closed, refused, never opened).
     static func registryEmpties(_ service: GatewayService) async throws -> Bool {
         for _ in 0..<500 {
@@ -170,12 +180,7 @@ struct SessionEdgeTests {
         let b = try await h.addInstance()
         let (browser, cookie) = try await Self.signedIn(h)
         let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
-        let client = try await blocking { () -> RawClient in
-            let client = try RawClient(port: portB, timeoutSeconds: 20)
-            try client.send(Self.handshake(port: portB, cookie: cookie))
-            #expect(try client.readResponse().status == 101)
-            return client
-        }
+        let client = try await Self.openTunnel(port: portB, cookie: cookie)
         #expect(try await browser.request("/_auth/revoke", method: .POST, form: []).status == 303)
         #expect(try await blocking { client.waitForClose() }, "the tunnel on B outlived the revocation on A")
         #expect(try await Self.registryEmpties(b.service))
@@ -194,12 +199,7 @@ struct SessionEdgeTests {
         _ = try await browser.signIn(from: "/x", as: sub)
         let cookie = try #require(browser.cookies["__Host-sessiongate"])
         let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
-        let client = try await blocking { () -> RawClient in
-            let client = try RawClient(port: portB, timeoutSeconds: 20)
-            try client.send(Self.handshake(port: portB, cookie: cookie))
-            #expect(try client.readResponse().status == 101)
-            return client
-        }
+        let client = try await Self.openTunnel(port: portB, cookie: cookie)
         // The user is revoked in the store, and no invalidation is published (as when it was
         // published while this instance's subscriber was disconnected, or not yet subscribed).
         let revokedAt = Int64(Date().timeIntervalSince1970 * 1000) + 60_000
