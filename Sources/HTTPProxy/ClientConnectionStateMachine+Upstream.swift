@@ -5,9 +5,6 @@ import NIOHTTP1
 /// What the upstream connection delivers: the response head (relayed, refused, an interim, the
 /// 101 of a WebSocket handshake), its body and end, or its failure (retried once, 502, abort).
 extension ClientConnectionStateMachine {
-    /// The upstream delivered bytes (once per read burst: it counts as progress).
-    mutating func upstreamActivity(now: NIODeadline) { lastActivity = now }
-
     mutating func upstreamPart(_ part: ResponseReader.Part, now: @autoclosure () -> NIODeadline) -> Action {
         guard case .forwarding(let x, let upstream) = state else { return .none }
         switch part {

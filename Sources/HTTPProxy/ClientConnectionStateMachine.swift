@@ -137,24 +137,23 @@ struct ClientConnectionStateMachine {
         lastActivity = now
     }
 
-    /// The exchange in flight, if any.
-    var current: ExchangeContext? {
+    /// The state's phase (`ExchangeRules`' view of it), its exchange and its upstream connection,
+    /// in one pass (each binding of a payload is a retain).
+    var parts: (phase: ExchangeRules.Phase, exchange: ExchangeContext?, upstream: UpstreamConnection?) {
         switch state {
-        case .idle, .closed: return nil
-        case .awaitingVerdict(let x), .collecting(let x, _), .answering(let x), .connecting(let x), .forwarding(let x, _): return x
+        case .idle: return (.idle, nil, nil)
+        case .closed: return (.closed, nil, nil)
+        case .awaitingVerdict(let x), .answering(let x): return (.awaitingVerdict, x, nil)
+        case .collecting(let x, _): return (.collecting, x, nil)
+        case .connecting(let x): return (.connecting, x, nil)
+        case .forwarding(let x, let upstream): return (.forwarding, x, upstream)
         }
     }
 
-    var phase: ExchangeRules.Phase {
-        switch state {
-        case .idle: return .idle
-        case .awaitingVerdict, .answering: return .awaitingVerdict
-        case .collecting: return .collecting
-        case .connecting: return .connecting
-        case .forwarding: return .forwarding
-        case .closed: return .closed
-        }
-    }
+    /// The exchange in flight, if any.
+    var current: ExchangeContext? { parts.exchange }
+
+    var phase: ExchangeRules.Phase { parts.phase }
 
     // The queries the handler asks per event are `mutating` on purpose: a non-mutating read of
     // a struct stored in a class copies the whole struct first (every reference in it retained
@@ -179,21 +178,9 @@ struct ClientConnectionStateMachine {
     /// Whether the client may be read now (`ExchangeRules.shouldReadClient`); `unparsedBytes`:
     /// the reader holds bytes of a request not yet handed in.
     mutating func wantsRead(clientWritable: Bool, unparsedBytes: Bool) -> Bool {
-        // One pass over the state (each binding of a payload is a retain).
-        let phase: ExchangeRules.Phase
-        var requestEnded = false
-        var upstreamWritable = false
-        switch state {
-        case .idle: phase = .idle
-        case .closed: phase = .closed
-        case .awaitingVerdict(let x), .answering(let x): phase = .awaitingVerdict; requestEnded = x.requestEnded
-        case .collecting(let x, _): phase = .collecting; requestEnded = x.requestEnded
-        case .connecting(let x): phase = .connecting; requestEnded = x.requestEnded
-        case .forwarding(let x, let upstream):
-            phase = .forwarding
-            requestEnded = x.requestEnded
-            upstreamWritable = upstream.isWritable
-        }
+        let (phase, exchange, upstream) = parts
+        let requestEnded = exchange?.requestEnded ?? false
+        let upstreamWritable = upstream?.isWritable ?? false
         return ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: requestEnded, pipelinedEmpty: !unparsedBytes,
                                               upstreamWritable: upstreamWritable, clientWritable: clientWritable)
     }
@@ -210,7 +197,8 @@ struct ClientConnectionStateMachine {
 
     // MARK: client events
 
-    mutating func clientActivity(now: NIODeadline) { lastActivity = now }
+    /// Bytes came from the client, or a read burst from the upstream: progress, for the idle timeout.
+    mutating func activity(now: NIODeadline) { lastActivity = now }
 
     /// The handler held a read back (the gateway, not the client, is slow meanwhile).
     mutating func readHeld(now: @autoclosure () -> NIODeadline) {
@@ -273,7 +261,7 @@ struct ClientConnectionStateMachine {
     }
 
     /// The client half-closed after sending: answer what it asked, then close.
-    mutating func inputClosed(now: NIODeadline) -> Action {
+    mutating func clientInputClosed() -> Action {
         inputClosed = true
         current?.keepAlive = false
         if case .idle = state { return closeNow() }

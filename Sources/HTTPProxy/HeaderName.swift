@@ -31,14 +31,7 @@ public enum HeaderName {
     /// Whether `name`, folded like `equalsNormalized`, starts with `normalizedLower`.
     @inline(__always)
     static func hasNormalizedPrefix(_ name: String, _ normalizedLower: String) -> Bool {
-        guard name.utf8.count >= normalizedLower.utf8.count else { return false }
-        var a = name.utf8.makeIterator()
-        for l in normalizedLower.utf8 {
-            guard let b = a.next() else { return false }
-            let folded = b == UInt8(ascii: "_") ? UInt8(ascii: "-") : b | 0x20
-            guard folded == l else { return false }
-        }
-        return true
+        hasNormalizedPrefix(bytes: name.utf8, normalizedLower.utf8)
     }
 
     /// Equality after folding case and `_` to `-` (how identity-header spellings are compared).
@@ -47,15 +40,23 @@ public enum HeaderName {
         name.utf8.count == normalizedLower.utf8.count && hasNormalizedPrefix(name, normalizedLower)
     }
 
-    /// `equalsNormalized` for a name's bytes (a `String`'s UTF-8, or a field in a received head).
+    /// `equalsNormalized` for a name's bytes (a `String`'s UTF-8, or a field in a received head)
+    /// against a literal.
     @inline(__always)
     static func equalsNormalized<Name: Collection<UInt8>>(bytes name: Name, _ normalizedLower: StaticString) -> Bool {
-        guard name.count == normalizedLower.utf8CodeUnitCount else { return false }
-        var i = 0
-        for b in name {
+        let literal = UnsafeBufferPointer(start: normalizedLower.utf8Start, count: normalizedLower.utf8CodeUnitCount)
+        return name.count == literal.count && hasNormalizedPrefix(bytes: name, literal)
+    }
+
+    /// The one folding comparison the others are made of.
+    @inline(__always)
+    static func hasNormalizedPrefix<Name: Collection<UInt8>, Prefix: Collection<UInt8>>(bytes name: Name, _ normalizedLower: Prefix) -> Bool {
+        guard name.count >= normalizedLower.count else { return false }
+        var a = name.makeIterator()
+        for l in normalizedLower {
+            guard let b = a.next() else { return false }
             let folded = b == UInt8(ascii: "_") ? UInt8(ascii: "-") : b | 0x20
-            guard folded == normalizedLower.utf8Start[i] else { return false }
-            i += 1
+            guard folded == l else { return false }
         }
         return true
     }

@@ -78,7 +78,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         if lingering || machine.isClosed { return }
-        machine.clientActivity(now: now)
+        machine.activity(now: now)
         inReadBurst = true
         reader.receive(unwrapInboundIn(data))
         pump()
@@ -111,7 +111,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         if let event = event as? ChannelEvent, event == .inputClosed {
             if lingering { return context.close(promise: nil) }  // the client is done too
-            return run(machine.inputClosed(now: now))
+            return run(machine.clientInputClosed())
         }
         context.fireUserInboundEventTriggered(event)
     }
@@ -197,7 +197,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     func upstreamReadComplete() {
-        machine.upstreamActivity(now: now)
+        machine.activity(now: now)  // once per upstream read burst
         context.flush()
     }
 
@@ -217,7 +217,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .none:
             break
         case .admit(let exchange, let route):
-            guard let request = machine.guardRequest(for: exchange, route: route) else { return }
+            guard let request = machine.guardRequest(for: exchange, route: route) else {
+                // Cannot happen (`.admit` follows a parsed head): answered 503, never left hanging.
+                return run(machine.verdict(.failure(ChannelError.inappropriateOperationForState), for: exchange, now: now))
+            }
             switch route.requestGuard.admit(request, on: context.eventLoop) {
             case .verdict(let verdict):
                 run(machine.verdict(.success(verdict), for: exchange, now: now))

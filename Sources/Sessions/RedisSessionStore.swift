@@ -165,8 +165,8 @@ public final class RedisSessionStore: SessionStore {
 
     public func profile(of sub: String, on loop: any EventLoop) -> EventLoopFuture<UserProfile?> {
         send(["HGETALL", .string(userKey(sub))], on: loop).map { reply in
-            guard let f = Self.hash(reply), !f.isEmpty else { return nil }
-            return UserProfile(sub: sub, fields: f)
+            guard let f = HashReply(reply), !f.isEmpty else { return nil }
+            return UserProfile(sub: sub, hash: f)
         }
     }
 
@@ -183,8 +183,8 @@ public final class RedisSessionStore: SessionStore {
     public func takeLogin(state: String, on loop: any EventLoop) -> EventLoopFuture<LoginState?> {
         let key = loginKey(state)
         return transaction([["HGETALL", .string(key)], ["DEL", .string(key)]], on: loop).map { replies in
-            guard let f = Self.hash(replies[0]), let nonce = f["nonce"], let rd = f["rd"], let binding = f["binding"] else { return nil }
-            return LoginState(nonce: nonce, returnTo: rd, binding: binding, previousSession: f["previous"])
+            guard let f = HashReply(replies[0]), let nonce = f.string("nonce"), let rd = f.string("rd"), let binding = f.string("binding") else { return nil }
+            return LoginState(nonce: nonce, returnTo: rd, binding: binding, previousSession: f.string("previous"))
         }
     }
 
@@ -201,8 +201,8 @@ public final class RedisSessionStore: SessionStore {
 
     public func validation(of tokenHash: String, on loop: any EventLoop) -> EventLoopFuture<ValidationRecord?> {
         send(["HGETALL", .string(validationKey(tokenHash))], on: loop).map { reply in
-            guard let f = Self.hash(reply), let result = f["result"].flatMap(ValidationRecord.Result.init(rawValue:)),
-                  let at = f["at"].flatMap({ Int64($0) }) else { return nil }
+            guard let f = HashReply(reply), let result = f.string("result").flatMap(ValidationRecord.Result.init(rawValue:)),
+                  let at = f.int64("at") else { return nil }
             return ValidationRecord(result: result, at: at)
         }
     }
@@ -227,17 +227,6 @@ public final class RedisSessionStore: SessionStore {
 
     // MARK: decoding
 
-    static func hash(_ reply: RESPValue) -> [String: String]? {
-        guard let items = reply.arrayValue, items.count % 2 == 0 else { return nil }
-        var out: [String: String] = [:]
-        var i = 0
-        while i < items.count {
-            if let k = items[i].string, let v = items[i + 1].string { out[k] = v }
-            i += 2
-        }
-        return out
-    }
-
     static func session(_ handle: SessionHandle, _ f: HashReply) -> SessionRecord? {
         guard let sub = f.string("sub"), let created = f.int64("created") else { return nil }
         return SessionRecord(handle: handle, sub: sub, clientID: f.string("client_id") ?? "", created: created,
@@ -246,7 +235,8 @@ public final class RedisSessionStore: SessionStore {
     }
 }
 
-/// A flat `HGETALL` reply read in place (a Redis miss is on the request path): a field is found
+/// A flat `HGETALL` reply read in place — every hash this store reads (a Redis miss is on the
+/// request path): a field is found
 /// by comparing its name's bytes — the hashes here hold a handful of fields — and only the
 /// values asked for become `String`s; numbers are parsed from the bytes. No dictionary, and no
 /// `String` per field name, is built.
@@ -299,7 +289,7 @@ extension UserProfile {
     /// The profile from its hash (nil: the user has no stored profile).
     init(sub: String, hash: HashReply?) {
         guard let hash else {
-            self.init(sub: sub, fields: [:])
+            self.init(sub: sub)
             return
         }
         self.init(sub: sub, name: hash.string("name"), email: hash.string("email"), emailVerified: hash.flag("email_verified"),

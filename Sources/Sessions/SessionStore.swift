@@ -70,12 +70,6 @@ public struct UserProfile: Sendable, Equatable {
         if let realUserStatus { f.append(("real_user_status", String(realUserStatus))) }
         return f
     }
-
-    init(sub: String, fields: [String: String]) {
-        self.init(sub: sub, name: fields["name"], email: fields["email"], emailVerified: fields["email_verified"].map { $0 == "true" },
-                  privateEmail: fields["private_email"].map { $0 == "true" }, emailForwarding: fields["email_forwarding"],
-                  realUserStatus: fields["real_user_status"].flatMap { Int($0) })
-    }
 }
 
 /// A session as admission needs it: the session, its user, and the user's revocation time.
