@@ -16,8 +16,9 @@ public enum AppleTokenOutcome: Sendable, Equatable {
     /// Alert; never log a user out for it.
     case clientMisconfigured(error: String)
     /// Apple is unavailable or answered nonsense: 429, 5xx, timeout, connection error, a body
-    /// that is not the documented JSON. Keep sessions; retry later.
-    case transient(reason: String)
+    /// that is not the documented JSON. Keep sessions; retry later, and not before `retryAfter`
+    /// seconds when Apple said so (`Retry-After` on a 429 or 503).
+    case transient(reason: String, retryAfter: Int? = nil)
 }
 
 public struct AppleTokens: Sendable, Equatable {
@@ -73,7 +74,7 @@ public struct AppleTokenClient: Sendable {
                       ("token_type_hint", isRefreshToken ? "refresh_token" : "access_token")]
         switch await post("/auth/revoke", fields) {
         case .failure(let failure): return .transient(reason: failure.reason)
-        case .success(let (status, body)):
+        case .success(let (status, body, _)):
             if status == 200 { return .revoked }
             if status == 400, let error = Self.errorCode(body) {
                 return error == "invalid_client" || error == "unauthorized_client" || error == "invalid_request"
@@ -87,19 +88,21 @@ public struct AppleTokenClient: Sendable {
         switch await post("/auth/token", fields) {
         case .failure(let failure):
             return .transient(reason: failure.reason)
-        case .success(let (status, body)):
-            return Self.classify(status: status, body: body, isRefresh: isRefresh)
+        case .success(let (status, body, retryAfter)):
+            return Self.classify(status: status, body: body, retryAfter: retryAfter, isRefresh: isRefresh)
         }
     }
 
-    static func classify(status: Int, body: [UInt8], isRefresh: Bool) -> AppleTokenOutcome {
+    static func classify(status: Int, body: [UInt8], retryAfter: String? = nil, isRefresh: Bool) -> AppleTokenOutcome {
         if status == 200 {
             guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any],
                   let access = object["access_token"] as? String else { return .transient(reason: "token: 200 without the documented JSON") }
             return .success(AppleTokens(accessToken: access, refreshToken: object["refresh_token"] as? String,
                                         idToken: object["id_token"] as? String, expiresIn: (object["expires_in"] as? NSNumber)?.intValue))
         }
-        if status == 429 || status >= 500 { return .transient(reason: "token: status \(status)") }
+        if status == 429 || status >= 500 {
+            return .transient(reason: "token: status \(status)", retryAfter: retryAfter.flatMap { Self.retryAfterSeconds($0, now: Date()) })
+        }
         guard status == 400, let error = errorCode(body) else { return .transient(reason: "token: status \(status) without a documented error") }
         switch error {
         case "invalid_grant": return .grantRevoked(error: error)
@@ -117,7 +120,26 @@ public struct AppleTokenClient: Sendable {
         return error
     }
 
-    private func post(_ path: String, _ fields: [(String, String)]) async -> Result<(Int, [UInt8]), TransportFailure> {
+    /// A `Retry-After` value in seconds from `now`: delta-seconds or an HTTP-date (RFC 9110
+    /// §10.2.3); nil when absent, malformed or in the past. At most a week (a typo must not stop
+    /// re-validation for good).
+    static func retryAfterSeconds(_ value: String, now: Date) -> Int? {
+        let v = value.trimmingCharacters(in: .whitespaces)
+        let seconds: Int
+        if let delta = Int(v), delta >= 0, v.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) {
+            seconds = delta
+        } else {
+            let format = DateFormatter()
+            format.locale = Locale(identifier: "en_US_POSIX")
+            format.timeZone = TimeZone(identifier: "GMT")
+            format.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+            guard let date = format.date(from: v) else { return nil }
+            seconds = Int(date.timeIntervalSince(now).rounded(.up))
+        }
+        return seconds > 0 ? min(seconds, 7 * 86_400) : nil
+    }
+
+    private func post(_ path: String, _ fields: [(String, String)]) async -> Result<(Int, [UInt8], String?), TransportFailure> {
         var request = HTTPClientRequest(url: baseURL + path)
         request.method = .POST
         request.headers.add(name: "content-type", value: "application/x-www-form-urlencoded")
@@ -127,7 +149,7 @@ public struct AppleTokenClient: Sendable {
         do {
             let response = try await httpClient.execute(request, timeout: timeout)
             let body = try await response.body.collect(upTo: 1 << 20)
-            return .success((Int(response.status.code), Array(body.readableBytesView)))
+            return .success((Int(response.status.code), Array(body.readableBytesView), response.headers.first(name: "retry-after")))
         } catch let error as HTTPClientError where error == .deadlineExceeded || error == .readTimeout || error == .connectTimeout {
             return .failure(TransportFailure(reason: "\(path): timeout"))
         } catch {

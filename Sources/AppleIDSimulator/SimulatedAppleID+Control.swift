@@ -121,6 +121,8 @@ extension SimulatedAppleID {
                 if let v = body["latency_ms"] as? NSNumber { f.latencyMilliseconds = v.int64Value }
                 if let v = body["token_failure_status"] as? NSNumber { f.tokenFailureStatus = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["throttle_interval"] as? NSNumber { f.throttleInterval = v.int64Value }
+                if let v = body["reject_client_secrets"] as? Bool { f.rejectClientSecrets = v }
+                if let v = body["retry_after"] as? NSNumber { f.retryAfter = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["refresh_returns_id_token"] as? Bool { f.refreshReturnsIDToken = v }
                 if let v = body["string_booleans"] as? Bool { f.stringBooleans = v }
                 if let v = body["event_time_ms"] as? Bool { f.eventTimeInMilliseconds = v }

@@ -45,6 +45,12 @@ extension SimulatedAppleID {
 
     // MARK: endpoints
 
+    static func withRetryAfter(_ response: SimpleResponse, _ faults: Faults) -> SimpleResponse {
+        var response = response
+        if let seconds = faults.retryAfter { response.headers.append(("retry-after", String(seconds))) }
+        return response
+    }
+
     func tokenEndpoint(_ request: SimpleRequest) -> SimpleResponse {
         let faults = self.faults.withLockedValue { $0 }
         guard let form = Self.formFields(request) else {
@@ -60,8 +66,9 @@ extension SimulatedAppleID {
             return Self.error(.badRequest, "unsupported_grant_type")
         }
         countGrant(grantType)
-        if let status = faults.tokenFailureStatus { return Self.error(HTTPResponseStatus(statusCode: status), "server_error") }
+        if let status = faults.tokenFailureStatus { return Self.withRetryAfter(Self.error(HTTPResponseStatus(statusCode: status), "server_error"), faults) }
         guard team.clients[clientID] != nil else { return Self.error(.badRequest, "invalid_client", "unknown client_id") }
+        if faults.rejectClientSecrets { return Self.error(.badRequest, "invalid_client") }
         let now = clock()
         if let failure = ClientSecretValidator(teamID: team.teamID, keys: team.keys).validate(secret, clientID: clientID, now: now) {
             return Self.error(.badRequest, "invalid_client", failure.rawValue)
@@ -99,7 +106,7 @@ extension SimulatedAppleID {
                 }
                 guard !grant.revoked else { return .refused(Self.error(.badRequest, faults.revokedRefreshError, "The refresh token has been revoked.")) }
                 if faults.throttleInterval > 0, let last = grant.lastValidated, now - last < faults.throttleInterval {
-                    return .refused(Self.error(HTTPResponseStatus(statusCode: faults.throttleStatus), "too_many_requests"))
+                    return .refused(Self.withRetryAfter(Self.error(HTTPResponseStatus(statusCode: faults.throttleStatus), "too_many_requests"), faults))
                 }
                 grant.lastValidated = now
                 g.refreshTokens[token] = grant

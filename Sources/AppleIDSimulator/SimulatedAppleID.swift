@@ -31,6 +31,11 @@ public final class SimulatedAppleID: Sendable {
         /// Refuse a refresh of the same token within this many seconds (0: never).
         public var throttleInterval: Int64 = 0
         public var throttleStatus = 429
+        /// Refuse every client secret with `invalid_client` (a revoked key, a wrong team: our
+        /// misconfiguration as Apple sees it).
+        public var rejectClientSecrets = false
+        /// `Retry-After` (seconds) on throttled answers and on `tokenFailureStatus` answers; nil: none.
+        public var retryAfter: Int? = nil
         /// Refresh responses carry an `id_token` (Apple has answered both ways).
         public var refreshReturnsIDToken = true
         /// Boolean claims as `"true"`/`"false"` strings instead of JSON booleans.

@@ -39,7 +39,7 @@ public enum AppleOnlineCheck {
             case .clientMisconfigured(let error):
                 ok = false
                 lines.append("error: apple.client_ids: \(id): Apple answered \(error): check apple.team_id, key_id, private_key_file and that the key is enabled for this client id")
-            case .transient(let reason):
+            case .transient(let reason, _):
                 ok = false
                 lines.append("error: apple.base_url: \(id): Apple did not answer usefully (\(reason))")
             }

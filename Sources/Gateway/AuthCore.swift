@@ -12,16 +12,6 @@ import NIOPosix
 import Redis
 import Sessions
 
-/// How long sessions live (milliseconds); reloadable.
-struct SessionTimes: Sendable, Equatable {
-    var idle: Int64
-    var absolute: Int64
-
-    func isLive(_ s: StoredSession, now t: Int64) -> Bool {
-        !s.isRevoked && t - s.session.created < absolute && t - s.session.lastSeen < idle
-    }
-}
-
 /// What sign-in and admission keep for the life of the process, whatever reloads do: session
 /// keys, the store and its local cache, the Apple client, pub/sub, open tunnels. Built once at
 /// start from the keys a reload may not change (`ReloadRules.restartOnly`).
@@ -155,8 +145,9 @@ final class AuthCore: Sendable {
         self.logger = logger
         if let apple, let a = c.apple {
             revalidator = Revalidator(
-                apple: apple, store: store, keys: keys, after: Authenticator.milliseconds(a.revalidateAfter),
-                grace: Authenticator.milliseconds(a.revalidateGrace), outageGrace: Authenticator.milliseconds(a.outageGrace),
+                apple: apple, store: store, keys: keys,
+                times: RevalidationTimes(after: Authenticator.milliseconds(a.revalidateAfter), grace: Authenticator.milliseconds(a.revalidateGrace),
+                                         outageGrace: Authenticator.milliseconds(a.outageGrace)),
                 appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
                 onRevoked: { sub, loop in
                     guard let core = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }

@@ -306,7 +306,7 @@ struct AuthEndpointGuard: RequestGuard {
     private func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
         -> Result<(AppleIdentity, String?), ExchangeFailure> {
         let answer = await auth.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
-        auth.metrics.recordAppleCall(endpoint: "token", outcome: Self.label(answer))
+        auth.metrics.recordAppleCall(endpoint: "token", outcome: answer.metricLabel)
         switch answer {
         case .success(let tokens):
             guard let idToken = tokens.idToken else {
@@ -325,7 +325,7 @@ struct AuthEndpointGuard: RequestGuard {
             auth.logger.error("Apple rejected our client configuration: check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)",
                               metadata: ["error": "\(error)"])
             return .failure(ExchangeFailure(status: .badGateway, outcome: "apple_misconfigured", detail: "Sign in with Apple is misconfigured on this site; the operators have been alerted."))
-        case .transient(let reason):
+        case .transient(let reason, _):
             auth.logger.warning("Apple unavailable during sign-in", metadata: ["reason": "\(reason)"])
             return .failure(ExchangeFailure(status: .badGateway, outcome: "apple_unavailable", detail: "Apple could not be reached. Please try again in a moment."))
         }
@@ -448,15 +448,6 @@ struct AuthEndpointGuard: RequestGuard {
     }
 
     // MARK: helpers
-
-    static func label(_ outcome: AppleTokenOutcome) -> String {
-        switch outcome {
-        case .success: return "ok"
-        case .grantRevoked: return "grant_revoked"
-        case .clientMisconfigured: return "client_misconfigured"
-        case .transient: return "unavailable"
-        }
-    }
 
     static func notConfigured() -> LocalResponse {
         .error(.serviceUnavailable, "sign-in is not configured (add an apple: section)")

@@ -52,12 +52,12 @@ final class Authenticator: Sendable {
     let prefix: String
     let publicURL: String
     let returnPolicy: ReturnURLPolicy
-    let times: SessionTimes
+    /// What a stored session is worth at an instant.
+    let policy: SessionPolicy
+    var times: SessionTimes { policy.times }
     /// Milliseconds.
     var idleTimeout: Int64 { times.idle }
     var absoluteTimeout: Int64 { times.absolute }
-    /// `last_seen` is written at most this often per session (milliseconds).
-    let touchInterval: Int64
     let assertion: IdentityAssertionSigner?
     /// The scopes the web sign-in asks Apple for.
     let scopes: [String]
@@ -90,8 +90,8 @@ final class Authenticator: Sendable {
         var hosts = c.server.allowedRedirectHosts
         hosts += c.routes.compactMap(\.host)
         returnPolicy = ReturnURLPolicy(origin: publicURL, allowedHosts: hosts)
-        times = SessionTimes(idle: Self.milliseconds(c.session.idleTimeout), absolute: Self.milliseconds(c.session.absoluteTimeout))
-        touchInterval = min(60_000, max(1000, times.idle / 4))
+        policy = SessionPolicy(times: SessionTimes(idle: Self.milliseconds(c.session.idleTimeout), absolute: Self.milliseconds(c.session.absoluteTimeout)),
+                               revalidation: core.revalidator?.times)
         scopes = c.apple?.scopes ?? []
         afterLogout = PostLogoutPolicy(c.routes, signIn: c.server.authPrefix + "/sign-in?message=signed_out")
     }
@@ -258,21 +258,26 @@ final class Authenticator: Sendable {
         }
     }
 
+    /// Acts on `SessionPolicy`'s decision: drops a dead session from the cache, records activity,
+    /// and asks Apple when a re-validation is due (in the background, or before answering).
     private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, on loop: any EventLoop) -> Lookup {
-        guard isLive(cached.stored, now: t) else {
+        let session = cached.stored.session
+        let revalidation: SessionPolicy.Revalidation
+        switch policy.decide(cached.stored, now: t) {
+        case .dead:
             cache.invalidate(handle)
             return .now(.invalid)
-        }
-        let session = cached.stored.session
-        if t - session.lastSeen >= touchInterval {
-            let expiresAt = min(session.created + absoluteTimeout, t + idleTimeout)
-            cache.update(handle) { $0.stored.session.lastSeen = t }
-            store.touch(handle, lastSeen: t, expiresAt: expiresAt, on: loop).whenFailure { error in
-                self.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
+        case .live(let touch, let r):
+            revalidation = r
+            if touch {
+                cache.update(handle) { $0.stored.session.lastSeen = t }
+                store.touch(handle, lastSeen: t, expiresAt: policy.expiry(afterTouching: session, at: t), on: loop).whenFailure { error in
+                    self.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
+                }
             }
         }
         guard let revalidator else { return .now(.session(handle, cached)) }
-        switch revalidator.need(session, now: t) {
+        switch revalidation {
         case .none:
             return .now(.session(handle, cached))
         case .background:
@@ -281,7 +286,7 @@ final class Authenticator: Sendable {
                 if case .valid(let at) = outcome { self.cache.update(handle) { $0.stored.session.validatedAt = at } }
             }
             return .now(.session(handle, cached))
-        case .blocking:
+        case .beforeAnswering:
             metrics.recordRevalidation(kind: "blocking")
             return .later(revalidator.validate(session, on: loop).hop(to: loop).map { outcome in
                 switch outcome {
@@ -293,8 +298,7 @@ final class Authenticator: Sendable {
                 case .revoked:
                     return .invalid
                 case .unknown:
-                    // Apple cannot say: keep the session within outage_grace of its last success.
-                    return t - session.validatedAt <= revalidator.outageGrace ? .session(handle, cached) : .appleUnavailable
+                    return self.policy.keepsWithoutApple(session, now: t) ? .session(handle, cached) : .appleUnavailable
                 }
             })
         }

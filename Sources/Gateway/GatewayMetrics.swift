@@ -234,6 +234,22 @@ public final class GatewayMetrics: Sendable {
         counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]).increment()
     }
 
+    /// Why a due re-validation did not call Apple (the `reason` label).
+    enum DeferredAppleCall: String {
+        /// The token's last attempt failed; its backoff (or Apple's `Retry-After`) has not run out.
+        case backoff
+        /// Apple refused our client: the fleet holds back until one probe succeeds.
+        case circuit
+        /// Failing since beyond `outage_grace`: the session is denied without asking.
+        case outage
+    }
+
+    /// Due re-validations that did not call Apple, by reason.
+    func recordAppleCallDeferred(_ reason: DeferredAppleCall) {
+        counter("apple_calls_deferred", help: "Due re-validations that did not call Apple, by reason (backoff, circuit, outage).",
+                labels: [("reason", reason.rawValue)]).increment()
+    }
+
     /// Re-validations by kind: `fresh` (a sign-in), `background` (stale within the grace),
     /// `blocking` (the request waited).
     func recordRevalidation(kind: String) {

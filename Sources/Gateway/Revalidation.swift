@@ -11,26 +11,27 @@ import Sessions
 ///
 /// One validation per token is in flight in the process (single-flight), one in the fleet (the
 /// store's `lock:validation:<hash>` claim); the result is stored (`validation:{hash}`) where the
-/// other instances adopt it instead of calling Apple. A failed attempt (Apple down, our client
-/// misconfigured) is not retried before `retryInterval`.
+/// other instances adopt it instead of calling Apple. When the call may be made is
+/// `RetryPolicy`'s decision: a failed attempt (Apple down or throttling) is retried after an
+/// exponential backoff with jitter or Apple's `Retry-After`; when Apple refuses our client
+/// (`invalid_client`), the client's circuit opens for the whole fleet and one probe at a time
+/// finds out whether it is mended.
 final class Revalidator: Sendable {
     enum Outcome: Sendable {
         /// Apple confirmed the grant at this time (Unix ms).
         case valid(at: Int64)
         /// Apple says the grant is dead: the user has been revoked.
         case revoked
-        /// Apple could not say (transient, throttled, misconfigured): keep within `outage_grace`.
+        /// Apple could not say (transient, throttled, misconfigured, backing off): keep within
+        /// `outage_grace`.
         case unknown
     }
 
     let apple: AppleServices
     let store: any SessionStore
     let keys: SessionKeys
-    /// Milliseconds.
-    let after: Int64
-    let grace: Int64
-    let outageGrace: Int64
-    let retryInterval: Int64
+    let times: RevalidationTimes
+    let retry: RetryPolicy
     let lockTTL: Int64
     let now: @Sendable () -> Int64
     let logger: Logger
@@ -43,46 +44,19 @@ final class Revalidator: Sendable {
     static let concurrentAppleCalls = 32
     private let limiter = Limiter(limit: Revalidator.concurrentAppleCalls)
 
-    init(apple: AppleServices, store: any SessionStore, keys: SessionKeys, after: Int64, grace: Int64, outageGrace: Int64, appleTimeout: Int64,
+    init(apple: AppleServices, store: any SessionStore, keys: SessionKeys, times: RevalidationTimes, appleTimeout: Int64,
          now: @escaping @Sendable () -> Int64, logger: Logger, metrics: GatewayMetrics,
          onRevoked: @escaping @Sendable (String, any EventLoop) -> EventLoopFuture<Int>) {
         self.apple = apple
         self.store = store
         self.keys = keys
-        self.after = after
-        self.grace = grace
-        self.outageGrace = outageGrace
-        self.retryInterval = max(1000, min(300_000, after / 10))
+        self.times = times
+        self.retry = RetryPolicy(times)
         self.lockTTL = appleTimeout + 2000
         self.now = now
         self.logger = logger
         self.metrics = metrics
         self.onRevoked = onRevoked
-    }
-
-    /// When a session's validation comes due: `revalidate_after` after the last success, plus
-    /// up to 1/24 of it (at most an hour) of per-session jitter, so that a burst of sign-ins does
-    /// not become a burst of Apple calls a day later. Never earlier than `revalidate_after`.
-    func dueAt(_ session: SessionRecord) -> Int64 {
-        let window = min(after / 24, 3_600_000)
-        guard window > 0 else { return session.validatedAt + after }
-        let seed = session.handle.key.utf8.prefix(8).reduce(UInt64(0)) { $0 &* 31 &+ UInt64($1) }
-        return session.validatedAt + after + Int64(seed % UInt64(window))
-    }
-
-    enum Need {
-        case none
-        /// Stale by less than `revalidate_grace`: forward now, validate in the background.
-        case background
-        /// Stale beyond it: the request waits for the result.
-        case blocking
-    }
-
-    func need(_ session: SessionRecord, now t: Int64) -> Need {
-        guard session.sealedRefreshToken != nil else { return .none }
-        let due = dueAt(session)
-        if t < due { return .none }
-        return t - due < grace ? .background : .blocking
     }
 
     /// The validation of this session's refresh token: shared with every concurrent caller in the
@@ -107,55 +81,114 @@ final class Revalidator: Sendable {
     }
 
     private func run(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {
-        // Another instance (or an earlier attempt) may have answered already.
-        if let adopted = try? await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
-        await limiter.acquire()
-        let outcome = await ask(session, token: token, tokenHash: tokenHash, on: loop)
-        await limiter.release()
-        return outcome
+        do {
+            // Another instance (or an earlier attempt) may have answered already, or a failure
+            // is being backed off.
+            if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
+            await limiter.acquire()
+            let outcome = await ask(session, token: token, tokenHash: tokenHash, on: loop)
+            await limiter.release()
+            return outcome
+        } catch {
+            logger.warning("re-validation could not use the session store", metadata: ["error": "\(error)"])
+            return .unknown
+        }
+    }
+
+    private enum Plan {
+        case settled(Outcome)
+        /// Call Apple; the token's last record (its failures count).
+        case ask(ValidationRecord?)
+    }
+
+    /// What the fleet's record of this token says to do (`RetryPolicy.step`).
+    private func plan(_ session: SessionRecord, tokenHash: String, on loop: any EventLoop) async throws -> Plan {
+        let record = try await store.validation(of: tokenHash, on: loop).get()
+        switch retry.step(record, validatedAt: session.validatedAt, now: now()) {
+        case .adopt(let at):
+            try await store.markValidated(session.handle, at: at, on: loop).get()
+            return .settled(.valid(at: at))
+        case .revoked:
+            return .settled(.revoked)
+        case .wait:
+            metrics.recordAppleCallDeferred(.backoff)
+            return .settled(.unknown)
+        case .givenUp:
+            metrics.recordAppleCallDeferred(.outage)
+            return .settled(.unknown)
+        case .ask:
+            return .ask(record)
+        }
     }
 
     private func ask(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {
         do {
             // The wait for a permit may have been long: look again before locking.
-            if let adopted = try await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
+            if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
             let lock = "lock:validation:" + tokenHash
             guard try await store.claim(lock, ttl: lockTTL, on: loop).get() else {
                 // Someone else is asking Apple: wait for their result (bounded by the lock's TTL).
-                let deadline = now() + lockTTL
-                while now() < deadline {
+                let deadline = ContinuousClock.now + .milliseconds(lockTTL)
+                while ContinuousClock.now < deadline {
                     try await Task.sleep(for: .milliseconds(20))
-                    if let adopted = try await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
+                    if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
                 }
                 return .unknown
             }
             defer { store.release(lock, on: loop).whenFailure { _ in } }
             // The lock holder checks once more: the previous holder may have just finished.
-            if let adopted = try await adopt(session, tokenHash: tokenHash, on: loop) { return adopted }
+            let previous: ValidationRecord?
+            switch try await plan(session, tokenHash: tokenHash, on: loop) {
+            case .settled(let outcome): return outcome
+            case .ask(let record): previous = record
+            }
+            // Apple refused our client lately: the whole fleet holds back, but for one probe.
+            let circuitName = Self.circuitName(session.clientID)
+            let probe = "lock:probe:" + circuitName
+            var isProbe = false
+            // Released once the probe's answer is recorded (the circuit's next retry time then
+            // holds the fleet back).
+            defer { if isProbe { store.release(probe, on: loop).whenFailure { _ in } } }
+            let circuit = try await store.validation(of: circuitName, on: loop).get()
+            if circuit?.result == .failed {
+                if retry.circuitHolds(circuit, now: now()) {
+                    metrics.recordAppleCallDeferred(.circuit)
+                    return .unknown
+                }
+                guard try await store.claim(probe, ttl: lockTTL, on: loop).get() else {
+                    metrics.recordAppleCallDeferred(.circuit)
+                    return .unknown
+                }
+                isProbe = true
+            }
             let outcome = await metrics.timeAppleCall("refresh") { await apple.tokens.refresh(token: token, clientID: session.clientID) }
             let t = now()
+            metrics.recordAppleCall(endpoint: "refresh", outcome: outcome.metricLabel)
+            if circuit?.result == .failed, outcome.provesClient {
+                logger.notice("Apple accepts our client again: re-validation resumes", metadata: ["client_id": "\(session.clientID)"])
+                try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: circuitName, ttl: 0, on: loop).get()
+            }
             switch outcome {
             case .success:
-                metrics.recordAppleCall(endpoint: "refresh", outcome: "ok")
-                try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: tokenHash, ttl: after, on: loop).get()
+                try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: tokenHash, ttl: times.after, on: loop).get()
                 try await store.markValidated(session.handle, at: t, on: loop).get()
                 return .valid(at: t)
             case .grantRevoked(let error):
-                metrics.recordAppleCall(endpoint: "refresh", outcome: "grant_revoked")
                 logger.info("Apple refused a refresh token: the user is revoked", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
-                try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: after, on: loop).get()
+                try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
                 _ = try await onRevoked(session.sub, loop).get()
                 return .revoked
             case .clientMisconfigured(let error):
-                metrics.recordAppleCall(endpoint: "refresh", outcome: "client_misconfigured")
-                logger.error("Apple rejected our client during re-validation: sessions are kept within apple.outage_grace; check the apple: configuration (sessiongate check --online)",
-                             metadata: ["error": "\(error)"])
-                try await store.recordValidation(ValidationRecord(result: .failed, at: t), of: tokenHash, ttl: retryInterval, on: loop).get()
+                let opened = retry.failed(after: circuit, at: t, retryAfter: nil, jitter: .random(in: 0..<1))
+                logger.error("Apple rejected our client during re-validation: the fleet holds re-validations back for this client and probes again later; sessions are kept within apple.outage_grace; check the apple: configuration (sessiongate check --online)",
+                             metadata: ["error": "\(error)", "client_id": "\(session.clientID)", "probe_in_s": "\((opened.retryAt - t) / 1000)"])
+                try await store.recordValidation(opened, of: circuitName, ttl: retry.keep(opened, now: t), on: loop).get()
                 return .unknown
-            case .transient(let reason):
-                metrics.recordAppleCall(endpoint: "refresh", outcome: "unavailable")
-                logger.warning("Apple unavailable during re-validation: sessions are kept within apple.outage_grace", metadata: ["reason": "\(reason)"])
-                try await store.recordValidation(ValidationRecord(result: .failed, at: t), of: tokenHash, ttl: retryInterval, on: loop).get()
+            case .transient(let reason, let retryAfter):
+                let failed = retry.failed(after: previous, at: t, retryAfter: retryAfter, jitter: .random(in: 0..<1))
+                logger.warning("Apple unavailable during re-validation: sessions are kept within apple.outage_grace",
+                               metadata: ["reason": "\(reason)", "failures": "\(failed.failures)", "retry_in_s": "\((failed.retryAt - t) / 1000)"])
+                try await store.recordValidation(failed, of: tokenHash, ttl: retry.keep(failed, now: t), on: loop).get()
                 return .unknown
             }
         } catch {
@@ -164,20 +197,27 @@ final class Revalidator: Sendable {
         }
     }
 
-    /// A stored result newer than this session's last validation, or a recent failure (not
-    /// retried before `retryInterval`).
-    private func adopt(_ session: SessionRecord, tokenHash: String, on loop: any EventLoop) async throws -> Outcome? {
-        guard let record = try await store.validation(of: tokenHash, on: loop).get() else { return nil }
-        switch record.result {
-        case .ok where record.at > session.validatedAt:
-            try await store.markValidated(session.handle, at: record.at, on: loop).get()
-            return .valid(at: record.at)
-        case .revoked:
-            return .revoked
-        case .failed where now() - record.at < retryInterval:
-            return .unknown
-        default:
-            return nil
+    /// The store name of a client's circuit (a `ValidationRecord` beside the tokens' ones; token
+    /// hashes are hex, so the names never meet).
+    static func circuitName(_ clientID: String) -> String { "client:" + clientID }
+}
+
+extension AppleTokenOutcome {
+    /// The `outcome` label of `sessiongate_apple_calls_total`.
+    var metricLabel: String {
+        switch self {
+        case .success: "ok"
+        case .grantRevoked: "grant_revoked"
+        case .clientMisconfigured: "client_misconfigured"
+        case .transient: "unavailable"
+        }
+    }
+
+    /// Apple authenticated our client (whatever it said of the grant).
+    var provesClient: Bool {
+        switch self {
+        case .success, .grantRevoked: true
+        case .clientMisconfigured, .transient: false
         }
     }
 }

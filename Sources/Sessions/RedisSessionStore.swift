@@ -203,13 +203,14 @@ public final class RedisSessionStore: SessionStore {
         send(["HGETALL", .string(validationKey(tokenHash))], on: loop).map { reply in
             guard let f = HashReply(reply), let result = f.string("result").flatMap(ValidationRecord.Result.init(rawValue:)),
                   let at = f.int64("at") else { return nil }
-            return ValidationRecord(result: result, at: at)
+            return ValidationRecord(result: result, at: at, failures: Int(f.int64("failures") ?? 0), retryAt: f.int64("retry_at") ?? 0)
         }
     }
 
     public func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
         let key = validationKey(tokenHash)
-        return transaction([["HSET", .string(key), "result", .string(record.result.rawValue), "at", RedisArgument(record.at)],
+        return transaction([["HSET", .string(key), "result", .string(record.result.rawValue), "at", RedisArgument(record.at),
+                             "failures", RedisArgument(Int64(record.failures)), "retry_at", RedisArgument(record.retryAt)],
                             ["PEXPIRE", .string(key), RedisArgument(max(ttl, 0))]], on: loop).map { _ in }  // 0: gone at once, as in memory
     }
 

@@ -88,15 +88,22 @@ public struct StoredSession: Sendable, Equatable {
     public var isRevoked: Bool { revokedAt.map { session.created <= $0 } ?? false }
 }
 
-/// The outcome of validating a refresh token with Apple, shared by the fleet.
+/// The outcome of validating a refresh token with Apple, shared by the fleet. Also a client's
+/// circuit (`Revalidator`: the record of `client:<client id>`, open after `invalid_client`).
 public struct ValidationRecord: Sendable, Equatable {
     public enum Result: String, Sendable { case ok, revoked, failed }
     public var result: Result
     /// Unix ms.
     public var at: Int64
-    public init(result: Result, at: Int64) {
+    /// Failed attempts in a row (0 unless `failed`).
+    public var failures: Int
+    /// No attempt before this time (Unix ms; 0: none scheduled): the backoff, or Apple's `Retry-After`.
+    public var retryAt: Int64
+    public init(result: Result, at: Int64, failures: Int = 0, retryAt: Int64 = 0) {
         self.result = result
         self.at = at
+        self.failures = failures
+        self.retryAt = retryAt
     }
 }
 

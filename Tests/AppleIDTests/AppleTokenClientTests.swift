@@ -1,3 +1,4 @@
+import Foundation
 import AsyncHTTPClient
 import Crypto
 import Logging
@@ -121,7 +122,20 @@ struct AppleTokenClientTests {
             let refresh = try await f.refreshToken()
             f.simulator.setFaults { $0.throttleInterval = 86_400 }
             #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .transient(reason: "token: status 429"))
+            f.simulator.setFaults { $0.retryAfter = 7200 }
+            #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .transient(reason: "token: status 429", retryAfter: 7200),
+                    "Apple's Retry-After is carried to the caller")
         }
+    }
+
+    @Test("Retry-After: delta-seconds or an HTTP-date, bounded to a week; junk is no advice", arguments: [
+        ("120", 120), (" 30 ", 30), ("0", nil), ("-5", nil), ("+5", nil), ("1e3", nil), ("soon", nil), ("", nil),
+        ("99999999", 7 * 86_400),
+        ("Wed, 25 Nov 2026 18:00:00 GMT", 3600), ("Wed, 25 Nov 2026 16:00:00 GMT", nil), ("Wed, 25 Nov 2026 18:00:00 PST", nil),
+    ] as [(String, Int?)])
+    func retryAfter(value: String, seconds: Int?) {
+        let now = Date(timeIntervalSince1970: 1_795_626_000)  // Wed, 25 Nov 2026 17:00:00 GMT
+        #expect(AppleTokenClient.retryAfterSeconds(value, now: now) == seconds, "\(value)")
     }
 
     @Test("a wrong key or an unknown client id is our misconfiguration, not the user's revocation")

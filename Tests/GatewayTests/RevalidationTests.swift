@@ -124,7 +124,7 @@ struct RevalidationTests {
         #expect(ContinuousClock.now - started < .seconds(8), "bounded by apple.timeout, not Apple's 10 s")
     }
 
-    @Test("Apple down: sessions kept, then denied once outage_grace has passed")
+    @Test("Apple down: sessions kept, then denied once outage_grace has passed, and Apple no longer asked")
     func outageGrace() async throws {
         let (h, sub) = try await Self.start()
         defer { Task { await h.stop() } }
@@ -137,8 +137,14 @@ struct RevalidationTests {
         let denied = try await a.request("/x")
         #expect(denied.status == 503 && denied.body.contains("Cannot confirm"))
         #expect(a.cookies["__Host-sessiongate"] != nil, "the cookie is kept")
+        // Apple is asked nothing more about a session outage_grace has ended (issue 13 §2):
+        // back or not, the session stays denied; signing in again makes a new one.
+        let calls = h.simulator.grantCount("refresh_token")
         h.simulator.setFaults { $0.tokenFailureStatus = nil }
-        h.clock.advance(by: .seconds(600))  // past the retry interval
-        #expect(try await a.request("/x").status == 200, "Apple back: the same session works")
+        h.clock.advance(by: .seconds(600))
+        #expect(try await a.request("/x").status == 503)
+        #expect(h.simulator.grantCount("refresh_token") == calls, "no call for a session outage_grace has ended")
+        _ = try await a.signIn(from: "/x", as: sub)
+        #expect(try await a.request("/x").status == 200, "a new sign-in works")
     }
 }
