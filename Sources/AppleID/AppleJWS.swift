@@ -16,6 +16,7 @@ public enum AppleTokenRejection: String, Error, Sendable, CaseIterable {
     case missingClaim = "a required claim is missing or has the wrong type"
     case nonceMissing = "a nonce was sent but the token has none"
     case nonceMismatch = "nonce does not match"
+    case codeHash = "c_hash is missing or does not match the authorization code"
     case claimType = "a boolean claim is neither true nor false"
     case events = "events is neither a JSON object nor a JSON string of one"
     case stale = "issued longer ago than a notification may be acted on"

@@ -31,20 +31,24 @@ public final class ClientSecretMinter: Sendable {
     private let key: P256.Signing.PrivateKey
     private let lifetime: Int64
     private let now: @Sendable () -> Int64
+    private let backdate: Int64
     private let cache = NIOLockedValueBox<[String: Minted]>([:])
 
     struct Minted {
         var secret: String
-        var issuedAt: Int64
+        /// Our clock at minting (its `iat` is `backdate` earlier).
+        var mintedAt: Int64
     }
 
     /// - Parameters:
     ///   - privateKeyPEM: the `.p8` file's content.
     ///   - lifetime: seconds from `iat` to `exp`; default one day. At most 15,777,000 s less a
     ///     minute of margin for clock skew.
+    ///   - backdate: seconds `iat` is set in the past (`apple.clock_skew`), so that Apple's clock
+    ///     running behind ours does not find the secret issued in the future.
     ///   - now: the clock, in whole seconds since 1970 (injectable for tests).
     public init(
-        teamID: String, keyID: String, privateKeyPEM: String, lifetime: Int64 = 86_400,
+        teamID: String, keyID: String, privateKeyPEM: String, lifetime: Int64 = 86_400, backdate: Int64 = 60,
         now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }
     ) throws {
         guard lifetime >= 60, lifetime <= Self.maximumLifetimeSeconds - 60 else { throw ClientSecretError(code: .invalidLifetime) }
@@ -56,6 +60,7 @@ public final class ClientSecretMinter: Sendable {
         self.teamID = teamID
         self.keyID = keyID
         self.lifetime = lifetime
+        self.backdate = max(0, backdate)
         self.now = now
     }
 
@@ -64,14 +69,14 @@ public final class ClientSecretMinter: Sendable {
     public func secret(for clientID: String) -> String {
         let now = self.now()
         return cache.withLockedValue { cache in
-            if let minted = cache[clientID], now - minted.issuedAt < lifetime / 2, now >= minted.issuedAt {
+            if let minted = cache[clientID], now - minted.mintedAt < lifetime / 2, now >= minted.mintedAt {
                 return minted.secret
             }
-            guard let secret = mint(clientID: clientID, issuedAt: now) else {
+            guard let secret = mint(clientID: clientID, issuedAt: now - backdate) else {
                 failures.withLockedValue { $0 += 1 }
                 return cache[clientID]?.secret ?? ""
             }
-            let minted = Minted(secret: secret, issuedAt: now)
+            let minted = Minted(secret: secret, mintedAt: now)
             cache[clientID] = minted
             return minted.secret
         }
@@ -80,14 +85,14 @@ public final class ClientSecretMinter: Sendable {
     /// Seconds since the cached secret for `clientID` was minted (nil: none yet). For a metric.
     public func age(for clientID: String) -> Int64? {
         let now = self.now()
-        return cache.withLockedValue { $0[clientID].map { now - $0.issuedAt } }
+        return cache.withLockedValue { $0[clientID].map { now - $0.mintedAt } }
     }
 
     /// Seconds until the cached secret for `clientID` expires (nil: none yet). Normally at least
     /// half the lifetime; falling toward 0 means minting has been failing.
     public func expiresIn(for clientID: String) -> Int64? {
         let now = self.now()
-        return cache.withLockedValue { $0[clientID].map { $0.issuedAt + lifetime - now } }
+        return cache.withLockedValue { $0[clientID].map { $0.mintedAt - backdate + lifetime - now } }
     }
 
     /// Secrets that could not be signed so far.

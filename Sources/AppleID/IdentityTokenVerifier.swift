@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 
 /// A verified Sign in with Apple identity (apple-sign-in.md §6.2). `sub` is the identity; the
@@ -31,8 +32,12 @@ public struct IdentityTokenVerifier: Sendable {
         core = AppleJWSVerifier(keySet: keySet, clientIDs: clientIDs, leeway: leeway, now: now)
     }
 
-    /// - Parameter expectedNonce: the nonce this login sent to Apple (nil: none was sent).
-    public func verify(_ token: String, expectedNonce: String?) async throws(AppleTokenRejection) -> AppleIdentity {
+    /// - Parameters:
+    ///   - expectedNonce: the nonce this login sent to Apple (nil: none was sent).
+    ///   - code: the authorization code delivered beside the token (the web flow's `code
+    ///     id_token` callback): the token's `c_hash` must be its hash (OIDC Core §3.3.2.11), so a
+    ///     token lifted from another sign-in cannot ride along with this code.
+    public func verify(_ token: String, expectedNonce: String?, code: String? = nil) async throws(AppleTokenRejection) -> AppleIdentity {
         let verified = try await core.verify(token, requireExpiry: true)
         let claims = verified.claims
         guard let subject = claims["sub"] as? String, !subject.isEmpty,
@@ -45,19 +50,23 @@ public struct IdentityTokenVerifier: Sendable {
                 guard try AppleJWSVerifier.boolean(claims["nonce_supported"]) == false else { throw .nonceMissing }
             }
         }
-        let realUserStatus: Int?
-        if let value = claims["real_user_status"] {
-            guard let n = AppleJWSVerifier.seconds(value), (0...2).contains(n) else { throw .claimType }
-            realUserStatus = Int(n)
-        } else {
-            realUserStatus = nil
+        if let code {
+            guard let hash = claims["c_hash"] as? String, Self.constantTimeEqual(hash, Self.halfHash(code)) else { throw .codeHash }
         }
+        // 0 unsupported, 1 unknown, 2 likely real. Anything else (a value Apple adds later, a
+        // string) is treated as unknown: the header is omitted, the sign-in goes on.
+        let realUserStatus = AppleJWSVerifier.seconds(claims["real_user_status"]).flatMap { (0...2).contains($0) ? Int($0) : nil }
         return AppleIdentity(
             subject: subject, audience: verified.audience, email: claims["email"] as? String,
             emailVerified: try AppleJWSVerifier.boolean(claims["email_verified"]),
             isPrivateEmail: try AppleJWSVerifier.boolean(claims["is_private_email"]),
             realUserStatus: realUserStatus, transferSubject: claims["transfer_sub"] as? String,
             issuedAt: iat, expiresAt: exp)
+    }
+
+    /// OIDC's hash of a code: the left half of its SHA-256, base64url.
+    static func halfHash(_ value: String) -> String {
+        Base64URL.encode(SHA256.hash(data: Data(value.utf8)).prefix(16))
     }
 
     /// Equality whose time does not depend on where the strings differ.

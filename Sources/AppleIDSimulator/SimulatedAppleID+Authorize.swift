@@ -87,7 +87,7 @@ extension SimulatedAppleID {
         var fields: [(String, String)] = []
         if let state = a.state { fields.append(("state", state)) }
         fields.append(("code", code))
-        if a.withIDToken, let token = try? identityToken(sub: sub, clientID: a.clientID, nonce: a.nonce, now: clock(), faults: faults.withLockedValue { $0 }) {
+        if a.withIDToken, let token = try? identityToken(sub: sub, clientID: a.clientID, nonce: a.nonce, now: clock(), faults: faults.withLockedValue { $0 }, code: code) {
             fields.append(("id_token", token))
         }
         let firstTime: Grants.User? = grants.withLockedValue { g in

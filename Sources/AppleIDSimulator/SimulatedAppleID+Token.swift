@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import HTTPProxy
 import NIOCore
@@ -95,7 +96,7 @@ extension SimulatedAppleID {
                     g.accessTokens[access] = grant.sub
                 }
                 var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": faults.accessTokenLifetime, "refresh_token": refresh]
-                body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: grant.nonce, now: now, faults: faults)
+                body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: grant.nonce, now: now, faults: faults, accessToken: access)
                 return Self.json(body)
             }
         case "refresh_token":
@@ -119,7 +120,7 @@ extension SimulatedAppleID {
                 grants.withLockedValue { $0.accessTokens[access] = grant.sub }
                 var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": faults.accessTokenLifetime]
                 if faults.refreshReturnsIDToken {
-                    body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: nil, now: now, faults: faults)
+                    body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: nil, now: now, faults: faults, accessToken: access)
                 }
                 return Self.json(body)
             }
@@ -164,16 +165,26 @@ extension SimulatedAppleID {
     }
 
     /// An identity token as `/auth/token` issues it (§6.5): string or JSON booleans by fault.
-    func identityToken(sub: String, clientID: String, nonce: String?, now: Int64, faults: Faults) throws -> String {
+    /// OIDC's hash of a code or an access token: the left half of its SHA-256, base64url.
+    static func halfHash(_ value: String) -> String {
+        CompactJWS.encodeBase64URL(Data(Array(SHA256.hash(data: Data(value.utf8))).prefix(16)))
+    }
+
+    /// - Parameters:
+    ///   - code: issued beside the token (the authorize redirect): the token carries its `c_hash`.
+    ///   - accessToken: issued with the token (`/auth/token`): the token carries its `at_hash`.
+    func identityToken(sub: String, clientID: String, nonce: String?, now: Int64, faults: Faults, code: String? = nil, accessToken: String? = nil) throws -> String {
         guard let user = grants.withLockedValue({ $0.users[sub] }) else { throw SimulatorError.unknownUser }
         let isNative = team.clients[clientID]?.isEmpty ?? false
         func boolean(_ value: Bool) -> Any { faults.stringBooleans ? (value ? "true" : "false") : value }
         var claims: [String: Any] = [
             "iss": "https://appleid.apple.com", "aud": clientID, "iat": now, "exp": now + faults.idTokenTTL, "sub": sub,
-            "at_hash": String(Grants.opaqueToken(prefix: "h").suffix(22)), "email": user.email,
+            "email": user.email,
             "email_verified": boolean(true), "is_private_email": boolean(user.isPrivateEmail), "auth_time": now, "nonce_supported": true,
         ]
         if let nonce { claims["nonce"] = nonce }
+        if let code { claims["c_hash"] = faults.wrongCodeHash ? Self.halfHash(code + "x") : Self.halfHash(code) }
+        if let accessToken { claims["at_hash"] = Self.halfHash(accessToken) }
         if let transferSub = activeTransferID(for: sub, now: now) { claims["transfer_sub"] = transferSub }
         if isNative { claims["real_user_status"] = user.realUserStatus }
         return try signingKeys.sign(claims)

@@ -31,6 +31,8 @@ public final class SimulatedAppleID: Sendable {
         /// Refuse a refresh of the same token within this many seconds (0: never).
         public var throttleInterval: Int64 = 0
         public var throttleStatus = 429
+        /// The front-channel `id_token` carries a `c_hash` of another code (a token swapped in).
+        public var wrongCodeHash = false
         /// Refuse every client secret with `invalid_client` (a revoked key, a wrong team: our
         /// misconfiguration as Apple sees it).
         public var rejectClientSecrets = false

@@ -23,7 +23,7 @@ struct AppleServices: Sendable {
         let pem = String(decoding: bytes, as: UTF8.self)
         let minter: ClientSecretMinter
         do {
-            minter = try ClientSecretMinter(teamID: a.teamID, keyID: a.keyID, privateKeyPEM: pem)
+            minter = try ClientSecretMinter(teamID: a.teamID, keyID: a.keyID, privateKeyPEM: pem, backdate: a.clockSkew.components.seconds)
         } catch {
             throw StartupFailure(key: "apple.private_key_file", "\(error)")
         }
@@ -32,8 +32,8 @@ struct AppleServices: Sendable {
         tokens = AppleTokenClient(baseURL: a.baseURL, httpClient: httpClient, secrets: minter, timeout: timeout, logger: logger)
         let keySet = AppleKeySet(baseURL: a.baseURL, httpClient: httpClient, timeout: timeout, logger: logger)
         self.keySet = keySet
-        verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs)
-        notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs)
+        verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs, leeway: a.clockSkew.components.seconds)
+        notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs, leeway: a.clockSkew.components.seconds)
         clientIDs = a.clientIDs
         baseURL = a.baseURL
     }

@@ -62,7 +62,7 @@ struct AuthEndpointGuard: RequestGuard {
                 case .session(_, let cached): return AuthResponses.json(.ok, Self.userJSON(cached.stored.user))
                 case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
                 case .unavailable: return AuthResponses.storeUnavailable(head)
-                case .appleUnavailable: return AuthResponses.appleUnavailable(head)
+                case .appleUnavailable: return AuthResponses.appleUnavailable(head, prefix: auth.prefix)
                 }
             }
         case ("/check", .GET), ("/check", .HEAD):
@@ -78,7 +78,7 @@ struct AuthEndpointGuard: RequestGuard {
                     let signIn = ForwardAuthRequest(head.headers, checkMethod: head.method.rawValue).signInURL(prefix: auth.prefix, policy: auth.returnPolicy)
                     return AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
                 case .unavailable: return AuthResponses.storeUnavailable(head)
-                case .appleUnavailable: return AuthResponses.appleUnavailable(head)
+                case .appleUnavailable: return AuthResponses.appleUnavailable(head, prefix: auth.prefix)
                 }
             }
         case ("/apple/notifications", .POST):
@@ -180,7 +180,7 @@ struct AuthEndpointGuard: RequestGuard {
         let name = form["user"].flatMap(Self.name(fromUserJSON:))
         if let token = form["id_token"] {
             do {
-                let early = try await apple.verifier.verify(token, expectedNonce: login.nonce)
+                let early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code)
                 if let name {
                     try await auth.withDeadline(auth.store.saveProfile(UserProfile(sub: early.subject, name: name), on: loop), on: loop).get()
                 }

@@ -62,14 +62,16 @@ enum AuthResponses {
     }
 
     /// Apple has not confirmed the session for longer than `apple.outage_grace`.
-    static func appleUnavailable(_ head: HTTPRequestHead) -> LocalResponse {
+    /// A session Apple could not confirm within `outage_grace`: it will not come back (Apple is
+    /// no longer asked about it); signing in again makes a new one.
+    static func appleUnavailable(_ head: HTTPRequestHead, prefix: String) -> LocalResponse {
         if wantsHTML(head) {
             return html(.serviceUnavailable, AuthPages.message(title: "Cannot confirm your sign-in",
-                                                               detail: "Your Apple Account could not be confirmed for too long. Please try again later.",
-                                                               action: nil), headers: [("retry-after", "60")])
+                                                               detail: "Your Apple Account could not be confirmed for too long. Please sign in again.",
+                                                               action: ("Sign in again", prefix + "/sign-in?rd=" + FormBody.escape(head.uri))))
         }
-        return json(.serviceUnavailable, ["error": "apple_unavailable", "message": "the session could not be re-validated with Apple within apple.outage_grace"],
-                    headers: [("retry-after", "60")])
+        return json(.serviceUnavailable, ["error": "apple_unavailable",
+                                          "message": "the session could not be re-validated with Apple within apple.outage_grace: sign in again"])
     }
 
     static func storeUnavailable(_ head: HTTPRequestHead) -> LocalResponse {

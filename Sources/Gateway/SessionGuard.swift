@@ -62,7 +62,7 @@ struct SessionGuard: RequestGuard {
             return .respond(AuthResponses.storeUnavailable(request.head))
         case .appleUnavailable:
             auth.metrics.recordAdmission(.appleUnavailable)
-            return .respond(AuthResponses.appleUnavailable(request.head))
+            return .respond(AuthResponses.appleUnavailable(request.head, prefix: auth.prefix))
         }
     }
 }

@@ -149,7 +149,7 @@ extension GatewayConfiguration {
     private mutating func readApple(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard root.values["apple"] != nil, let s = r.section(root.values["apple"], path: "apple", keys: [
             "team_id", "client_ids", "key_id", "private_key_file", "base_url", "scopes",
-            "revalidate_after", "revalidate_grace", "outage_grace", "timeout",
+            "revalidate_after", "revalidate_grace", "outage_grace", "timeout", "clock_skew",
         ]) else { return }
         var apple = Apple()
         func required(_ key: String) -> String? {
@@ -196,6 +196,12 @@ extension GatewayConfiguration {
         if let v = r.duration(s, "revalidate_grace", atLeast: .zero) { apple.revalidateGrace = v }
         if let v = r.duration(s, "outage_grace", atLeast: .zero) { apple.outageGrace = v }
         if let v = r.duration(s, "timeout") { apple.timeout = v }
+        if let v = r.duration(s, "clock_skew", atLeast: .zero) {
+            apple.clockSkew = v
+            if v > .seconds(300) {
+                r.warn(s.child("clock_skew"), r.mark(s, "clock_skew"), "more than 5m of tolerated skew lets expired identity tokens through for as long; fix the host's clock (NTP) instead")
+            }
+        }
         self.apple = apple
     }
 

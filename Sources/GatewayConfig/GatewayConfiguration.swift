@@ -113,6 +113,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var revalidateGrace: Duration = .seconds(3600)
         public var outageGrace: Duration = .seconds(72 * 3600)
         public var timeout: Duration = .seconds(5)
+        /// Clock skew tolerated on Apple's tokens (`iat`, `exp`); the client secret's `iat` is
+        /// set this far in the past.
+        public var clockSkew: Duration = .seconds(60)
         public init() {}
     }
 

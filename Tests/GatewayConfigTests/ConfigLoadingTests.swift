@@ -187,6 +187,17 @@ struct ConfigLoadingTests {
         #expect(result.warnings.contains { $0.path == "server.admin_listen" })
     }
 
+    @Test("apple.clock_skew: 60s by default; set; over five minutes warns; negative is an error")
+    func clockSkew() throws {
+        let apple = "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n"
+        #expect(GatewayConfiguration.parse(yaml: apple + Self.minimal).configuration?.apple?.clockSkew == .seconds(60))
+        #expect(GatewayConfiguration.parse(yaml: apple + "  clock_skew: 10s\n" + Self.minimal).configuration?.apple?.clockSkew == .seconds(10))
+        let wide = GatewayConfiguration.parse(yaml: apple + "  clock_skew: 10m\n" + Self.minimal)
+        #expect(wide.configuration?.apple?.clockSkew == .seconds(600))
+        #expect(wide.warnings.map(\.path) == ["apple.clock_skew"])
+        #expect(GatewayConfiguration.parse(yaml: apple + "  clock_skew: -1s\n" + Self.minimal).errors.map(\.path) == ["apple.clock_skew"])
+    }
+
     @Test("a route that needs sign-in needs apple, public_url and (with Redis) a session secret")
     func signInRequirements() throws {
         let yaml = """

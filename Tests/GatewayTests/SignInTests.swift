@@ -248,6 +248,25 @@ struct SignInTests {
         #expect(try await attacker.request("/x").status == 302)
     }
 
+    @Test("callback: a front-channel id_token whose c_hash names another code is refused before the code is exchanged")
+    func codeHashMismatch() async throws {
+        let h = try await SignInHarness.start()
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        h.simulator.setFaults { $0.wrongCodeHash = true }
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        let exchanges = h.simulator.grantCount("authorization_code")
+        let (_, post) = try await a.signIn(from: "/x", as: sub, stopBeforeCallback: true)
+        let refused = try await a.request(post.action, method: .POST, form: post.fields)
+        #expect(refused.status == 400 && refused.body.contains("identity token could not be verified"), "\(refused.status)")
+        #expect(a.cookies["__Host-sessiongate"] == nil, "no session")
+        #expect(h.simulator.grantCount("authorization_code") == exchanges, "the code was never sent to Apple")
+        h.simulator.setFaults { $0.wrongCodeHash = false }
+        let b = TestBrowser(gatewayOrigin: h.origin)
+        #expect(try await b.signIn(from: "/x", as: sub).callback?.status == 303)
+        #expect(try await b.request("/x").status == 200, "the real c_hash signs in")
+    }
+
     @Test("identity assertion verifies with the published keys")
     func assertion() async throws {
         let h = try await SignInHarness.start(assertion: true)
