@@ -56,6 +56,8 @@ let package = Package(
             name: "Sessions",
             dependencies: [
                 "Redis",
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -91,7 +93,7 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID", "Redis",
+                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -108,7 +110,7 @@ let package = Package(
         .executableTarget(
             name: "sessiongate",
             dependencies: [
-                "Gateway", "GatewayConfig", "AppleIDSimulator", "Sessions", "Redis",
+                "Gateway", "GatewayConfig", "AppleIDSimulator", "Sessions",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -9,7 +9,6 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-import Redis
 import Sessions
 
 /// What sign-in and admission keep for the life of the process, whatever reloads do: session
@@ -38,13 +37,9 @@ final class AuthCore: Sendable {
     /// Where background checks (tunnels after an invalidation) run.
     private let backgroundLoop: any EventLoop
     let logger: Logger
-    private let redis: RedisClient?
+    /// The store on Redis with the fleet's invalidation channel (nil: the memory store).
+    private let backend: RedisSessionBackend?
     private let httpClient: HTTPClient?
-    /// Pub/sub: every instance drops invalidated sessions and users from its local cache.
-    private let subscriber: RedisSubscriber?
-    /// Behind Redis Sentinel: follows `+switch-master`.
-    private let sentinelWatcher: RedisSentinelWatcher?
-    let invalidationChannel: String
 
     /// Reads the secrets and connects nothing yet (Redis connects on first use).
     init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
@@ -69,41 +64,29 @@ final class AuthCore: Sendable {
             let (entries, evictions) = cache.statistics
             metrics.recordSessionCache(entries: entries, evictions: evictions)
         }
-        invalidationChannel = c.store.keyPrefix + "invalidate"
         for (key, reference) in Self.storeTLSFiles(c) {
             if let reference { digests[key] = SHA256.hash(data: try reference.read(key: key)) }
         }
-        if c.store.redisURL != nil, let configuration = try StoreConnection.configuration(c.store, commandTimeout: TimeAmount(c.store.timeout)) {
-            let client = try StoreConnection.client(configuration, c.store, group: group, logger: logger)
-            redis = client
-            store = MeasuredSessionStore(RedisSessionStore(client: client, keyPrefix: c.store.keyPrefix), metrics: metrics)
-            let subscriber = try RedisSubscriber(
-                configuration: configuration, channels: [invalidationChannel], eventLoop: group.next(), logger: logger,
-                onMessage: { _, payload in
-                    Self.applyInvalidation(payload, to: cache, metrics: metrics)
-                    weak.withLockedValue { $0.value }?.recheckTunnels(payload)
+        if let endpoint = try StoreConnection.endpoint(c.store, commandTimeout: TimeAmount(c.store.timeout)) {
+            // Pub/sub: every instance drops invalidated sessions and users from its local cache.
+            let listener = RedisSessionBackend.Listener(
+                on: group.next(),
+                onInvalidation: { invalidation in
+                    Self.apply(invalidation, to: cache, metrics: metrics)
+                    weak.withLockedValue { $0.value }?.recheckTunnels(invalidation)
                 },
-                onConnected: {
+                onSubscribed: {
                     // Messages may have been missed while disconnected (or before the first
                     // subscription: the listener is up first): the cache forgets everything, and
                     // every open tunnel's session is checked in the store again.
                     cache.flush()
                     weak.withLockedValue { $0.value }?.recheckAllTunnels()
                 })
-            self.subscriber = subscriber
-            if configuration.sentinel != nil {
-                sentinelWatcher = try RedisSentinelWatcher(configuration: configuration, eventLoop: group.next(), logger: logger) { master in
-                    logger.notice("redis sentinel: the master moved; reconnecting", metadata: ["master": "\(master)"])
-                    client.reconnect(unlessConnectedTo: master)
-                    subscriber.reconnect()
-                }
-            } else {
-                sentinelWatcher = nil
-            }
+            let backend = try StoreConnection.backend(endpoint, c.store, group: group, logger: logger, listener: listener)
+            self.backend = backend
+            store = MeasuredSessionStore(backend.store, metrics: metrics)
         } else {
-            redis = nil
-            subscriber = nil
-            sentinelWatcher = nil
+            backend = nil
             store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
         }
         // Every secret is read before the Apple client exists: a failure here leaves nothing to close.
@@ -189,8 +172,7 @@ final class AuthCore: Sendable {
 
     /// Starts listening for invalidations (Redis only).
     func start() {
-        subscriber?.start()
-        sentinelWatcher?.start()
+        backend?.listen()
     }
 
     /// Releases what `init` made when the process will not run (nothing was started or connected).
@@ -199,9 +181,7 @@ final class AuthCore: Sendable {
     }
 
     func shutdown() async {
-        await sentinelWatcher?.stop()
-        await subscriber?.stop()
-        await redis?.close()
+        await backend?.shutdown()
         try? await httpClient?.shutdown()
     }
 
@@ -229,7 +209,7 @@ final class AuthCore: Sendable {
         cache.invalidate(sub: sub)
         return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
             self.cache.invalidate(sub: sub)
-            self.publish("user \(sub)", on: loop)
+            self.publish(.user(sub), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source.rawValue)
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
@@ -240,26 +220,24 @@ final class AuthCore: Sendable {
     /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
     func invalidateUser(_ sub: String, on loop: any EventLoop) {
         cache.invalidate(sub: sub)
-        publish("user \(sub)", on: loop)
+        publish(.user(sub), on: loop)
     }
 
     /// Ends one session (logout) here and on every instance.
     func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
         cache.invalidate(handle)
         return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
-            self.publish("session \(handle.key)", on: loop)
+            self.publish(.session(handle), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
         }
     }
 
     /// After an invalidation message: the tunnels it names are checked.
-    func recheckTunnels(_ payload: [UInt8]) {
+    func recheckTunnels(_ invalidation: Invalidation) {
         guard tunnels.count > 0 else { return }
-        let text = String(decoding: payload, as: UTF8.self)
-        if text.hasPrefix("user ") {
-            recheckTunnels(tunnels.tunnels(of: String(text.dropFirst(5))))
-        } else if text.hasPrefix("session ") {
-            recheckTunnels(tunnels.tunnels(ofSession: String(text.dropFirst(8))))
+        switch invalidation {
+        case .user(let sub): recheckTunnels(tunnels.tunnels(of: sub))
+        case .session(let handle): recheckTunnels(tunnels.tunnels(ofSession: handle.key))
         }
     }
 
@@ -283,23 +261,19 @@ final class AuthCore: Sendable {
         }
     }
 
-    private func publish(_ message: String, on loop: any EventLoop) {
-        guard let redis else { return }
-        redis.send(["PUBLISH", .string(invalidationChannel), .string(message)], on: loop).whenFailure { error in
+    private func publish(_ invalidation: Invalidation, on loop: any EventLoop) {
+        backend?.publish(invalidation, on: loop).whenFailure { error in
             self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
                                 metadata: ["error": "\(error)"])
         }
     }
 
-    /// `user <sub>` or `session <hash>`, as published by `revokeUser`, `endSession` and
-    /// `sessiongate sessions revoke`.
-    static func applyInvalidation(_ payload: [UInt8], to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
-        let text = String(decoding: payload, as: UTF8.self)
+    /// An invalidation from another instance (or this one): the local cache forgets it.
+    static func apply(_ invalidation: Invalidation, to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
         metrics.invalidationsReceived.increment()
-        if text.hasPrefix("user ") {
-            cache.invalidate(sub: String(text.dropFirst(5)))
-        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
-            cache.invalidate(handle)
+        switch invalidation {
+        case .user(let sub): cache.invalidate(sub: sub)
+        case .session(let handle): cache.invalidate(handle)
         }
     }
 }

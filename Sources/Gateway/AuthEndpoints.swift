@@ -384,7 +384,7 @@ struct AuthEndpointGuard: RequestGuard {
         do {
             if let jti = event.jti {
                 // Apple redelivers: a jti is acted on once, fleet-wide (kept a week).
-                let first = try await auth.withDeadline(auth.store.claim("notification:" + jti, ttl: 7 * 86_400_000, on: loop), on: loop).get()
+                let first = try await auth.withDeadline(auth.store.claim(.notification(jti: jti), ttl: 7 * 86_400_000, on: loop), on: loop).get()
                 guard first else {
                     auth.metrics.recordNotification(type: type, result: "duplicate")
                     return LocalResponse(status: .ok)
@@ -407,7 +407,7 @@ struct AuthEndpointGuard: RequestGuard {
             }
         } catch {
             // Answer 503 so that Apple retries, and forget the jti so the retry is processed.
-            if let jti = event.jti { auth.store.release("notification:" + jti, on: loop).whenFailure { _ in } }
+            if let jti = event.jti { auth.store.release(.notification(jti: jti), on: loop).whenFailure { _ in } }
             auth.logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
             auth.metrics.recordNotification(type: type, result: "store_unavailable")
             return .error(.serviceUnavailable, "the session store did not answer; retry")

@@ -50,11 +50,11 @@ struct MeasuredSessionStore: SessionStore {
     func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?> {
         timed("take_login", base.takeLogin(state: state, on: eventLoop))
     }
-    func claim(_ name: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
-        timed("claim", base.claim(name, ttl: ttl, on: eventLoop))
+    func claim(_ claim: Claim, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
+        timed("claim", base.claim(claim, ttl: ttl, on: eventLoop))
     }
-    func release(_ name: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
-        timed("release", base.release(name, on: eventLoop))
+    func release(_ claim: Claim, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("release", base.release(claim, on: eventLoop))
     }
     func validation(of tokenHash: String, on eventLoop: any EventLoop) -> EventLoopFuture<ValidationRecord?> {
         timed("validation", base.validation(of: tokenHash, on: eventLoop))

@@ -125,7 +125,7 @@ final class Revalidator: Sendable {
         do {
             // The wait for a permit may have been long: look again before locking.
             if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
-            let lock = "lock:validation:" + tokenHash
+            let lock = Claim.validation(tokenHash: tokenHash)
             guard try await store.claim(lock, ttl: lockTTL, on: loop).get() else {
                 // Someone else is asking Apple: wait for their result (bounded by the lock's TTL).
                 let deadline = ContinuousClock.now + .milliseconds(lockTTL)
@@ -144,7 +144,7 @@ final class Revalidator: Sendable {
             }
             // Apple refused our client lately: the whole fleet holds back, but for one probe.
             let circuitName = Self.circuitName(session.clientID)
-            let probe = "lock:probe:" + circuitName
+            let probe = Claim.probe(clientID: session.clientID)
             var isProbe = false
             // Released once the probe's answer is recorded (the circuit's next retry time then
             // holds the fleet back).

@@ -139,7 +139,8 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(login)
     }
 
-    public func claim(_ id: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
+    public func claim(_ claim: Claim, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool> {
+        let id = claim.name
         let t = now()
         let first = state.withLockedValue { s -> Bool in
             if let until = s.claims[id], until > t { return false }
@@ -150,8 +151,8 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(first)
     }
 
-    public func release(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
-        state.withLockedValue { _ = $0.claims.removeValue(forKey: id) }
+    public func release(_ claim: Claim, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { _ = $0.claims.removeValue(forKey: claim.name) }
         return eventLoop.makeSucceededVoidFuture()
     }
 

@@ -189,12 +189,12 @@ public final class RedisSessionStore: SessionStore {
     }
 
     /// `sg:<name>` with `SET NX PX`: exactly one caller in the fleet gets it.
-    public func claim(_ name: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Bool> {
-        send(["SET", .string(prefix + name), "1", "NX", "PX", RedisArgument(max(ttl, 1))], on: loop).map { !$0.isNull }
+    public func claim(_ claim: Claim, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Bool> {
+        send(["SET", .string(prefix + claim.name), "1", "NX", "PX", RedisArgument(max(ttl, 1))], on: loop).map { !$0.isNull }
     }
 
-    public func release(_ name: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        send(["DEL", .string(prefix + name)], on: loop).map { _ in }
+    public func release(_ claim: Claim, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["DEL", .string(prefix + claim.name)], on: loop).map { _ in }
     }
 
     func validationKey(_ tokenHash: String) -> String { "\(prefix)validation:{\(tokenHash)}" }

@@ -107,6 +107,26 @@ public struct ValidationRecord: Sendable, Equatable {
     }
 }
 
+/// A fleet-wide claim (`SET NX PX`): held by one caller at a time until released or expired.
+/// Its store key carries the hash tag DESIGN §3 gives it (one cluster slot per subject).
+public enum Claim: Sendable, Equatable {
+    /// The single flight of a refresh token's validation: `lock:validation:{<token hash>}`.
+    case validation(tokenHash: String)
+    /// The one probe of a client Apple refused: `lock:probe:{<client id>}`.
+    case probe(clientID: String)
+    /// A notification already acted on (dedupe by `jti`): `notification:{<jti>}`.
+    case notification(jti: String)
+
+    /// The key under the store's prefix.
+    public var name: String {
+        switch self {
+        case .validation(let hash): "lock:validation:{" + hash + "}"
+        case .probe(let clientID): "lock:probe:{" + clientID + "}"
+        case .notification(let jti): "notification:{" + jti + "}"
+        }
+    }
+}
+
 /// A web login between `/login` and `/callback` (`sg:login:{state}`): single use, 10 minutes.
 public struct LoginState: Sendable, Equatable {
     public var nonce: String
@@ -159,11 +179,11 @@ public protocol SessionStore: Sendable {
     func putLogin(state: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Takes a login out: the second call for the same state answers nil.
     func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?>
-    /// Claims `name` (`notification:<jti>`, `lock:validation:<hash>`) for `ttl` milliseconds;
-    /// true only for the one caller that gets it, fleet-wide (Redis `SET NX PX`).
-    func claim(_ name: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool>
+    /// Takes `claim` for `ttl` milliseconds; true only for the one caller that gets it,
+    /// fleet-wide (Redis `SET NX PX`).
+    func claim(_ claim: Claim, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool>
     /// Gives a claim up (a lock released; a notification whose processing failed).
-    func release(_ name: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    func release(_ claim: Claim, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// The fleet's last re-validation result for a refresh token (`validation:<token hash>`).
     func validation(of tokenHash: String, on eventLoop: any EventLoop) -> EventLoopFuture<ValidationRecord?>
     /// Records a re-validation result for `ttl` milliseconds.

@@ -4,7 +4,6 @@ import Gateway
 import GatewayConfig
 import Logging
 import NIOPosix
-import Redis
 import Sessions
 
 struct SessionsCommand: AsyncParsableCommand {
@@ -20,24 +19,21 @@ struct SessionsCommand: AsyncParsableCommand {
     }
 
     /// The configured Redis store; the memory store lives inside the running gateway.
-    static func store(_ path: String) throws -> (RedisSessionStore, RedisClient, String) {
+    static func backend(_ path: String) throws -> RedisSessionBackend {
         guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
-        guard let url = configuration.store.redisURL else {
+        guard configuration.store.redisURL != nil else {
             printError("\(path): store.redis_url is not set: the memory store lives inside the running gateway (restart it to end every session)")
             throw ExitCode(1)
         }
         var logger = makeLogger()
         logger.logLevel = .warning
-        _ = url
-        let client: RedisClient
         do {
-            guard let redis = try StoreConnection.configuration(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
-            client = try StoreConnection.client(redis, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+            guard let endpoint = try StoreConnection.endpoint(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
+            return try StoreConnection.backend(endpoint, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
         } catch let failure as StartupFailure {
             printError("\(path):\(failure.problem(locations: [:]))")
             throw ExitCode(1)
         }
-        return (RedisSessionStore(client: client, keyPrefix: configuration.store.keyPrefix), client, configuration.store.keyPrefix)
     }
 
     static func time(_ ms: Int64) -> String {
@@ -51,12 +47,12 @@ struct SessionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             defer { flushLogs() }
-            let (store, client, _) = try SessionsCommand.store(target.options.config)
-            defer { Task { await client.close() } }
+            let backend = try SessionsCommand.backend(target.options.config)
+            defer { Task { await backend.shutdown() } }
             let loop = MultiThreadedEventLoopGroup.singleton.next()
             let sessions: [SessionRecord]
             do {
-                sessions = try await store.sessions(of: target.sub, on: loop).get()
+                sessions = try await backend.store.sessions(of: target.sub, on: loop).get()
             } catch {
                 printError("\(error)")
                 throw ExitCode(1)
@@ -77,12 +73,12 @@ struct SessionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             defer { flushLogs() }
-            let (store, client, prefix) = try SessionsCommand.store(target.options.config)
-            defer { Task { await client.close() } }
+            let backend = try SessionsCommand.backend(target.options.config)
+            defer { Task { await backend.shutdown() } }
             let loop = MultiThreadedEventLoopGroup.singleton.next()
             do {
-                let count = try await store.revoke(target.sub, at: SessionClock.now(), on: loop).get()
-                _ = try await client.send(["PUBLISH", .string(prefix + "invalidate"), .string("user \(target.sub)")], on: loop).get()
+                let count = try await backend.store.revoke(target.sub, at: SessionClock.now(), on: loop).get()
+                try await backend.publish(.user(target.sub), on: loop).get()
                 print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended")
             } catch {
                 printError("\(error)")

@@ -175,7 +175,8 @@ struct SessionEdgeTests {
 
     @Test("a tunnel open on instance B closes when the user is revoked on instance A (Redis pub/sub)")
     func tunnelClosesAcrossInstances() async throws {
-        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600))
+        // A generous store timeout: under the parallel suite a sign-in's save has taken over 3 s.
+        let h = try await SignInHarness.start(store: .redis, storeTimeout: .seconds(15), localCacheTTL: .seconds(3600))
         defer { Task { await h.stop() } }
         let b = try await h.addInstance()
         let (browser, cookie) = try await Self.signedIn(h)

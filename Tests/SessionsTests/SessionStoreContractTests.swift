@@ -168,14 +168,14 @@ struct SessionStoreContractTests {
         defer { Task { await f.close() } }
         let store = f.store, loop = f.loop
         let results = try await withThrowingTaskGroup(of: Bool.self) { group in
-            for _ in 0..<20 { group.addTask { try await store.claim("notification:jti-1", ttl: 60_000, on: loop).get() } }
+            for _ in 0..<20 { group.addTask { try await store.claim(.notification(jti: "jti-1"), ttl: 60_000, on: loop).get() } }
             return try await group.reduce(into: []) { $0.append($1) }
         }
         #expect(results.filter { $0 }.count == 1)
-        #expect(try await store.claim("notification:jti-2", ttl: 60_000, on: loop).get())
-        try await store.release("notification:jti-1", on: loop).get()
-        #expect(try await store.claim("notification:jti-1", ttl: 60_000, on: loop).get(), "released: the next caller gets it")
-        #expect(try await store.claim("lock:x", ttl: 0, on: loop).get())
+        #expect(try await store.claim(.notification(jti: "jti-2"), ttl: 60_000, on: loop).get())
+        try await store.release(.notification(jti: "jti-1"), on: loop).get()
+        #expect(try await store.claim(.notification(jti: "jti-1"), ttl: 60_000, on: loop).get(), "released: the next caller gets it")
+        #expect(try await store.claim(.validation(tokenHash: "x"), ttl: 0, on: loop).get())
 
         // Validation records and validated_at.
         #expect(try await store.validation(of: "t1", on: loop).get() == nil)

@@ -1,0 +1,151 @@
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Redis
+
+/// What one instance tells the others to forget (DESIGN §3, channel `<prefix>invalidate`):
+/// every session of a user (a revocation, a changed profile), or one session (a logout).
+public enum Invalidation: Sendable, Equatable {
+    case user(String)
+    case session(SessionHandle)
+
+    /// The message on the wire: `user <sub>` or `session <hash>`.
+    public var payload: String {
+        switch self {
+        case .user(let sub): "user " + sub
+        case .session(let handle): "session " + handle.key
+        }
+    }
+
+    /// A message read back; nil for anything else (a newer instance's message kind, junk).
+    public init?(payload: [UInt8]) {
+        let text = String(decoding: payload, as: UTF8.self)
+        if text.hasPrefix("user "), text.utf8.count > 5 {
+            self = .user(String(text.dropFirst(5)))
+        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
+            self = .session(handle)
+        } else {
+            return nil
+        }
+    }
+}
+
+/// How to reach the session store's Redis: an address or sentinels, credentials, database, TLS.
+/// The gateway and the CLI build it from the configuration; only `Sessions` speaks Redis.
+public struct StoreEndpoint: Sendable {
+    public struct Sentinel: Sendable {
+        public var masterName: String
+        public var addresses: [(host: String, port: Int)]
+        public var password: String?
+        public init(masterName: String, addresses: [(host: String, port: Int)], password: String?) {
+            self.masterName = masterName
+            self.addresses = addresses
+            self.password = password
+        }
+    }
+
+    public var host: String
+    public var port: Int
+    public var username: String?
+    public var password: String?
+    public var database: Int
+    public var commandTimeout: TimeAmount
+    /// The TLS context and the name to verify (`rediss://`).
+    public var tls: (context: NIOSSLContext, serverName: String?)?
+    public var sentinel: Sentinel?
+
+    public init(host: String, port: Int, username: String?, password: String?, database: Int, commandTimeout: TimeAmount,
+                tls: (context: NIOSSLContext, serverName: String?)? = nil, sentinel: Sentinel? = nil) {
+        self.host = host
+        self.port = port
+        self.username = username
+        self.password = password
+        self.database = database
+        self.commandTimeout = commandTimeout
+        self.tls = tls
+        self.sentinel = sentinel
+    }
+
+    var configuration: RedisClient.Configuration {
+        var c = RedisClient.Configuration(host: host, port: port, username: username, password: password, database: database, commandTimeout: commandTimeout)
+        if let tls { c.tls = RedisTLS(context: tls.context, serverName: tls.serverName) }
+        if let sentinel {
+            c.sentinel = RedisSentinelConfiguration(masterName: sentinel.masterName, addresses: sentinel.addresses.map { RedisAddress(host: $0.host, port: $0.port) },
+                                                    password: sentinel.password)
+        }
+        return c
+    }
+}
+
+/// The session store on Redis with the fleet's invalidation channel: the store, publishing
+/// `Invalidation`s, and (for a gateway, once `listen` is called) receiving them, following a
+/// Sentinel failover. Built once per process; nothing connects before the first use.
+public final class RedisSessionBackend: Sendable {
+    public let store: RedisSessionStore
+    private let client: RedisClient
+    private let channel: String
+    private let subscriber: RedisSubscriber?
+    private let watcher: RedisSentinelWatcher?
+
+    /// The receiving side of the channel.
+    public struct Listener: Sendable {
+        /// Every message understood, on `loop`.
+        public var onInvalidation: @Sendable (Invalidation) -> Void
+        /// After every (re)subscription: messages may have been missed meanwhile.
+        public var onSubscribed: @Sendable () -> Void
+        public var loop: any EventLoop
+        public init(on loop: any EventLoop, onInvalidation: @escaping @Sendable (Invalidation) -> Void, onSubscribed: @escaping @Sendable () -> Void) {
+            self.loop = loop
+            self.onInvalidation = onInvalidation
+            self.onSubscribed = onSubscribed
+        }
+    }
+
+    /// Fails when a host does not resolve. Without a listener (the CLI), nothing subscribes.
+    public init(_ endpoint: StoreEndpoint, keyPrefix: String, group: MultiThreadedEventLoopGroup, logger: Logger, listener: Listener? = nil) throws {
+        let configuration = endpoint.configuration
+        let client = try RedisClient(configuration: configuration, group: group, logger: logger)
+        self.client = client
+        store = RedisSessionStore(client: client, keyPrefix: keyPrefix)
+        channel = keyPrefix + "invalidate"
+        guard let listener else {
+            subscriber = nil
+            watcher = nil
+            return
+        }
+        let subscriber = try RedisSubscriber(
+            configuration: configuration, channels: [channel], eventLoop: listener.loop, logger: logger,
+            onMessage: { _, payload in
+                if let invalidation = Invalidation(payload: payload) { listener.onInvalidation(invalidation) }
+            },
+            onConnected: listener.onSubscribed)
+        self.subscriber = subscriber
+        if configuration.sentinel != nil {
+            watcher = try RedisSentinelWatcher(configuration: configuration, eventLoop: listener.loop, logger: logger) { master in
+                logger.notice("redis sentinel: the master moved; reconnecting", metadata: ["master": "\(master)"])
+                client.reconnect(unlessConnectedTo: master)
+                subscriber.reconnect()
+            }
+        } else {
+            watcher = nil
+        }
+    }
+
+    /// Tells every instance (this one included, if it listens) to forget `invalidation`.
+    public func publish(_ invalidation: Invalidation, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        client.send(["PUBLISH", .string(channel), .string(invalidation.payload)], on: loop).map { _ in }
+    }
+
+    /// Starts receiving the fleet's invalidations (and following the sentinels).
+    public func listen() {
+        subscriber?.start()
+        watcher?.start()
+    }
+
+    public func shutdown() async {
+        await watcher?.stop()
+        await subscriber?.stop()
+        await client.close()
+    }
+}

@@ -1,0 +1,35 @@
+import Testing
+
+@testable import Sessions
+
+/// The fleet's invalidation messages and the store's claim keys (DESIGN §3), as tables.
+@Suite("Invalidation codec and claim keys")
+struct InvalidationTests {
+    static let hash = String(repeating: "0f", count: 32)
+
+    @Test("messages round-trip and keep their wire form", arguments: [
+        (Invalidation.user("001.abc"), "user 001.abc"),
+        (Invalidation.user("sub with spaces"), "user sub with spaces"),
+        (Invalidation.session(SessionHandle(key: hash)!), "session " + hash),
+    ])
+    func roundTrip(invalidation: Invalidation, wire: String) {
+        #expect(invalidation.payload == wire)
+        #expect(Invalidation(payload: Array(wire.utf8)) == invalidation)
+    }
+
+    @Test("anything else is no message", arguments: [
+        "", "user ", "user", "session ", "session nothex", "session " + String(repeating: "0f", count: 31), "USER x", "link 001.abc", " user x",
+    ])
+    func junk(wire: String) {
+        #expect(Invalidation(payload: Array(wire.utf8)) == nil)
+    }
+
+    @Test("claim keys carry the hash tag of their subject", arguments: [
+        (Claim.validation(tokenHash: "ab12"), "lock:validation:{ab12}"),
+        (Claim.probe(clientID: "com.example.web"), "lock:probe:{com.example.web}"),
+        (Claim.notification(jti: "j-1"), "notification:{j-1}"),
+    ])
+    func claimKeys(claim: Claim, key: String) {
+        #expect(claim.name == key)
+    }
+}
