@@ -16,6 +16,10 @@ public struct AppleIdentity: Sendable, Equatable {
     public var transferSubject: String?
     public var issuedAt: Int64
     public var expiresAt: Int64
+    /// The `nonce` claim, as Apple put it in the token.
+    public var nonce: String? = nil
+    /// `nonce_supported` (false: the platform sent no nonce; nil: the claim is absent).
+    public var nonceSupported: Bool? = nil
 }
 
 /// Verifies identity tokens from the web flow (`/auth/token`) and from native apps: RS256
@@ -61,7 +65,7 @@ public struct IdentityTokenVerifier: Sendable {
             emailVerified: try AppleJWSVerifier.boolean(claims["email_verified"]),
             isPrivateEmail: try AppleJWSVerifier.boolean(claims["is_private_email"]),
             realUserStatus: realUserStatus, transferSubject: claims["transfer_sub"] as? String,
-            issuedAt: iat, expiresAt: exp)
+            issuedAt: iat, expiresAt: exp, nonce: claims["nonce"] as? String, nonceSupported: try AppleJWSVerifier.boolean(claims["nonce_supported"]))
     }
 
     /// OIDC's hash of a code: the left half of its SHA-256, base64url.

@@ -32,6 +32,8 @@ final class AuthCore: Sendable {
     let revalidator: Revalidator?
     /// Open WebSocket tunnels, ended when their session is.
     let tunnels = TunnelRegistry()
+    /// Code exchanges per key in the current minute (`apple.exchanges_per_minute`).
+    let exchanges = NIOLockedValueBox(RateWindows())
     /// Session lifetimes of the running configuration, for checks outside a request.
     let times: NIOLockedValueBox<SessionTimes>
     /// Where background checks (tunnels after an invalidation) run.

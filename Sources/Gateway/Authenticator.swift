@@ -63,6 +63,10 @@ final class Authenticator: Sendable {
     let scopes: [String]
     /// Where a browser goes after signing out from a route.
     let afterLogout: PostLogoutPolicy
+    /// `apple.native_nonce: required`.
+    let nativeNonceRequired: Bool
+    /// `apple.exchanges_per_minute` (0: none).
+    let exchangesPerMinute: Int
 
     /// The first generation: builds the core (reads the secrets; connects nothing yet).
     convenience init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
@@ -94,7 +98,21 @@ final class Authenticator: Sendable {
                                revalidation: core.revalidator?.times)
         scopes = c.apple?.scopes ?? []
         afterLogout = PostLogoutPolicy(c.routes, signIn: c.server.authPrefix + "/sign-in?message=signed_out")
+        nativeNonceRequired = c.apple?.nativeNonce == .required
+        exchangesPerMinute = c.apple?.exchangesPerMinute ?? 0
     }
+
+    /// Apple's `redirect_uri` for the web flow: where Apple posts back, registered with the
+    /// Services ID; the same string at `/login` and at the code exchange.
+    var callbackURL: String { publicURL + prefix + "/callback" }
+
+    /// The sign-in page, returning to `rd` (already validated) afterwards.
+    func signInPath(rd: String, message: String? = nil) -> String {
+        prefix + "/sign-in?" + (message.map { "message=" + $0 + "&" } ?? "") + "rd=" + FormBody.escape(rd)
+    }
+
+    /// The store as the endpoints use it: async, each call bounded by `store.timeout`.
+    func store(on loop: any EventLoop) -> BoundedStore { BoundedStore(core: core, loop: loop) }
 
     /// This generation becomes the running one for checks outside requests.
     func activate() {

@@ -37,8 +37,6 @@ public final class GatewayMetrics: Sendable {
 
     /// The label values of each family, made at start so that every family is exported (at 0)
     /// before its first event.
-    static let signInFlows = ["web", "native"]
-    static let signInOutcomes = ["ok", "cancelled", "rejected", "apple_unavailable", "apple_misconfigured", "store_unavailable"]
     static let appleEndpoints = ["token", "refresh", "revoke"]
     static let appleOutcomes = ["ok", "grant_revoked", "client_misconfigured", "unavailable", "failed"]
     static let revalidationKinds = ["fresh", "background", "blocking"]
@@ -79,7 +77,7 @@ public final class GatewayMetrics: Sendable {
         process = ProcessMetrics(registry: registry)
         registry.makeGauge(descriptor: Self.name("build_info", help: "Version of this binary and the Swift compiler that built it (always 1)."),
                            labels: [("version", BuildInfo.version), ("swift", BuildInfo.swift)]).set(Double(1))
-        for flow in Self.signInFlows { for outcome in Self.signInOutcomes { recordSignIn(flow: flow, outcome: outcome, count: false) } }
+        for flow in [SignInFlow.web, .native] { for outcome in SignInOutcome.allCases { recordSignIn(flow: flow.rawValue, outcome: outcome.rawValue, count: false) } }
         for endpoint in Self.appleEndpoints {
             for outcome in Self.appleOutcomes { _ = counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]) }
             _ = appleLatency(endpoint)

@@ -149,7 +149,7 @@ extension GatewayConfiguration {
     private mutating func readApple(_ r: ConfigReader, _ root: ConfigReader.Section) {
         guard root.values["apple"] != nil, let s = r.section(root.values["apple"], path: "apple", keys: [
             "team_id", "client_ids", "key_id", "private_key_file", "base_url", "scopes",
-            "revalidate_after", "revalidate_grace", "outage_grace", "timeout", "clock_skew",
+            "revalidate_after", "revalidate_grace", "outage_grace", "timeout", "clock_skew", "native_nonce", "exchanges_per_minute",
         ]) else { return }
         var apple = Apple()
         func required(_ key: String) -> String? {
@@ -196,6 +196,8 @@ extension GatewayConfiguration {
         if let v = r.duration(s, "revalidate_grace", atLeast: .zero) { apple.revalidateGrace = v }
         if let v = r.duration(s, "outage_grace", atLeast: .zero) { apple.outageGrace = v }
         if let v = r.duration(s, "timeout") { apple.timeout = v }
+        if let v = r.enumeration(s, "native_nonce", as: NativeNonce.self) { apple.nativeNonce = v }
+        if let v = r.int(s, "exchanges_per_minute", range: 0...100_000) { apple.exchangesPerMinute = v }
         if let v = r.duration(s, "clock_skew", atLeast: .zero) {
             apple.clockSkew = v
             if v > .seconds(300) {

@@ -116,7 +116,16 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Clock skew tolerated on Apple's tokens (`iat`, `exp`); the client secret's `iat` is
         /// set this far in the past.
         public var clockSkew: Duration = .seconds(60)
+        /// Whether `/_auth/native` demands a nonce issued by `/_auth/native/nonce`.
+        public var nativeNonce: NativeNonce = .optional
+        /// Code exchanges per minute per user (native) or client address (web), per instance;
+        /// 0: no limit.
+        public var exchangesPerMinute = 10
         public init() {}
+    }
+
+    public enum NativeNonce: String, Sendable, CaseIterable {
+        case required, optional
     }
 
     public struct Session: Sendable, Equatable {

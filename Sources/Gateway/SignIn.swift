@@ -1,0 +1,84 @@
+import AppleID
+import NIOCore
+import Sessions
+
+/// What both sign-in flows share: the code exchange, the session a sign-in replaces, and the
+/// one place a failure is counted.
+extension AuthEndpointGuard {
+    /// Counts a failed sign-in and hands the failure back (for the flow to answer).
+    func counted(_ failure: SignInFailure, flow: SignInFlow) -> SignInFailure {
+        auth.metrics.recordSignIn(flow: flow.rawValue, outcome: failure.outcome.rawValue)
+        switch failure {
+        case .appleMisconfigured:
+            auth.logger.error("Apple rejected our client configuration: check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)",
+                              metadata: ["flow": "\(flow.rawValue)"])
+        case .appleUnavailable, .storeUnavailable:
+            auth.logger.warning("sign-in failed on a dependency", metadata: ["flow": "\(flow.rawValue)", "outcome": "\(failure.outcome.rawValue)"])
+        default:
+            break
+        }
+        return failure
+    }
+
+    /// Exchanges the code and verifies the identity token Apple returns with it.
+    func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
+        -> Result<(AppleIdentity, String?), SignInFailure> {
+        let answer = await auth.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
+        auth.metrics.recordAppleCall(endpoint: "token", outcome: answer.metricLabel)
+        guard case .success(let tokens) = answer else { return .failure(answer.signInFailure ?? .appleUnavailable) }
+        // Apple's answer without an identity token is not the documented JSON: transient.
+        guard let idToken = tokens.idToken else { return .failure(.appleUnavailable) }
+        do {
+            return .success((try await apple.verifier.verify(idToken, expectedNonce: nonce), tokens.refreshToken))
+        } catch {
+            return .failure(.identityToken(error))
+        }
+    }
+
+    /// A new sign-in ends the session the browser or app had: one browser, one session. A
+    /// store failure here is logged and does not fail the sign-in that already succeeded.
+    func endReplaced(_ handle: SessionHandle?, on loop: any EventLoop) async {
+        guard let handle else { return }
+        do {
+            guard let stored = try await auth.store(on: loop).load(handle) else { return }
+            try await auth.endSession(handle, sub: stored.session.sub, on: loop).get()
+            auth.metrics.recordSessionEnded(reason: "replaced")
+        } catch {
+            auth.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])
+        }
+    }
+}
+
+/// Events per key in fixed one-minute windows (`apple.exchanges_per_minute`): pure; the
+/// process keeps one behind a lock (`AuthCore.exchanges`).
+struct RateWindows: Sendable {
+    static let window: Int64 = 60_000
+    /// Keys kept before windows that ended are swept.
+    static let sweepAt = 100_000
+    private(set) var windows: [String: (start: Int64, count: Int)] = [:]
+
+    /// Counts one event for `key` at `t`: nil when it is within `limit` per minute, else the
+    /// seconds until the key's window ends (the event is not counted).
+    mutating func admit(_ key: String, now t: Int64, limit: Int) -> Int? {
+        guard limit > 0 else { return nil }
+        if let w = windows[key], t - w.start < Self.window, t >= w.start {
+            guard w.count < limit else { return Int((w.start + Self.window - t + 999) / 1000) }
+            windows[key] = (w.start, w.count + 1)
+            return nil
+        }
+        if windows.count >= Self.sweepAt { windows = windows.filter { t - $0.value.start < Self.window } }
+        windows[key] = (t, 1)
+        return nil
+    }
+}
+
+extension AuthEndpointGuard {
+    /// One more code exchange for `key` in this flow, or `throttled`.
+    func checkRate(_ flow: SignInFlow, key: String) throws(SignInFailure) {
+        let (limit, t) = (auth.exchangesPerMinute, auth.now())
+        if let wait = auth.core.exchanges.withLockedValue({ $0.admit(flow.rawValue + " " + key, now: t, limit: limit) }) {
+            auth.logger.notice("sign-in exchanges over apple.exchanges_per_minute: refused", metadata: ["flow": "\(flow.rawValue)"])
+            throw .throttled(retryAfter: wait)
+        }
+    }
+}

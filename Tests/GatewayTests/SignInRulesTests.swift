@@ -1,0 +1,141 @@
+import AppleID
+import AppleIDSimulator
+import Foundation
+import NIOHTTP1
+import Sessions
+import TestSupport
+import Testing
+
+@testable import Gateway
+
+/// The sign-in endpoints' rules (issue 13 §1, §5): the endpoint table, failures mapped once,
+/// the exchange rate limit, the native nonce.
+@Suite("Sign-in rules")
+struct SignInRulesTests {
+    @Test("the endpoint table: unknown paths are no endpoint; each row lists its methods", arguments: [
+        ("/sign-in", AuthEndpoint.signIn, [HTTPMethod.GET, .HEAD]), ("/login", .login, [.GET]), ("/callback", .callback, [.POST]),
+        ("/native", .native, [.POST]), ("/native/nonce", .nativeNonce, [.POST]), ("/logout", .logout, [.GET, .POST]),
+        ("/userinfo", .userinfo, [.GET]), ("/check", .check, [.GET, .HEAD]), ("/jwks.json", .jwks, [.GET]),
+        ("/apple/notifications", .appleNotifications, [.POST]), ("/revoke", .revoke, [.POST]),
+    ] as [(String, AuthEndpoint, [HTTPMethod])])
+    func table(path: String, endpoint: AuthEndpoint, methods: [HTTPMethod]) {
+        #expect(AuthEndpoint(path: Substring(path)) == endpoint)
+        #expect(endpoint.methods == methods)
+    }
+
+    @Test("no endpoint", arguments: ["", "/", "/Sign-in", "/sign-in/", "/native/", "/native/nonce/x", "/apple", "/jwks"])
+    func unknown(path: String) {
+        #expect(AuthEndpoint(path: Substring(path)) == nil)
+    }
+
+    @Test("each failure has one status, metric outcome and JSON code", arguments: [
+        (SignInFailure.malformed("x"), 400, SignInOutcome.rejected, "invalid_request"),
+        (.notJSON, 415, .rejected, "invalid_request"),
+        (.loginNotStarted, 400, .rejected, "invalid_grant"),
+        (.loginExpired, 400, .rejected, "invalid_grant"),
+        (.appleDeclined, 400, .rejected, "invalid_grant"),
+        (.identityToken(.signature), 401, .rejected, "invalid_identity_token"),
+        (.identityToken(.keysUnavailable), 502, .appleUnavailable, "apple_unavailable"),
+        (.codeRefused, 400, .rejected, "invalid_grant"),
+        (.otherUsersCode, 401, .rejected, "invalid_grant"),
+        (.appleUnavailable, 502, .appleUnavailable, "apple_unavailable"),
+        (.appleMisconfigured, 502, .appleMisconfigured, "apple_misconfigured"),
+        (.storeUnavailable, 503, .storeUnavailable, "store_unavailable"),
+        (.throttled(retryAfter: 7), 429, .throttled, "too_many_requests"),
+        (.nonce("x"), 400, .rejected, "invalid_nonce"),
+    ] as [(SignInFailure, Int, SignInOutcome, String)])
+    func failures(failure: SignInFailure, status: Int, outcome: SignInOutcome, code: String) {
+        #expect(Int(failure.status.code) == status)
+        #expect(failure.outcome == outcome)
+        #expect(failure.code == code)
+        #expect(failure.json.status == failure.status)
+        let page = failure.page(startAgain: "/_auth/sign-in?rd=%2F", clearing: ("set-cookie", "x=; Max-Age=0"))
+        #expect(page.status == failure.status && page.headers.contains { $0.0 == "set-cookie" })
+        if case .throttled = failure { #expect(failure.json.headers.contains { $0 == ("retry-after", "7") }) }
+    }
+
+    @Test("Apple's answer to a code exchange maps to one failure", arguments: [
+        (AppleTokenOutcome.grantRevoked(error: "invalid_grant"), SignInFailure.codeRefused),
+        (.clientMisconfigured(error: "invalid_client"), .appleMisconfigured),
+        (.transient(reason: "x"), .appleUnavailable),
+    ] as [(AppleTokenOutcome, SignInFailure)])
+    func exchangeOutcomes(outcome: AppleTokenOutcome, failure: SignInFailure) {
+        #expect(outcome.signInFailure == failure)
+    }
+
+    @Test("rate windows: the limit per key per minute, then the seconds left; windows restart")
+    func rateWindows() {
+        var w = RateWindows()
+        for _ in 0..<3 { #expect(w.admit("a", now: 1000, limit: 3) == nil) }
+        #expect(w.admit("a", now: 1000, limit: 3) == 60, "refused: the window ends in 60 s")
+        #expect(w.admit("a", now: 31_500, limit: 3) == 30)
+        #expect(w.admit("b", now: 31_500, limit: 3) == nil, "keys are independent")
+        #expect(w.admit("a", now: 61_000, limit: 3) == nil, "a new window")
+        #expect(w.admit("a", now: 0, limit: 3) == nil, "a clock that went back starts a new window")
+        #expect(w.admit("c", now: 0, limit: 0) == nil, "0: no limit")
+        #expect(w.windows["c"] == nil, "and nothing kept")
+    }
+
+    // MARK: end to end
+
+    @Test("native nonce required: issued, single use, bound to the app; the app may pass its SHA-256 to Apple")
+    func nativeNonce() async throws {
+        let h = try await SignInHarness.start { $0.apple?.nativeNonce = .required }
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let app = TestBrowser(gatewayOrigin: h.origin)
+        func issue(_ body: String = "") async throws -> [String: Any] {
+            let r = try await app.request("/_auth/native/nonce", method: .POST, headers: [("accept", "application/json")], json: body)
+            #expect(r.status == 200, "\(r.body)")
+            return try #require(JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any])
+        }
+        func signIn(nonceInToken: String?, nonceSent: String?) async throws -> TestBrowser.Response {
+            let auth = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nonceInToken)
+            var fields = #""identity_token":"\#(auth.identityToken)","authorization_code":"\#(auth.authorizationCode)""#
+            if let nonceSent { fields += #","nonce":"\#(nonceSent)""# }
+            return try await app.request("/_auth/native", method: .POST, json: "{\(fields)}")
+        }
+        let issued = try await issue(#"{"client_id":"\#(SignInHarness.appClient)"}"#)
+        let nonce = try #require(issued["nonce"] as? String)
+        #expect(issued["nonce_sha256"] as? String == sha256Hex(nonce))
+        // Apple's sample: the app passes SHA-256(nonce) to Apple and sends the nonce itself.
+        #expect(try await signIn(nonceInToken: sha256Hex(nonce), nonceSent: nonce).status == 200)
+        let replay = try await signIn(nonceInToken: sha256Hex(nonce), nonceSent: nonce)
+        #expect(replay.status == 400 && replay.body.contains("invalid_nonce"), "single use: \(replay.body)")
+        let missing = try await signIn(nonceInToken: nil, nonceSent: nil)
+        #expect(missing.status == 400 && missing.body.contains("invalid_nonce"))
+        let invented = try await signIn(nonceInToken: "mine", nonceSent: "mine")
+        #expect(invented.status == 400 && invented.body.contains("invalid_nonce"), "a nonce the gateway never issued")
+        let forWeb = try #require(try await issue(#"{"client_id":"\#(SignInHarness.webClient)"}"#)["nonce"] as? String)
+        let otherApp = try await signIn(nonceInToken: forWeb, nonceSent: forWeb)
+        #expect(otherApp.status == 400 && otherApp.body.contains("another app"))
+        let plain = try #require(try await issue()["nonce"] as? String)
+        let mismatch = try await signIn(nonceInToken: "something else", nonceSent: plain)
+        #expect(mismatch.status == 401 && mismatch.body.contains("invalid_identity_token"), "the token must carry the nonce or its hash")
+        #expect(try await app.request("/_auth/native/nonce", method: .POST, json: #"{"client_id":"com.unknown"}"#).status == 400)
+        #expect(try await app.request("/_auth/native/nonce", method: .GET).status == 405)
+    }
+
+    @Test("exchanges per minute: a replayed identity token cannot make the gateway call Apple without end")
+    func exchangeRateLimit() async throws {
+        let h = try await SignInHarness.start { $0.apple?.exchangesPerMinute = 3 }
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let auth = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+        let app = TestBrowser(gatewayOrigin: h.origin)
+        let before = h.simulator.grantCount("authorization_code")
+        var statuses: [Int] = []
+        for i in 0..<6 {  // the same token with junk codes
+            let body = #"{"identity_token":"\#(auth.identityToken)","authorization_code":"junk-\#(i)"}"#
+            let r = try await app.request("/_auth/native", method: .POST, json: body)
+            statuses.append(r.status)
+            if r.status == 429 { #expect(r.headers.first(name: "retry-after").flatMap(Int.init).map { $0 >= 1 && $0 <= 60 } == true) }
+        }
+        #expect(statuses == [400, 400, 400, 429, 429, 429], "\(statuses)")
+        #expect(h.simulator.grantCount("authorization_code") - before == 3, "Apple was called three times, not six")
+        h.clock.advance(by: .seconds(61))
+        let fresh = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+        let ok = try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(fresh.identityToken)","authorization_code":"\#(fresh.authorizationCode)"}"#)
+        #expect(ok.status == 200, "a new minute: \(ok.body)")
+    }
+}
