@@ -73,9 +73,14 @@ final class AuthCore: Sendable {
             // Pub/sub: every instance drops invalidated sessions and users from its local cache.
             let listener = RedisSessionBackend.Listener(
                 on: group.next(),
-                onInvalidation: { invalidation in
-                    Self.apply(invalidation, to: cache, metrics: metrics)
-                    weak.withLockedValue { $0.value }?.recheckTunnels(invalidation)
+                onMessage: { message in
+                    let core = weak.withLockedValue { $0.value }
+                    if case .validated(let tokenHash) = message {
+                        core?.revalidator?.resultStored(tokenHash)
+                        return
+                    }
+                    Self.apply(message, to: cache, metrics: metrics)
+                    core?.recheckTunnels(message)
                 },
                 onSubscribed: {
                     // Messages may have been missed while disconnected (or before the first
@@ -134,6 +139,7 @@ final class AuthCore: Sendable {
                 times: RevalidationTimes(after: Authenticator.milliseconds(a.revalidateAfter), grace: Authenticator.milliseconds(a.revalidateGrace),
                                          outageGrace: Authenticator.milliseconds(a.outageGrace)),
                 appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
+                onStored: { tokenHash, loop in weak.withLockedValue { $0.value }?.publish(.validated(tokenHash: tokenHash), on: loop) },
                 onRevoked: { sub, loop in
                     guard let core = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
                     return core.revokeUser(sub, source: .appleInvalidGrant, on: loop)
@@ -235,11 +241,12 @@ final class AuthCore: Sendable {
     }
 
     /// After an invalidation message: the tunnels it names are checked.
-    func recheckTunnels(_ invalidation: Invalidation) {
+    func recheckTunnels(_ message: FleetMessage) {
         guard tunnels.count > 0 else { return }
-        switch invalidation {
+        switch message {
         case .user(let sub): recheckTunnels(tunnels.tunnels(of: sub))
         case .session(let handle): recheckTunnels(tunnels.tunnels(ofSession: handle.key))
+        case .validated: break
         }
     }
 
@@ -263,20 +270,21 @@ final class AuthCore: Sendable {
         }
     }
 
-    private func publish(_ invalidation: Invalidation, on loop: any EventLoop) {
-        backend?.publish(invalidation, on: loop).whenFailure { error in
-            self.logger.warning("could not publish an invalidation; other instances catch up within store.local_cache_ttl",
+    func publish(_ message: FleetMessage, on loop: any EventLoop) {
+        backend?.publish(message, on: loop).whenFailure { error in
+            self.logger.warning("could not publish to the other instances; they catch up within store.local_cache_ttl (a validation waiter within its lock's TTL)",
                                 metadata: ["error": "\(error)"])
         }
     }
 
     /// An invalidation from another instance (or this one): the local cache forgets it.
-    static func apply(_ invalidation: Invalidation, to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
-        metrics.invalidationsReceived.increment()
-        switch invalidation {
+    static func apply(_ message: FleetMessage, to cache: LocalSessionCache<CachedSession>, metrics: GatewayMetrics) {
+        switch message {
         case .user(let sub): cache.invalidate(sub: sub)
         case .session(let handle): cache.invalidate(handle)
+        case .validated: return
         }
+        metrics.invalidationsReceived.increment()
     }
 }
 

@@ -38,7 +38,11 @@ final class Revalidator: Sendable {
     let metrics: GatewayMetrics
     /// Called for a dead grant (revokes the user everywhere).
     let onRevoked: @Sendable (_ sub: String, _ loop: any EventLoop) -> EventLoopFuture<Int>
+    /// Called once a result is stored: tells the instances waiting on this token's lock.
+    let onStored: @Sendable (_ tokenHash: String, _ loop: any EventLoop) -> Void
     private let inFlight = NIOLockedValueBox<[String: EventLoopFuture<Outcome>]>([:])
+    /// Validations waiting for another instance's result, by token hash.
+    private let waiters = NIOLockedValueBox<[String: [EventLoopPromise<Void>]]>([:])
     /// At most this many calls to Apple at once per instance: a storm of due sessions queues
     /// here instead of timing out in the HTTP client's pool (and being retried: a second call).
     static let concurrentAppleCalls = 32
@@ -46,6 +50,7 @@ final class Revalidator: Sendable {
 
     init(apple: AppleServices, store: any SessionStore, keys: SessionKeys, times: RevalidationTimes, appleTimeout: Int64,
          now: @escaping @Sendable () -> Int64, logger: Logger, metrics: GatewayMetrics,
+         onStored: @escaping @Sendable (String, any EventLoop) -> Void = { _, _ in },
          onRevoked: @escaping @Sendable (String, any EventLoop) -> EventLoopFuture<Int>) {
         self.apple = apple
         self.store = store
@@ -57,6 +62,32 @@ final class Revalidator: Sendable {
         self.logger = logger
         self.metrics = metrics
         self.onRevoked = onRevoked
+        self.onStored = onStored
+    }
+
+    /// Another instance stored a result for this token (`FleetMessage.validated`): the
+    /// validations waiting on its lock read it now.
+    func resultStored(_ tokenHash: String) {
+        for waiter in waiters.withLockedValue({ $0.removeValue(forKey: tokenHash) ?? [] }) { waiter.succeed() }
+    }
+
+    /// Waits until `resultStored(tokenHash)` or `timeout` (the lock's TTL: a holder that died
+    /// leaves no message), whichever is first. Whoever takes the promise out of `waiters`
+    /// completes it, once.
+    private func awaitResult(_ tokenHash: String, timeout: Int64, on loop: any EventLoop) async {
+        let promise = loop.makePromise(of: Void.self)
+        waiters.withLockedValue { $0[tokenHash, default: []].append(promise) }
+        let timer = loop.scheduleTask(in: .milliseconds(timeout)) {
+            let mine = self.waiters.withLockedValue { list -> Bool in
+                guard let i = list[tokenHash]?.firstIndex(where: { $0.futureResult === promise.futureResult }) else { return false }
+                list[tokenHash]?.remove(at: i)
+                if list[tokenHash]?.isEmpty == true { list[tokenHash] = nil }
+                return true
+            }
+            if mine { promise.succeed() }
+        }
+        try? await promise.futureResult.get()
+        timer.cancel()
     }
 
     /// The validation of this session's refresh token: shared with every concurrent caller in the
@@ -127,12 +158,10 @@ final class Revalidator: Sendable {
             if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
             let lock = Claim.validation(tokenHash: tokenHash)
             guard try await store.claim(lock, ttl: lockTTL, on: loop).get() else {
-                // Someone else is asking Apple: wait for their result (bounded by the lock's TTL).
-                let deadline = ContinuousClock.now + .milliseconds(lockTTL)
-                while ContinuousClock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(20))
-                    if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
-                }
+                // Another instance is asking Apple: its message (`validated`) wakes us when the
+                // result is stored; the lock's TTL bounds the wait if it never comes.
+                await awaitResult(tokenHash, timeout: lockTTL, on: loop)
+                if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
                 return .unknown
             }
             defer { store.release(lock, on: loop).whenFailure { _ in } }
@@ -171,11 +200,13 @@ final class Revalidator: Sendable {
             switch outcome {
             case .success:
                 try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: tokenHash, ttl: times.after, on: loop).get()
+                onStored(tokenHash, loop)
                 try await store.markValidated(session.handle, at: t, on: loop).get()
                 return .valid(at: t)
             case .grantRevoked(let error):
                 logger.info("Apple refused a refresh token: the user is revoked", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
                 try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
+                onStored(tokenHash, loop)
                 _ = try await onRevoked(session.sub, loop).get()
                 return .revoked
             case .clientMisconfigured(let error):
@@ -183,12 +214,14 @@ final class Revalidator: Sendable {
                 logger.error("Apple rejected our client during re-validation: the fleet holds re-validations back for this client and probes again later; sessions are kept within apple.outage_grace; check the apple: configuration (sessiongate check --online)",
                              metadata: ["error": "\(error)", "client_id": "\(session.clientID)", "probe_in_s": "\((opened.retryAt - t) / 1000)"])
                 try await store.recordValidation(opened, of: circuitName, ttl: retry.keep(opened, now: t), on: loop).get()
+                onStored(tokenHash, loop)
                 return .unknown
             case .transient(let reason, let retryAfter):
                 let failed = retry.failed(after: previous, at: t, retryAfter: retryAfter, jitter: .random(in: 0..<1))
                 logger.warning("Apple unavailable during re-validation: sessions are kept within apple.outage_grace",
                                metadata: ["reason": "\(reason)", "failures": "\(failed.failures)", "retry_in_s": "\((failed.retryAt - t) / 1000)"])
                 try await store.recordValidation(failed, of: tokenHash, ttl: retry.keep(failed, now: t), on: loop).get()
+                onStored(tokenHash, loop)
                 return .unknown
             }
         } catch {

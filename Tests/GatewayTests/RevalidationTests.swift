@@ -43,6 +43,32 @@ struct RevalidationTests {
         #expect(h.simulator.grantCount("refresh_token") - before == 1)
     }
 
+    @Test("an instance waiting on another's validation is woken by its message, not by the lock's expiry")
+    func waiterWokenByMessage() async throws {
+        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), absoluteTimeout: .seconds(30 * 86_400)) { c in
+            c.apple?.revalidateAfter = .seconds(3600)
+            c.apple?.revalidateGrace = .seconds(600)
+            c.apple?.timeout = .seconds(20)  // the lock lives 22 s: a waiter left to it would take that long
+        }
+        defer { Task { await h.stop() } }
+        let b = try await h.addInstance()
+        let a = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await a.signIn(from: "/x", as: h.simulator.createUser())
+        let onB = TestBrowser(gatewayOrigin: b.origin)
+        onB.cookies = a.cookies
+        h.clock.advance(by: .seconds(2 * 3600))
+        h.simulator.setFaults { $0.latencyMilliseconds = 1500 }
+        let before = h.simulator.grantCount("refresh_token")
+        let first = Task { try await a.request("/x").status }
+        // A holds the lock once its call has reached Apple.
+        while h.simulator.grantCount("refresh_token") == before { try await Task.sleep(for: .milliseconds(10)) }
+        let started = ContinuousClock.now
+        #expect(try await onB.request("/x").status == 200)
+        #expect(ContinuousClock.now - started < .seconds(10), "woken by A's message, not by the 22 s lock")
+        #expect(try await first.value == 200)
+        #expect(h.simulator.grantCount("refresh_token") - before == 1)
+    }
+
     @Test("the memory store follows the same policy in-process: one refresh call, then invalid_grant revokes")
     func memoryStore() async throws {
         let h = try await SignInHarness.start(store: .memory, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400)) { c in

@@ -4,33 +4,6 @@ import NIOPosix
 import NIOSSL
 import Redis
 
-/// What one instance tells the others to forget (DESIGN §3, channel `<prefix>invalidate`):
-/// every session of a user (a revocation, a changed profile), or one session (a logout).
-public enum Invalidation: Sendable, Equatable {
-    case user(String)
-    case session(SessionHandle)
-
-    /// The message on the wire: `user <sub>` or `session <hash>`.
-    public var payload: String {
-        switch self {
-        case .user(let sub): "user " + sub
-        case .session(let handle): "session " + handle.key
-        }
-    }
-
-    /// A message read back; nil for anything else (a newer instance's message kind, junk).
-    public init?(payload: [UInt8]) {
-        let text = String(decoding: payload, as: UTF8.self)
-        if text.hasPrefix("user "), text.utf8.count > 5 {
-            self = .user(String(text.dropFirst(5)))
-        } else if text.hasPrefix("session "), let handle = SessionHandle(key: String(text.dropFirst(8))) {
-            self = .session(handle)
-        } else {
-            return nil
-        }
-    }
-}
-
 /// How to reach the session store's Redis: an address or sentinels, credentials, database, TLS.
 /// The gateway and the CLI build it from the configuration; only `Sessions` speaks Redis.
 public struct StoreEndpoint: Sendable {
@@ -78,8 +51,8 @@ public struct StoreEndpoint: Sendable {
     }
 }
 
-/// The session store on Redis with the fleet's invalidation channel: the store, publishing
-/// `Invalidation`s, and (for a gateway, once `listen` is called) receiving them, following a
+/// The session store on Redis with the fleet's message channel: the store, publishing
+/// `FleetMessage`s, and (for a gateway, once `listen` is called) receiving them, following a
 /// Sentinel failover. Built once per process; nothing connects before the first use.
 public final class RedisSessionBackend: Sendable {
     public let store: RedisSessionStore
@@ -91,13 +64,13 @@ public final class RedisSessionBackend: Sendable {
     /// The receiving side of the channel.
     public struct Listener: Sendable {
         /// Every message understood, on `loop`.
-        public var onInvalidation: @Sendable (Invalidation) -> Void
+        public var onMessage: @Sendable (FleetMessage) -> Void
         /// After every (re)subscription: messages may have been missed meanwhile.
         public var onSubscribed: @Sendable () -> Void
         public var loop: any EventLoop
-        public init(on loop: any EventLoop, onInvalidation: @escaping @Sendable (Invalidation) -> Void, onSubscribed: @escaping @Sendable () -> Void) {
+        public init(on loop: any EventLoop, onMessage: @escaping @Sendable (FleetMessage) -> Void, onSubscribed: @escaping @Sendable () -> Void) {
             self.loop = loop
-            self.onInvalidation = onInvalidation
+            self.onMessage = onMessage
             self.onSubscribed = onSubscribed
         }
     }
@@ -117,7 +90,7 @@ public final class RedisSessionBackend: Sendable {
         let subscriber = try RedisSubscriber(
             configuration: configuration, channels: [channel], eventLoop: listener.loop, logger: logger,
             onMessage: { _, payload in
-                if let invalidation = Invalidation(payload: payload) { listener.onInvalidation(invalidation) }
+                if let message = FleetMessage(payload: payload) { listener.onMessage(message) }
             },
             onConnected: listener.onSubscribed)
         self.subscriber = subscriber
@@ -132,12 +105,12 @@ public final class RedisSessionBackend: Sendable {
         }
     }
 
-    /// Tells every instance (this one included, if it listens) to forget `invalidation`.
-    public func publish(_ invalidation: Invalidation, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        client.send(["PUBLISH", .string(channel), .string(invalidation.payload)], on: loop).map { _ in }
+    /// Tells every instance (this one included, if it listens) `message`.
+    public func publish(_ message: FleetMessage, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        client.send(["PUBLISH", .string(channel), .string(message.payload)], on: loop).map { _ in }
     }
 
-    /// Starts receiving the fleet's invalidations (and following the sentinels).
+    /// Starts receiving the fleet's messages (and following the sentinels).
     public func listen() {
         subscriber?.start()
         watcher?.start()
