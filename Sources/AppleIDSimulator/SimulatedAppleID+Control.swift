@@ -34,13 +34,16 @@ extension SimulatedAppleID {
     /// Signs a notification about `sub` and POSTs it to `url` as `{"payload": JWS}`, retrying
     /// on anything but 200 after each of `retryDelays` (Apple retries; its schedule is unknown).
     /// `jti`: reuse one to redeliver the same notification (deduplication tests).
-    public func sendNotification(_ type: NotificationType, sub: String, to url: String, jti: String? = nil, retryDelays: [TimeAmount] = [.seconds(1), .seconds(4), .seconds(16)]) async -> Delivery {
+    /// `eventTime`: when the event happened (seconds; default now): a late delivery.
+    public func sendNotification(_ type: NotificationType, sub: String, to url: String, jti: String? = nil, eventTime: Int64? = nil,
+                                 retryDelays: [TimeAmount] = [.seconds(1), .seconds(4), .seconds(16)]) async -> Delivery {
         let faults = self.faults.withLockedValue { $0 }
         let now = clock()
+        let happened = eventTime ?? now
         let jti = jti ?? String(Grants.opaqueToken(prefix: "j").suffix(22))
         let user = grants.withLockedValue { $0.users[sub] }
         var events: [String: Any] = ["type": type == .accountDelete ? faults.accountDeleteType : type.rawValue, "sub": sub,
-                                     "event_time": faults.eventTimeInMilliseconds ? now * 1000 + 123 : now]
+                                     "event_time": faults.eventTimeInMilliseconds ? happened * 1000 + 123 : happened]
         if type == .emailDisabled || type == .emailEnabled {
             events["email"] = user?.email ?? "unknown@privaterelay.appleid.com"
             events["is_private_email"] = faults.stringBooleans ? "true" : true
@@ -121,6 +124,7 @@ extension SimulatedAppleID {
                 if let v = body["latency_ms"] as? NSNumber { f.latencyMilliseconds = v.int64Value }
                 if let v = body["token_failure_status"] as? NSNumber { f.tokenFailureStatus = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["throttle_interval"] as? NSNumber { f.throttleInterval = v.int64Value }
+                if let v = body["revoke_failure_status"] as? NSNumber { f.revokeFailureStatus = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["reject_client_secrets"] as? Bool { f.rejectClientSecrets = v }
                 if let v = body["retry_after"] as? NSNumber { f.retryAfter = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["refresh_returns_id_token"] as? Bool { f.refreshReturnsIDToken = v }

@@ -133,6 +133,7 @@ extension SimulatedAppleID {
     }
 
     func revokeEndpoint(_ request: SimpleRequest) -> SimpleResponse {
+        if let status = faults.withLockedValue({ $0.revokeFailureStatus }) { return Self.error(HTTPResponseStatus(statusCode: status), "server_error") }
         guard let form = Self.formFields(request),
               let clientID = form["client_id"], let secret = form["client_secret"], let token = form["token"] else {
             return Self.error(.badRequest, "invalid_request")
@@ -143,9 +144,15 @@ extension SimulatedAppleID {
         }
         let (foreign, revokedSub): (Bool, String?) = grants.withLockedValue { g in
             if let owner = g.refreshTokens[token]?.clientID, owner != clientID { return (true, nil) }
-            let sub = g.refreshTokens[token]?.sub
-            if sub != nil { g.refreshTokens[token]?.revoked = true }
+            let sub = g.refreshTokens[token]?.sub ?? g.accessTokens[token].flatMap { $0.isEmpty ? nil : $0 }
             g.accessTokens[token] = nil
+            if let sub {
+                // Apple: the tokens *and the associated user authorization* (§7): every refresh
+                // token of the user at this team dies, and the next sign-in is a first one (the
+                // `user` JSON comes back).
+                for (other, grant) in g.refreshTokens where grant.sub == sub { g.refreshTokens[other]?.revoked = true }
+                g.users[sub]?.authorizedClients = []
+            }
             return (false, sub)
         }
         let faults = self.faults.withLockedValue { $0 }

@@ -50,6 +50,8 @@ public final class SimulatedAppleID: Sendable {
         public var latencyMilliseconds: Int64 = 0
         /// Answer `/auth/token` with this status (e.g. 503) instead of working.
         public var tokenFailureStatus: Int? = nil
+        /// Answer `/auth/revoke` with this status (e.g. 503) without revoking anything.
+        public var revokeFailureStatus: Int? = nil
         /// `event_time` of notifications in milliseconds (as observed) instead of seconds.
         public var eventTimeInMilliseconds = true
         /// `account-delete` (observed) or `account-deleted` (current docs).

@@ -40,15 +40,24 @@ extension AuthEndpointGuard {
                     return LocalResponse(status: .ok)
                 }
             }
+            // When it happened (Apple's `event_time`, in whole seconds once normalized: the end of
+            // that second; clamped to now): a late or retried notification never undoes what
+            // happened after it.
+            let eventAt = event.eventTime.map { min($0 * 1000 + 999, auth.now()) }
             switch event.kind {
             case .consentRevoked, .accountDeleted:
-                // Sessions, and with them the sealed refresh tokens, are deleted.
-                _ = try await auth.revokeUser(event.subject, source: .appleNotification, on: loop).get()
+                // The sessions created before the event, with their sealed refresh tokens, and
+                // the profile are deleted; a sign-in after the event lives on.
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: true, on: loop).get()
             case .emailDisabled, .emailEnabled:
-                let known = try await auth.store(on: loop).profile(of: event.subject) != nil
-                if known {
+                if let profile = try await auth.store(on: loop).profile(of: event.subject) {
+                    if let applied = profile.emailEventAt, let eventAt, eventAt < applied {
+                        auth.logger.info("an email notification older than the last one applied: ignored", metadata: ["type": "\(type)"])
+                        auth.metrics.recordNotification(type: type, result: "stale")
+                        return LocalResponse(status: .ok)
+                    }
                     let update = UserProfile(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail,
-                                             emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled")
+                                             emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled", emailEventAt: eventAt)
                     try await auth.store(on: loop).saveProfile(update)
                     auth.invalidateUser(event.subject, on: loop)
                 }
@@ -66,9 +75,10 @@ extension AuthEndpointGuard {
         return LocalResponse(status: .ok)
     }
 
-    /// `POST /_auth/revoke`: the user disconnects Apple (or deletes their account). Each stored
-    /// refresh token is revoked at Apple, then the user is revoked here; an Apple failure never
-    /// blocks the local revocation.
+    /// `POST /_auth/revoke`: the user disconnects Apple (or deletes their account). Every refresh
+    /// token the store holds for them is revoked at Apple (a failure stays in the outbox and is
+    /// retried until Apple answers), then the user is revoked and forgotten here; an Apple
+    /// failure never blocks the local revocation.
     func disconnect(_ head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
         let resolution = (try? await auth.resolve(head.headers, on: loop).get()) ?? .unavailable
         guard case .session(_, let cached) = resolution else {
@@ -76,18 +86,15 @@ extension AuthEndpointGuard {
             return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
         }
         let sub = cached.stored.user.sub
-        if let apple = auth.apple, let sessions = try? await auth.store(on: loop).sessions(of: sub) {
-            for session in sessions {
-                guard let sealed = session.sealedRefreshToken, let token = auth.keys.open(sealed, for: session.handle) else { continue }
-                let outcome = await auth.metrics.timeAppleCall("revoke") { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: session.clientID) }
-                auth.metrics.recordAppleCall(endpoint: "revoke", outcome: outcome == .revoked ? "ok" : "failed")
-                if outcome != .revoked {
-                    auth.logger.warning("Apple did not confirm a token revocation; the local revocation proceeds", metadata: ["outcome": "\(outcome)"])
+        do {
+            if auth.apple != nil {
+                let (queued, revoked) = try await auth.core.revokeAtApple(sub, on: loop)
+                if revoked < queued {
+                    auth.logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
+                                        metadata: ["queued": "\(queued)", "revoked": "\(revoked)"])
                 }
             }
-        }
-        do {
-            _ = try await auth.revokeUser(sub, source: .user, on: loop).get()
+            _ = try await auth.revokeUser(sub, source: .user, forget: true, on: loop).get()
         } catch {
             return AuthResponses.storeUnavailable(head)
         }

@@ -32,6 +32,8 @@ final class AuthCore: Sendable {
     let revalidator: Revalidator?
     /// Open WebSocket tunnels, ended when their session is.
     let tunnels = TunnelRegistry()
+    /// Work done at least once across the fleet: revocations at Apple, events for the app.
+    let outbox: Outbox
     /// Code exchanges per key in the current minute (`apple.exchanges_per_minute`).
     let exchanges = NIOLockedValueBox(RateWindows())
     /// Session lifetimes of the running configuration, for checks outside a request.
@@ -147,6 +149,25 @@ final class AuthCore: Sendable {
         } else {
             revalidator = nil
         }
+        outbox = Outbox(store: store, loop: backgroundLoop, now: now, attemptTTL: Authenticator.milliseconds(c.apple?.timeout ?? .seconds(5)) + 10_000,
+                        metrics: metrics, logger: logger)
+        if let apple {
+            let keys = self.keys
+            outbox.register(.appleRevoke) { job, _ in
+                // Queued by the CLI or by an instance whose key this one shares; one that does
+                // not open here never will.
+                guard let revocation = AppleRevocation(payload: job.payload), let token = keys.open(revocation.sealedToken, context: revocation.context) else {
+                    logger.warning("a queued revocation cannot be opened with this session.secret_file: dropped")
+                    return .drop
+                }
+                let outcome = await metrics.timeAppleCall("revoke") { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: revocation.clientID) }
+                metrics.recordAppleCall(endpoint: "revoke", outcome: outcome == .revoked ? "ok" : "failed")
+                if outcome != .revoked {
+                    logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": "\(job.attempts + 1)"])
+                }
+                return outcome == .revoked ? .done : .retry
+            }
+        }
         weak.withLockedValue { $0.value = self }
     }
 
@@ -181,6 +202,7 @@ final class AuthCore: Sendable {
     /// Starts listening for invalidations (Redis only).
     func start() {
         backend?.listen()
+        outbox.start()
     }
 
     /// Releases what `init` made when the process will not run (nothing was started or connected).
@@ -189,6 +211,7 @@ final class AuthCore: Sendable {
     }
 
     func shutdown() async {
+        outbox.stop()
         await backend?.shutdown()
         try? await httpClient?.shutdown()
     }
@@ -211,18 +234,37 @@ final class AuthCore: Sendable {
         case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
     }
 
-    /// Revokes a user: `revoked_at` recorded, every session deleted, the user dropped from this
-    /// instance's cache at once and from every other instance's through pub/sub.
-    func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
+    /// Revokes a user: `revoked_at` recorded (kept for the absolute session timeout), the
+    /// sessions created up to it deleted, the user dropped from this instance's cache at once and
+    /// from every other instance's through pub/sub.
+    /// - Parameters:
+    ///   - at: when the revocation happened (a notification's `event_time`), clamped to now; a
+    ///     session created after it (the user signed in again) lives on.
+    ///   - forget: delete the profile and stored refresh tokens too (account deleted, consent
+    ///     revoked, the user's own disconnect).
+    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false, on loop: any EventLoop) -> EventLoopFuture<Int> {
         cache.invalidate(sub: sub)
-        return withDeadline(store.revoke(sub, at: now(), on: loop), on: loop).map { count in
+        let t = now()
+        let revokedAt = min(at ?? t, t)
+        let keep = times.withLockedValue { $0.absolute }
+        return withDeadline(store.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: loop), on: loop).map { count in
             self.cache.invalidate(sub: sub)
             self.publish(.user(sub), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source.rawValue)
-            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)"])
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])
             return count
         }
+    }
+
+    /// Queues every refresh token the store holds for the user (their sessions' and the ones kept
+    /// per client) for revocation at Apple, and tries them now (bounded by `apple.timeout` each).
+    /// Answers how many were queued and how many Apple confirmed; the rest stay in the outbox and
+    /// are retried until Apple answers.
+    func revokeAtApple(_ sub: String, on loop: any EventLoop) async throws -> (queued: Int, revoked: Int) {
+        let ids = try await store.queueAppleRevocations(of: sub, now: now(), keys: keys, on: loop)
+        let done = await outbox.runDue(only: Set(ids))
+        return (ids.count, done.count)
     }
 
     /// Drops a user's cached sessions everywhere, e.g. after their profile changed.

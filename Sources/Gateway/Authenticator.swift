@@ -378,8 +378,8 @@ final class Authenticator: Sendable {
 
     typealias RevocationSource = AuthCore.RevocationSource
 
-    func revokeUser(_ sub: String, source: RevocationSource, on loop: any EventLoop) -> EventLoopFuture<Int> {
-        core.revokeUser(sub, source: source, on: loop)
+    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        core.revokeUser(sub, source: source, at: at, forget: forget, on: loop)
     }
 
     func invalidateUser(_ sub: String, on loop: any EventLoop) { core.invalidateUser(sub, on: loop) }
@@ -402,7 +402,12 @@ final class Authenticator: Sendable {
                                   privateEmail: identity.isPrivateEmail, realUserStatus: identity.realUserStatus)
         // The session ends after idle_timeout without activity, and at expires_at at the latest.
         let expiresAt = t + absoluteTimeout
-        return withDeadline(store.create(record, profile: profile, expiresAt: t + idleTimeout, on: loop), on: loop).flatMap {
+        return withDeadline(store.create(record, profile: profile, expiresAt: t + idleTimeout, on: loop), on: loop).flatMap { () -> EventLoopFuture<Void> in
+            // Kept beyond the session, so that a deletion can revoke it at Apple.
+            guard let refreshToken else { return loop.makeSucceededVoidFuture() }
+            let sealed = self.keys.seal(refreshToken, context: SessionKeys.userContext(identity.subject))
+            return self.withDeadline(self.store.saveRefreshToken(sealed, clientID: identity.audience, of: identity.subject, on: loop), on: loop)
+        }.flatMap {
             self.withDeadline(self.store.profile(of: identity.subject, on: loop), on: loop)
         }.map { stored in
             (cookie, expiresAt, stored ?? profile)

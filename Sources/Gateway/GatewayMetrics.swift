@@ -3,6 +3,7 @@ import HTTPProxy
 import NIOConcurrencyHelpers
 import NIOCore
 import Prometheus
+import Sessions
 
 #if canImport(Glibc)
 import Glibc
@@ -152,6 +153,18 @@ public final class GatewayMetrics: Sendable {
         }
         let mirror = counter(metric, help: help, labels: labels)
         if delta > 0 { mirror.increment(by: Int64(delta)) }
+    }
+
+    /// Outbox jobs waiting (queued or failed, to be retried), by kind; the oldest one's age.
+    func recordOutbox(kind: OutboxJob.Kind, pending: Int, oldestSeconds: Int64) {
+        gauge("outbox_pending", help: "Outbox jobs not done yet (revocations at Apple, events for the app), by kind.", labels: [("kind", kind.rawValue)]).set(Double(pending))
+        gauge("outbox_oldest", unit: "seconds", help: "Age of the oldest outbox job not done yet, by kind (0: none).", labels: [("kind", kind.rawValue)]).set(Double(oldestSeconds))
+    }
+
+    /// An outbox job's attempt by kind and result (`done`, `failed`, `dropped`).
+    func recordOutboxAttempt(kind: OutboxJob.Kind, result: String) {
+        counter("outbox_attempts", help: "Outbox job attempts, by kind and result (done, failed: retried later, dropped: can never succeed).",
+                labels: [("kind", kind.rawValue), ("result", result)]).increment()
     }
 
     /// Apple's client secret for `clientID`: seconds until it expires, and mint failures.

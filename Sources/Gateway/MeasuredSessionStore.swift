@@ -35,8 +35,8 @@ struct MeasuredSessionStore: SessionStore {
     func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
         timed("sessions", base.sessions(of: sub, on: eventLoop))
     }
-    func revoke(_ sub: String, at revokedAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
-        timed("revoke", base.revoke(sub, at: revokedAt, on: eventLoop))
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
+        timed("revoke", base.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: eventLoop))
     }
     func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         timed("save_profile", base.saveProfile(profile, on: eventLoop))
@@ -55,6 +55,21 @@ struct MeasuredSessionStore: SessionStore {
     }
     func release(_ claim: Claim, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         timed("release", base.release(claim, on: eventLoop))
+    }
+    func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("save_refresh_token", base.saveRefreshToken(sealed, clientID: clientID, of: sub, on: eventLoop))
+    }
+    func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]> {
+        timed("refresh_tokens", base.refreshTokens(of: sub, on: eventLoop))
+    }
+    func putJob(_ job: OutboxJob, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("put_job", base.putJob(job, on: eventLoop))
+    }
+    func jobs(on eventLoop: any EventLoop) -> EventLoopFuture<[OutboxJob]> {
+        timed("jobs", base.jobs(on: eventLoop))
+    }
+    func removeJob(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("remove_job", base.removeJob(id: id, on: eventLoop))
     }
     func validation(of tokenHash: String, on eventLoop: any EventLoop) -> EventLoopFuture<ValidationRecord?> {
         timed("validation", base.validation(of: tokenHash, on: eventLoop))

@@ -171,6 +171,10 @@ extension GatewayConfiguration {
         }) {
             if v.isEmpty { r.report(s.child("client_ids"), r.mark(s, "client_ids"), "needs at least one client id") }
             else if Set(v).count != v.count { r.report(s.child("client_ids"), r.mark(s, "client_ids"), "lists a client id twice") }
+            else if v.count == 1 {
+                r.warn(s.child("client_ids"), r.mark(s, "client_ids"),
+                       "lists no App ID: Apple's server-to-server notifications (account deleted, consent revoked, email changes) name the primary App ID as their audience and would be refused; add it after the Services ID")
+            }
             apple.clientIDs = v
         }
         if s.values["private_key_file"] == nil { r.report(s.child("private_key_file"), s.mark, "is required (the AuthKey_<key id>.p8 file, or env:NAME)") }

@@ -14,7 +14,9 @@ public final class MemorySessionStore: SessionStore {
         var sessions: [SessionHandle: (record: SessionRecord, expiresAt: Int64)] = [:]
         var users: [String: UserProfile] = [:]
         var userSessions: [String: Set<SessionHandle>] = [:]
-        var revoked: [String: Int64] = [:]
+        var revoked: [String: (at: Int64, expiresAt: Int64)] = [:]
+        var userTokens: [String: [String: String]] = [:]
+        var jobs: [String: OutboxJob] = [:]
         var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
         var claims: [String: Int64] = [:]
         var validations: [String: (record: ValidationRecord, expiresAt: Int64)] = [:]
@@ -29,6 +31,7 @@ public final class MemorySessionStore: SessionStore {
             logins = logins.filter { $0.value.expiresAt > now }
             claims = claims.filter { $0.value > now }
             validations = validations.filter { $0.value.expiresAt > now }
+            revoked = revoked.filter { $0.value.expiresAt > now }
         }
 
         mutating func wrote(now: Int64) {
@@ -61,7 +64,7 @@ public final class MemorySessionStore: SessionStore {
         let found: StoredSession? = state.withLockedValue { s in
             guard let entry = s.sessions[handle], entry.expiresAt > t else { return nil }
             let sub = entry.record.sub
-            return StoredSession(session: entry.record, user: s.users[sub] ?? UserProfile(sub: sub), revokedAt: s.revoked[sub])
+            return StoredSession(session: entry.record, user: s.users[sub] ?? UserProfile(sub: sub), revokedAt: s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil })
         }
         return eventLoop.makeSucceededFuture(found)
     }
@@ -99,18 +102,54 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(list.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) })
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
         let t = now()
         let count = state.withLockedValue { s -> Int in
-            s.revoked[sub] = max(s.revoked[sub] ?? 0, revokedAt)
-            let handles = s.userSessions.removeValue(forKey: sub) ?? []
+            let earlier = s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil } ?? .min
+            s.revoked[sub] = (max(earlier, revokedAt), t + keep)
             var live = 0
-            for h in handles {
-                if let entry = s.sessions.removeValue(forKey: h), entry.expiresAt > t { live += 1 }
+            for h in s.userSessions[sub] ?? [] {
+                guard let entry = s.sessions[h] else {
+                    s.userSessions[sub]?.remove(h)
+                    continue
+                }
+                guard entry.record.created <= revokedAt else { continue }  // signed in again after it
+                s.sessions[h] = nil
+                s.userSessions[sub]?.remove(h)
+                if entry.expiresAt > t { live += 1 }
             }
+            if s.userSessions[sub]?.isEmpty == true { s.userSessions[sub] = nil }
+            if forget {
+                s.users[sub] = nil
+                s.userTokens[sub] = nil
+            }
+            s.wrote(now: t)
             return live
         }
         return eventLoop.makeSucceededFuture(count)
+    }
+
+    public func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { $0.userTokens[sub, default: [:]][clientID] = sealed }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { $0.userTokens[sub] ?? [:] })
+    }
+
+    public func putJob(_ job: OutboxJob, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { $0.jobs[job.id] = job }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func jobs(on eventLoop: any EventLoop) -> EventLoopFuture<[OutboxJob]> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { Array($0.jobs.values) })
+    }
+
+    public func removeJob(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        state.withLockedValue { _ = $0.jobs.removeValue(forKey: id) }
+        return eventLoop.makeSucceededVoidFuture()
     }
 
     public func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

@@ -6,10 +6,12 @@ import Redis
 ///
 /// - `sg:session:{hash}` hash — the session; expires with it (idle, capped by absolute timeout)
 /// - `sg:user:{sub}` hash — the profile; `sg:user:{sub}:sessions` set — the user's session hashes
-/// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms)
+/// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms); expires after the absolute session timeout
+/// - `sg:user:{sub}:tokens` hash — the user's latest refresh token per client id (sealed)
+/// - `sg:outbox` hash — jobs that must be done at least once (revocations at Apple, events)
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
-/// - `sg:notification:<jti>` string — a notification already processed (a week)
-/// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:<token hash>` its lock
+/// - `sg:notification:{jti}` string — a notification already processed (a week)
+/// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:{token hash}` its lock
 ///
 /// The braces are Redis Cluster hash tags: one user's keys share a slot.
 public final class RedisSessionStore: SessionStore {
@@ -26,6 +28,8 @@ public final class RedisSessionStore: SessionStore {
     func userSessionsKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}:sessions" }
     func revokedKey(_ sub: String) -> String { "\(prefix)revoked:{\(sub)}" }
     func loginKey(_ state: String) -> String { "\(prefix)login:{\(state)}" }
+    func userTokensKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}:tokens" }
+    var outboxKey: String { "\(prefix)outbox" }
 
     private func send(_ args: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
         redis.send(args, on: loop).flatMapErrorThrowing { error in
@@ -145,16 +149,55 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, on loop: any EventLoop) -> EventLoopFuture<Int> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on loop: any EventLoop) -> EventLoopFuture<Int> {
         send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
             let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
-            var commands: [[RedisArgument]] = [["SET", .string(self.revokedKey(sub)), RedisArgument(revokedAt)]]
-            if !handles.isEmpty { commands.append(["DEL"] + handles.map { .string(self.sessionKey($0)) }) }
-            commands.append(["DEL", .string(self.userSessionsKey(sub))])
-            return self.transaction(commands, on: loop).map { replies in
-                handles.isEmpty ? 0 : Int(replies[1].int ?? 0)
+            // Each session's creation time, and the marker already recorded, in one round trip.
+            let reads: [[RedisArgument]] = handles.map { ["HGET", .string(self.sessionKey($0)), "created"] } + [["GET", .string(self.revokedKey(sub))]]
+            return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
+                // Created up to the revocation, or already gone (no `created`): deleted.
+                let doomed = zip(handles, replies).filter { _, created in created.string.flatMap(Int64.init).map { $0 <= revokedAt } ?? true }.map(\.0)
+                let marker = max(revokedAt, replies.last?.string.flatMap(Int64.init) ?? .min)
+                var commands: [[RedisArgument]] = [["SET", .string(self.revokedKey(sub)), RedisArgument(marker), "PX", RedisArgument(max(keep, 1))]]
+                if !doomed.isEmpty {
+                    commands.append(["DEL"] + doomed.map { .string(self.sessionKey($0)) })
+                    commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.key) })
+                }
+                if forget { commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))]) }
+                return self.transaction(commands, on: loop).map { results in
+                    doomed.isEmpty ? 0 : Int(results[1].int ?? 0)
+                }
             }
         }
+    }
+
+    public func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["HSET", .string(userTokensKey(sub)), .string(clientID), .string(sealed)], on: loop).map { _ in }
+    }
+
+    public func refreshTokens(of sub: String, on loop: any EventLoop) -> EventLoopFuture<[String: String]> {
+        send(["HGETALL", .string(userTokensKey(sub))], on: loop).map { reply in
+            var tokens: [String: String] = [:]
+            let items = reply.arrayValue ?? []
+            for i in stride(from: 0, to: items.count - 1, by: 2) {
+                if let client = items[i].string, let sealed = items[i + 1].string { tokens[client] = sealed }
+            }
+            return tokens
+        }
+    }
+
+    public func putJob(_ job: OutboxJob, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["HSET", .string(outboxKey), .string(job.id), .string(OutboxJob.encode(job))], on: loop).map { _ in }
+    }
+
+    public func jobs(on loop: any EventLoop) -> EventLoopFuture<[OutboxJob]> {
+        send(["HVALS", .string(outboxKey)], on: loop).map { reply in
+            (reply.arrayValue ?? []).compactMap { $0.string.flatMap(OutboxJob.decode) }
+        }
+    }
+
+    public func removeJob(id: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["HDEL", .string(outboxKey), .string(id)], on: loop).map { _ in }
     }
 
     public func saveProfile(_ profile: UserProfile, on loop: any EventLoop) -> EventLoopFuture<Void> {
@@ -295,7 +338,7 @@ extension UserProfile {
         }
         self.init(sub: sub, name: hash.string("name"), email: hash.string("email"), emailVerified: hash.flag("email_verified"),
                   privateEmail: hash.flag("private_email"), emailForwarding: hash.string("email_forwarding"),
-                  realUserStatus: hash.int64("real_user_status").map { Int($0) })
+                  realUserStatus: hash.int64("real_user_status").map { Int($0) }, emailEventAt: hash.int64("email_event_at"))
     }
 }
 

@@ -86,18 +86,28 @@ public struct SessionKeys: Sendable {
 
     /// AES-GCM with a random nonce; `nonce ‖ ciphertext ‖ tag`, base64url. The session's store
     /// key is authenticated with it, so a sealed token cannot be moved to another session.
-    public func seal(_ plaintext: String, for handle: SessionHandle) -> String {
+    public func seal(_ plaintext: String, for handle: SessionHandle) -> String { seal(plaintext, context: handle.key) }
+
+    /// The plaintext, or nil when the value was not sealed by this key for this session.
+    public func open(_ sealed: String, for handle: SessionHandle) -> String? { open(sealed, context: handle.key) }
+
+    /// Seals for a context (authenticated, not encrypted): a session's store key, or
+    /// `userContext(sub)` for the refresh tokens kept per user. A value sealed for one context
+    /// never opens in another.
+    public func seal(_ plaintext: String, context: String) -> String {
         // A SymmetricKey of 32 bytes and a random nonce cannot fail to seal.
-        let box = try! AES.GCM.seal(Array(plaintext.utf8), using: sealingKey, authenticating: Array(handle.key.utf8))
+        let box = try! AES.GCM.seal(Array(plaintext.utf8), using: sealingKey, authenticating: Array(context.utf8))
         return Base64URL.encode(Array(box.combined!))
     }
 
-    /// The plaintext, or nil when the value was not sealed by this key for this session.
-    public func open(_ sealed: String, for handle: SessionHandle) -> String? {
+    public func open(_ sealed: String, context: String) -> String? {
         guard let bytes = Base64URL.decode(Substring(sealed)), let box = try? AES.GCM.SealedBox(combined: bytes),
-              let plain = try? AES.GCM.open(box, using: sealingKey, authenticating: Array(handle.key.utf8)) else { return nil }
+              let plain = try? AES.GCM.open(box, using: sealingKey, authenticating: Array(context.utf8)) else { return nil }
         return String(decoding: plain, as: UTF8.self)
     }
+
+    /// The sealing context of a user's stored refresh tokens.
+    public static func userContext(_ sub: String) -> String { "user:" + sub }
 }
 
 /// Lower-case hex SHA-256 of `text` (store keys for refresh tokens, login bindings).

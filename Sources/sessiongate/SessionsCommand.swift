@@ -19,7 +19,7 @@ struct SessionsCommand: AsyncParsableCommand {
     }
 
     /// The configured Redis store; the memory store lives inside the running gateway.
-    static func backend(_ path: String) throws -> RedisSessionBackend {
+    static func backend(_ path: String) throws -> (RedisSessionBackend, GatewayConfiguration) {
         guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
         guard configuration.store.redisURL != nil else {
             printError("\(path): store.redis_url is not set: the memory store lives inside the running gateway (restart it to end every session)")
@@ -29,7 +29,7 @@ struct SessionsCommand: AsyncParsableCommand {
         logger.logLevel = .warning
         do {
             guard let endpoint = try StoreConnection.endpoint(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
-            return try StoreConnection.backend(endpoint, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+            return (try StoreConnection.backend(endpoint, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger), configuration)
         } catch let failure as StartupFailure {
             printError("\(path):\(failure.problem(locations: [:]))")
             throw ExitCode(1)
@@ -47,7 +47,7 @@ struct SessionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             defer { flushLogs() }
-            let backend = try SessionsCommand.backend(target.options.config)
+            let (backend, _) = try SessionsCommand.backend(target.options.config)
             defer { Task { await backend.shutdown() } }
             let loop = MultiThreadedEventLoopGroup.singleton.next()
             let sessions: [SessionRecord]
@@ -68,18 +68,36 @@ struct SessionsCommand: AsyncParsableCommand {
     struct Revoke: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "End every session of a user now; sessions created before this moment are dead.",
-            discussion: "Running gateways drop the user from their local caches at once when they listen for invalidations, and within store.local_cache_ttl otherwise.")
+            discussion: """
+                Running gateways drop the user from their local caches at once when they listen for invalidations, and within store.local_cache_ttl otherwise.
+                --at-apple queues every refresh token the store holds for the user for revocation at Apple; the running gateways revoke them within seconds and retry until Apple answers (sessiongate_outbox_pending{kind="apple_revoke"}).
+                --forget also deletes the user's profile and stored tokens (a deletion request): only the revocation marker remains, until the absolute session timeout.
+                """)
         @OptionGroup var target: Target
+        @Flag(name: .long, help: "Also revoke the user's refresh tokens at Apple (queued for the running gateways).")
+        var atApple = false
+        @Flag(name: .long, help: "Also delete the user's profile and stored refresh tokens.")
+        var forget = false
 
         func run() async throws {
             defer { flushLogs() }
-            let backend = try SessionsCommand.backend(target.options.config)
+            let (backend, configuration) = try SessionsCommand.backend(target.options.config)
             defer { Task { await backend.shutdown() } }
             let loop = MultiThreadedEventLoopGroup.singleton.next()
+            let store = backend.store
             do {
-                let count = try await backend.store.revoke(target.sub, at: SessionClock.now(), on: loop).get()
+                let t = SessionClock.now()
+                var queued = 0
+                if atApple {
+                    // Before the sessions are deleted: their tokens are queued as stored (sealed;
+                    // the gateways hold the key that opens them).
+                    queued = try await store.queueAppleRevocations(of: target.sub, now: t, on: loop).count
+                }
+                let keep = configuration.session.absoluteTimeout.components.seconds * 1000
+                let count = try await store.revoke(target.sub, at: t, keep: keep, forget: forget, on: loop).get()
                 try await backend.publish(.user(target.sub), on: loop).get()
-                print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended")
+                print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended" + (forget ? "; profile and stored tokens deleted" : ""))
+                if atApple { print("\(queued) refresh token\(queued == 1 ? "" : "s") queued for revocation at Apple (the running gateways revoke them)") }
             } catch {
                 printError("\(error)")
                 throw ExitCode(1)

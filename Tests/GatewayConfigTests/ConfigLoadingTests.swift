@@ -189,13 +189,22 @@ struct ConfigLoadingTests {
 
     @Test("apple.clock_skew: 60s by default; set; over five minutes warns; negative is an error")
     func clockSkew() throws {
-        let apple = "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n"
+        let apple = "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b, a.app]\n  private_key_file: /k.p8\n"
         #expect(GatewayConfiguration.parse(yaml: apple + Self.minimal).configuration?.apple?.clockSkew == .seconds(60))
         #expect(GatewayConfiguration.parse(yaml: apple + "  clock_skew: 10s\n" + Self.minimal).configuration?.apple?.clockSkew == .seconds(10))
         let wide = GatewayConfiguration.parse(yaml: apple + "  clock_skew: 10m\n" + Self.minimal)
         #expect(wide.configuration?.apple?.clockSkew == .seconds(600))
         #expect(wide.warnings.map(\.path) == ["apple.clock_skew"])
         #expect(GatewayConfiguration.parse(yaml: apple + "  clock_skew: -1s\n" + Self.minimal).errors.map(\.path) == ["apple.clock_skew"])
+    }
+
+    @Test("client_ids without an App ID warns: Apple's notifications name the primary App ID")
+    func noAppID() throws {
+        let yaml = "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [com.example.web]\n  private_key_file: /k.p8\n" + Self.minimal
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        let warning = try #require(result.warnings.first { $0.path == "apple.client_ids" })
+        #expect(warning.message.contains("App ID") && warning.line == 4)
+        #expect(result.configuration != nil, "a warning, not an error")
     }
 
     @Test("a route that needs sign-in needs apple, public_url and (with Redis) a session secret")
@@ -222,7 +231,7 @@ struct ConfigLoadingTests {
                 upstream: "http://127.0.0.1:9000"
             """)
         #expect(memory.errors == [], "\(memory.errors)")
-        #expect(memory.warnings.map(\.path) == ["session.secret_file"])
+        #expect(memory.warnings.map(\.path) == ["apple.client_ids", "session.secret_file"])
         #expect(memory.configuration?.routes[0].auth == .required, "auth defaults to required")
     }
 

@@ -47,9 +47,11 @@ struct GatewayProcessTests {
         let now = SessionClock.now()
         for (i, sub) in ["user.a", "user.a", "user.b"].enumerated() {
             let (_, handle) = keys.newSession()
-            let record = SessionRecord(handle: handle, sub: sub, clientID: "com.example.web", created: now + Int64(i), lastSeen: now, validatedAt: now, sealedRefreshToken: nil)
-            try await store.create(record, profile: UserProfile(sub: sub), expiresAt: now + 60_000, on: loop).get()
+            let record = SessionRecord(handle: handle, sub: sub, clientID: "com.example.web", created: now + Int64(i), lastSeen: now, validatedAt: now,
+                                       sealedRefreshToken: i == 0 ? keys.seal("rt-session", for: handle) : nil)
+            try await store.create(record, profile: UserProfile(sub: sub, name: "Ada"), expiresAt: now + 60_000, on: loop).get()
         }
+        try await store.saveRefreshToken(keys.seal("rt-app", context: SessionKeys.userContext("user.a")), clientID: "com.example.app", of: "user.a", on: loop).get()
         func run(_ arguments: [String]) async throws -> (Int32, [String]) {
             let p = try GatewayProcess(arguments: arguments)
             let status = await p.waitForExit()
@@ -59,8 +61,14 @@ struct GatewayProcessTests {
         let (listed, lines) = try await run(["sessions", "list", "--sub", "user.a", "--config", path])
         #expect(listed == 0)
         #expect(lines.filter { $0.contains("com.example.web") }.count == 2, "\(lines)")
-        let (revoked, revokeLines) = try await run(["sessions", "revoke", "--sub", "user.a", "--config", path])
-        #expect(revoked == 0 && revokeLines.contains("revoked user.a: 2 sessions ended"), "\(revokeLines)")
+        let (revoked, revokeLines) = try await run(["sessions", "revoke", "--sub", "user.a", "--config", path, "--at-apple", "--forget"])
+        #expect(revoked == 0 && revokeLines.contains("revoked user.a: 2 sessions ended; profile and stored tokens deleted"), "\(revokeLines)")
+        #expect(revokeLines.contains("2 refresh tokens queued for revocation at Apple (the running gateways revoke them)"), "\(revokeLines)")
+        // Queued as stored: the gateways' key opens them.
+        let queued = try await store.jobs(on: loop).get().compactMap { AppleRevocation(payload: $0.payload) }
+        #expect(Set(queued.compactMap { keys.open($0.sealedToken, context: $0.context) }) == ["rt-session", "rt-app"])
+        #expect(try await store.profile(of: "user.a", on: loop).get() == nil)
+        #expect(try await store.profile(of: "user.b", on: loop).get() != nil, "other users keep theirs")
         #expect(try await run(["sessions", "list", "--sub", "user.a", "--config", path]).1.contains("no live sessions for user.a"))
         #expect(try await store.sessions(of: "user.b", on: loop).get().count == 1, "other users keep theirs")
         await client.close()

@@ -118,7 +118,7 @@ struct SessionStoreContractTests {
         #expect(try await f.store.load(sessions[0].handle, on: f.loop).get() == nil)
         #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().count == 2)
 
-        #expect(try await f.store.revoke("user.3", at: now + 10, on: f.loop).get() == 2)
+        #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: false, on: f.loop).get() == 2)
         for s in sessions { #expect(try await f.store.load(s.handle, on: f.loop).get() == nil) }
         #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().isEmpty)
         // Another user is untouched.
@@ -134,6 +134,57 @@ struct SessionStoreContractTests {
         let (_, racing) = record("user.3", created: now + 9)
         try await f.store.create(racing, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
         #expect(try await f.store.load(racing.handle, on: f.loop).get()?.isRevoked == true)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func lateRevocationKeepsNewerSessionsAndForgets(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let (_, before) = record("user.5", created: now)
+        let (_, after) = record("user.5", created: now + 20)
+        for s in [before, after] { try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get() }
+        try await f.store.saveRefreshToken("sealed-web", clientID: "com.example.web", of: "user.5", on: f.loop).get()
+        try await f.store.saveRefreshToken("sealed-app", clientID: "com.example.app", of: "user.5", on: f.loop).get()
+        try await f.store.saveRefreshToken("sealed-app-2", clientID: "com.example.app", of: "user.5", on: f.loop).get()
+        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get() == ["com.example.web": "sealed-web", "com.example.app": "sealed-app-2"],
+                "the latest per client")
+
+        // A revocation that happened at now + 10, delivered after the user signed in again.
+        #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: true, on: f.loop).get() == 1)
+        #expect(try await f.store.load(before.handle, on: f.loop).get() == nil)
+        let survivor = try #require(try await f.store.load(after.handle, on: f.loop).get(), "signed in after the event: kept")
+        #expect(!survivor.isRevoked && survivor.revokedAt == now + 10)
+        #expect(try await f.store.sessions(of: "user.5", on: f.loop).get().map(\.handle) == [after.handle])
+        // Forgotten: no profile, no stored tokens.
+        #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
+        #expect(survivor.user == UserProfile(sub: "user.5"))
+        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
+        // An older revocation arriving later never moves the marker back.
+        #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: false, on: f.loop).get() == 0)
+        #expect(try await f.store.load(after.handle, on: f.loop).get()?.revokedAt == now + 10)
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func outboxJobs(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        #expect(try await f.store.jobs(on: f.loop).get().isEmpty)
+        let a = OutboxJob(id: "a", kind: .appleRevoke, payload: "com.example.web user:001.x c2VhbGVk", nextAttempt: now, created: now)
+        let b = OutboxJob(id: "b", kind: .event, payload: "{\"type\": \"user.deleted\", \"sub\": \"001 x\"}", attempts: 2, nextAttempt: now + 5, created: now - 1)
+        try await f.store.putJob(a, on: f.loop).get()
+        try await f.store.putJob(b, on: f.loop).get()
+        #expect(Set(try await f.store.jobs(on: f.loop).get().map(\.id)) == ["a", "b"])
+        #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "b" } == b, "the payload comes back whole, spaces included")
+        var retried = a
+        retried.attempts = 1
+        retried.nextAttempt = now + 5000
+        try await f.store.putJob(retried, on: f.loop).get()
+        #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "a" } == retried, "replaced, not duplicated")
+        try await f.store.removeJob(id: "a", on: f.loop).get()
+        #expect(try await f.store.jobs(on: f.loop).get() == [b])
+        #expect(AppleRevocation(payload: AppleRevocation(clientID: "c", context: "user:001.x", sealedToken: "s").payload)
+                == AppleRevocation(clientID: "c", context: "user:001.x", sealedToken: "s"))
+        #expect(AppleRevocation(payload: "c  s") == nil)
     }
 
     @Test(arguments: StoreKind.allCases)

@@ -1,0 +1,110 @@
+import AppleIDSimulator
+import Foundation
+import Sessions
+import TestSupport
+import Testing
+
+@testable import AppleIDSimulator
+@testable import Gateway
+
+/// Deletion compliance (issue 13 §3): a deletion revokes at Apple every token the user gave,
+/// nothing about the user is kept but the revocation marker, and late notifications never undo
+/// newer state.
+@Suite("Deletion and late notifications", .serialized, .timeLimit(.minutes(2)))
+struct DeletionTests {
+    static func tokens(of sub: String, at simulator: SimulatedAppleID) -> [(token: String, revoked: Bool)] {
+        simulator.grants.withLockedValue { g in g.refreshTokens.filter { $0.value.sub == sub }.map { ($0.key, $0.value.revoked) } }
+    }
+
+    /// Two web sign-ins (one logged out since) and one native one.
+    static func signInEverywhere(_ h: SignInHarness, _ sub: String) async throws -> TestBrowser {
+        let old = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await old.signIn(from: "/x", as: sub)
+        #expect(try await old.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+        let app = TestBrowser(gatewayOrigin: h.origin)
+        let native = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+        #expect(try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(native.identityToken)","authorization_code":"\#(native.authorizationCode)"}"#).status == 200)
+        let web = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await web.signIn(from: "/x", as: sub)
+        return web
+    }
+
+    @Test("the user deletes their account: every token they gave is revoked at Apple, the profile is gone", arguments: [SignInHarness.Store.memory, .redis])
+    func disconnect(store: SignInHarness.Store) async throws {
+        let h = try await SignInHarness.start(store: store)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
+        let web = try await Self.signInEverywhere(h, sub)
+        #expect(Self.tokens(of: sub, at: h.simulator).count == 3)
+        let revokes = h.simulator.requestCount("/auth/revoke")
+        let loop = h.service.authenticator.core.outbox.loop
+        #expect(try await h.service.authenticator.store.profile(of: sub, on: loop).get() != nil)
+        let answer = try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: [])
+        #expect(answer.status == 204)
+        let tokens = Self.tokens(of: sub, at: h.simulator)
+        // One call per client's latest token (web, app): Apple's revocation ends the user's whole
+        // authorization, the logged-out session's older token with it.
+        #expect(h.simulator.requestCount("/auth/revoke") - revokes == 2)
+        #expect(tokens.count == 3 && tokens.allSatisfy { $0.revoked }, "\(tokens)")
+        #expect(try await h.service.authenticator.store.profile(of: sub, on: loop).get() == nil, "the profile is deleted")
+        #expect(try await h.service.authenticator.store.refreshTokens(of: sub, on: loop).get().isEmpty)
+        #expect(try await h.service.authenticator.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
+    }
+
+    @Test("Apple down during the deletion: the user is revoked here at once; the outbox revokes the tokens when Apple is back")
+    func outboxRetries() async throws {
+        let h = try await SignInHarness.start(store: .redis)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let web = try await Self.signInEverywhere(h, sub)
+        h.simulator.setFaults { $0.revokeFailureStatus = 503 }
+        #expect(try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+        #expect(try await web.request("/x").status == 302, "revoked here whatever Apple said")
+        let outbox = h.service.authenticator.core.outbox
+        let pending = try await h.service.authenticator.store.jobs(on: outbox.loop).get()
+        #expect(pending.count == 2 && pending.allSatisfy { $0.kind == .appleRevoke && $0.attempts == 1 }, "one per client: \(pending)")
+        #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { !$0.revoked })
+        // Not due yet: a pass does nothing.
+        #expect(await outbox.runDue().isEmpty)
+        h.simulator.setFaults { $0.revokeFailureStatus = nil }
+        h.clock.advance(by: .seconds(6))  // past the first backoff (5 s)
+        #expect(await outbox.runDue().count == 2)
+        #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { $0.revoked })
+        #expect(try await h.service.authenticator.store.jobs(on: outbox.loop).get().isEmpty)
+    }
+
+    @Test("a consent-revoked delivered after the user signed in again ends only the sessions from before it")
+    func lateNotification() async throws {
+        let h = try await SignInHarness.start(store: .redis)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let before = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await before.signIn(from: "/x", as: sub)
+        let eventTime = h.clock.now() / 1000 + 30  // the user revoked consent 30 s after this sign-in
+        h.clock.advance(by: .seconds(60))
+        let after = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await after.signIn(from: "/x", as: sub)  // … and signed in again 30 s later
+        let delivery = await h.simulator.sendNotification(.consentRevoked, sub: sub, to: h.origin + "/_auth/apple/notifications",
+                                                          eventTime: eventTime, retryDelays: [])
+        #expect(delivery.status == 200)
+        #expect(try await before.request("/x").status == 302, "created before the event: ended")
+        #expect(try await after.request("/x").status == 200, "created after it: kept")
+    }
+
+    @Test("email notifications apply in event order: an older one arriving late is ignored")
+    func emailOrdering() async throws {
+        let h = try await SignInHarness.start(store: .memory)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: sub)
+        let url = h.origin + "/_auth/apple/notifications"
+        let now = Int64(Date().timeIntervalSince1970)
+        #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, eventTime: now, retryDelays: []).status == 200)
+        #expect(await h.simulator.sendNotification(.emailEnabled, sub: sub, to: url, eventTime: now - 100, retryDelays: []).status == 200)
+        let info = try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")])
+        #expect(info.body.contains(#""email_forwarding":"disabled""#), "the newer event stands: \(info.body)")
+        #expect(await h.simulator.sendNotification(.emailEnabled, sub: sub, to: url, eventTime: now + 1, retryDelays: []).status == 200)
+        #expect(try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")]).body.contains(#""email_forwarding":"enabled""#))
+    }
+}
