@@ -48,7 +48,8 @@ extension AuthEndpointGuard {
             case .consentRevoked, .accountDeleted:
                 // The sessions created before the event, with their sealed refresh tokens, and
                 // the profile are deleted; a sign-in after the event lives on.
-                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: true, on: loop).get()
+                let told: (AppEventKind, String) = event.kind == .accountDeleted ? (.userDeleted, "account_deleted") : (.userRevoked, "consent_revoked")
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: true, event: told, on: loop).get()
             case .emailDisabled, .emailEnabled:
                 if let profile = try await auth.store(on: loop).profile(of: event.subject) {
                     if let applied = profile.emailEventAt, let eventAt, eventAt < applied {
@@ -60,6 +61,8 @@ extension AuthEndpointGuard {
                                              emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled", emailEventAt: eventAt)
                     try await auth.store(on: loop).saveProfile(update)
                     auth.invalidateUser(event.subject, on: loop)
+                    auth.core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type, email: event.email ?? profile.email,
+                                                    emailForwarding: update.emailForwarding), on: loop)
                 }
             case .unknown(let name):
                 auth.logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])
@@ -94,7 +97,7 @@ extension AuthEndpointGuard {
                                         metadata: ["queued": "\(queued)", "revoked": "\(revoked)"])
                 }
             }
-            _ = try await auth.revokeUser(sub, source: .user, forget: true, on: loop).get()
+            _ = try await auth.revokeUser(sub, source: .user, forget: true, event: (.userDeleted, "user"), on: loop).get()
         } catch {
             return AuthResponses.storeUnavailable(head)
         }

@@ -34,6 +34,8 @@ final class AuthCore: Sendable {
     let tunnels = TunnelRegistry()
     /// Work done at least once across the fleet: revocations at Apple, events for the app.
     let outbox: Outbox
+    /// `events.url`: what the app is told (nil: not configured).
+    let events: AppEvents?
     /// Code exchanges per key in the current minute (`apple.exchanges_per_minute`).
     let exchanges = NIOLockedValueBox(RateWindows())
     /// Session lifetimes of the running configuration, for checks outside a request.
@@ -110,11 +112,14 @@ final class AuthCore: Sendable {
         } else {
             assertionKeyPEM = nil
         }
-        if let a = c.apple {
+        // Apple's endpoints and the app's event receiver share one HTTP client.
+        let client: HTTPClient? = c.apple != nil || c.events.isEnabled ? {
             var http = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
             http.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: Revalidator.concurrentAppleCalls)
-            let client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: http)
-            httpClient = client
+            return HTTPClient(eventLoopGroupProvider: .shared(group), configuration: http)
+        }() : nil
+        httpClient = client
+        if let a = c.apple, let client {
             do {
                 let services = try AppleServices(configuration: a, httpClient: client, logger: logger)
                 digests["apple.private_key_file"] = services.keyDigest
@@ -127,7 +132,6 @@ final class AuthCore: Sendable {
                 throw error
             }
         } else {
-            httpClient = nil
             apple = nil
         }
         secretDigests = digests
@@ -168,6 +172,10 @@ final class AuthCore: Sendable {
                 return outcome == .revoked ? .done : .retry
             }
         }
+        let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
+        let signer = assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
+        let outbox = self.outbox
+        events = client.flatMap { AppEvents(c.events, signer: signer, outbox: outbox, http: $0, now: now, logger: logger) }
         weak.withLockedValue { $0.value = self }
     }
 
@@ -242,7 +250,9 @@ final class AuthCore: Sendable {
     ///     session created after it (the user signed in again) lives on.
     ///   - forget: delete the profile and stored refresh tokens too (account deleted, consent
     ///     revoked, the user's own disconnect).
-    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false, on loop: any EventLoop) -> EventLoopFuture<Int> {
+    ///   - event: what the app is told, and why (`events.url`).
+    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false,
+                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Int> {
         cache.invalidate(sub: sub)
         let t = now()
         let revokedAt = min(at ?? t, t)
@@ -252,6 +262,8 @@ final class AuthCore: Sendable {
             self.publish(.user(sub), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source.rawValue)
+            let (kind, reason) = event ?? (.userRevoked, source.rawValue)
+            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason), on: loop)
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])
             return count
         }
@@ -274,9 +286,10 @@ final class AuthCore: Sendable {
     }
 
     /// Ends one session (logout) here and on every instance.
-    func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+    func endSession(_ handle: SessionHandle, sub: String, reason: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
         cache.invalidate(handle)
         return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
+            self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason, session: String(handle.key.prefix(12))), on: loop)
             self.publish(.session(handle), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
         }

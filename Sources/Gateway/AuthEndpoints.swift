@@ -153,7 +153,7 @@ struct AuthEndpointGuard: RequestGuard {
         auth.cache.invalidate(handle)
         return auth.withDeadline(auth.store.load(handle, on: loop), on: loop).flatMap { stored -> EventLoopFuture<Void> in
             guard let stored else { return loop.makeSucceededVoidFuture() }
-            return auth.endSession(handle, sub: stored.session.sub, on: loop)
+            return auth.endSession(handle, sub: stored.session.sub, reason: "logout", on: loop)
         }.map { _ in
             auth.metrics.recordSessionEnded(reason: "logout")
             return done

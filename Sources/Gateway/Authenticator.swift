@@ -378,14 +378,15 @@ final class Authenticator: Sendable {
 
     typealias RevocationSource = AuthCore.RevocationSource
 
-    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false, on loop: any EventLoop) -> EventLoopFuture<Int> {
-        core.revokeUser(sub, source: source, at: at, forget: forget, on: loop)
+    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false,
+                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        core.revokeUser(sub, source: source, at: at, forget: forget, event: event, on: loop)
     }
 
     func invalidateUser(_ sub: String, on loop: any EventLoop) { core.invalidateUser(sub, on: loop) }
 
-    func endSession(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        core.endSession(handle, sub: sub, on: loop)
+    func endSession(_ handle: SessionHandle, sub: String, reason: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        core.endSession(handle, sub: sub, reason: reason, on: loop)
     }
 
     // MARK: sessions

@@ -22,11 +22,16 @@ struct IdentityAssertionSigner: Sendable {
 
     /// A signed assertion for `profile`, valid from `now` (seconds) for `ttl`.
     func sign(_ profile: UserProfileClaims, audience: String, now: Int64) -> String {
-        let header = #"{"alg":"ES256","kid":"\#(keyID)","typ":"JWT"}"#
         var claims: [String: Any] = ["iss": issuer, "aud": audience, "sub": profile.sub, "iat": now, "exp": now + ttl]
         if let v = profile.email { claims["email"] = v }
         if let v = profile.emailVerified { claims["email_verified"] = v }
         if let v = profile.name { claims["name"] = v }
+        return sign(claims)
+    }
+
+    /// A compact JWS (ES256, this key's `kid`) of `claims`: assertions and the app's events.
+    func sign(_ claims: [String: Any]) -> String {
+        let header = #"{"alg":"ES256","kid":"\#(keyID)","typ":"JWT"}"#
         let payload = (try? JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys])) ?? Data("{}".utf8)
         let input = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(payload)
         let signature = (try? key.signature(for: Array(input.utf8)).rawRepresentation) ?? Data()

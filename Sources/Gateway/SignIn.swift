@@ -41,7 +41,7 @@ extension AuthEndpointGuard {
         guard let handle else { return }
         do {
             guard let stored = try await auth.store(on: loop).load(handle) else { return }
-            try await auth.endSession(handle, sub: stored.session.sub, on: loop).get()
+            try await auth.endSession(handle, sub: stored.session.sub, reason: "replaced", on: loop).get()
             auth.metrics.recordSessionEnded(reason: "replaced")
         } catch {
             auth.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])

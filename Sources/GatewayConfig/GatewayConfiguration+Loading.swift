@@ -48,7 +48,7 @@ extension GatewayConfiguration {
         }
         let reader = ConfigReader()
         var config = GatewayConfiguration()
-        let top = ["server", "apple", "session", "store", "identity", "routes"]
+        let top = ["server", "apple", "session", "store", "identity", "events", "routes"]
         guard let root = reader.section(node ?? Node(""), path: "", keys: top) else {
             return LoadResult(configuration: nil, problems: reader.problems)
         }
@@ -57,6 +57,7 @@ extension GatewayConfiguration {
         config.readSession(reader, root)
         config.readStore(reader, root)
         config.readIdentity(reader, root)
+        config.readEvents(reader, root)
         config.readRoutes(reader, root)
         config.crossCheck(reader, root)
         let problems = reader.problems
@@ -278,6 +279,39 @@ extension GatewayConfiguration {
         if let v = r.duration(s, "timeout") { store.timeout = v }
         if let v = r.duration(s, "local_cache_ttl", atLeast: .zero) { store.localCacheTTL = v }
         if let v = r.int(s, "local_cache_entries", range: 1...100_000_000) { store.localCacheEntries = v }
+    }
+
+    private mutating func readEvents(_ r: ConfigReader, _ root: ConfigReader.Section) {
+        guard root.values["events"] != nil, let s = r.section(root.values["events"], path: "events", keys: ["url", "urls", "timeout"]) else { return }
+        func webURL(_ value: String, _ path: String, _ mark: Mark?) -> String? {
+            guard Self.isWebURL(value) else {
+                r.report(path, mark, "'\(value)' is not an http:// or https:// URL with a host")
+                return nil
+            }
+            return value
+        }
+        if let v = r.string(s, "url") { events.url = webURL(v, s.child("url"), r.mark(s, "url")) }
+        if let u = r.section(s.values["urls"], path: s.child("urls"), keys: Events.kinds) {
+            for kind in Events.kinds {
+                if let v = r.string(u, kind), let url = webURL(v, u.child(kind), r.mark(u, kind)) { events.urls[kind] = url }
+            }
+        }
+        if let v = r.duration(s, "timeout", atLeast: .milliseconds(100)) { events.timeout = v }
+        if events.isEnabled, !identity.assertion.enabled {
+            r.report("events", s.mark, "needs identity.assertion (enabled, with key_file): events are signed with that key, and the app verifies them with /_auth/jwks.json")
+        }
+    }
+
+    /// `http://` or `https://`, a host, then an optional port and path: no credentials, no
+    /// fragment, no spaces or control characters.
+    public static func isWebURL(_ value: String) -> Bool {
+        let lower = value.lowercased()
+        guard let rest = ["http://", "https://"].first(where: lower.hasPrefix).map({ value.dropFirst($0.count) }) else { return false }
+        guard !value.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7f }), !value.contains("#") else { return false }
+        let authority = rest.prefix { $0 != "/" && $0 != "?" }
+        guard !authority.contains("@") else { return false }
+        let host = authority.hasPrefix("[") ? authority.prefix { $0 != "]" } : authority.prefix { $0 != ":" }
+        return !host.isEmpty && host != "["
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {

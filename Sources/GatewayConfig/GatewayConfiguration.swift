@@ -15,6 +15,7 @@ public struct GatewayConfiguration: Sendable, Equatable {
     public var session = Session()
     public var store = Store()
     public var identity = Identity()
+    public var events = Events()
     public var routes: [Route] = []
 
     public init() {}
@@ -173,6 +174,20 @@ public struct GatewayConfiguration: Sendable, Equatable {
             self.masterName = masterName
             self.addresses = addresses
         }
+    }
+
+    /// What the gateway tells the app behind it (account deleted, consent revoked, email
+    /// changed, session ended): POSTed, signed with the identity-assertion key, at least once.
+    public struct Events: Sendable, Equatable {
+        /// Where every kind goes (nil: no events unless `urls` names the kind).
+        public var url: String? = nil
+        /// A URL per kind (`user.deleted`, …), over `url`.
+        public var urls: [String: String] = [:]
+        /// Each delivery attempt.
+        public var timeout: Duration = .seconds(5)
+        public var isEnabled: Bool { url != nil || !urls.isEmpty }
+        public static let kinds = ["user.revoked", "user.deleted", "user.email_changed", "session.ended"]
+        public init() {}
     }
 
     public struct Identity: Sendable, Equatable {

@@ -1,0 +1,202 @@
+import AppleIDSimulator
+import Crypto
+import Foundation
+import GatewayConfig
+import HTTPProxy
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import Sessions
+import TestSupport
+import Testing
+
+@testable import Gateway
+
+/// A stand-in for the app's event endpoint: records every POST, answers 503 while `down`.
+final class EventReceiver: Sendable {
+    struct Received: Sendable {
+        var type: String?
+        var body: String
+    }
+
+    private let state = NIOLockedValueBox<(received: [Received], down: Bool, waiters: [(Int, CheckedContinuation<Void, Never>)])>(([], false, []))
+    private let server: SimpleHTTPServer
+    let url: String
+
+    private init(server: SimpleHTTPServer, url: String) {
+        self.server = server
+        self.url = url
+    }
+
+    static func start() async throws -> EventReceiver {
+        let box = NIOLockedValueBox<EventReceiver?>(nil)
+        let server = try await SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
+            box.withLockedValue { $0 }?.receive(request) ?? SimpleResponse(status: .serviceUnavailable, "starting")
+        }
+        let receiver = EventReceiver(server: server, url: "http://127.0.0.1:\(server.localAddress?.port ?? 0)/events")
+        box.withLockedValue { $0 = receiver }
+        return receiver
+    }
+
+    private func receive(_ request: SimpleRequest) -> SimpleResponse {
+        let down = state.withLockedValue { $0.down }
+        if down { return SimpleResponse(status: .serviceUnavailable, "down") }
+        let record = Received(type: request.head.headers.first(name: "x-sessiongate-event"), body: String(buffer: request.body))
+        let ready = state.withLockedValue { s -> [CheckedContinuation<Void, Never>] in
+            s.received.append(record)
+            let (due, waiting) = (s.waiters.filter { $0.0 <= s.received.count }, s.waiters.filter { $0.0 > s.received.count })
+            s.waiters = waiting
+            return due.map(\.1)
+        }
+        for c in ready { c.resume() }
+        return SimpleResponse(status: .noContent, "")
+    }
+
+    var received: [Received] { state.withLockedValue { $0.received } }
+
+    func setDown(_ down: Bool) { state.withLockedValue { $0.down = down } }
+
+    /// Waits until `count` events have arrived (or `limit` passed); answers what arrived.
+    func waitFor(_ count: Int, within limit: Duration = .seconds(10)) async -> [Received] {
+        let timeout = Task {
+            try await Task.sleep(for: limit)
+            let stuck = self.state.withLockedValue { s -> [CheckedContinuation<Void, Never>] in
+                defer { s.waiters = [] }
+                return s.waiters.map(\.1)
+            }
+            for c in stuck { c.resume() }
+        }
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let now = state.withLockedValue { s -> Bool in
+                if s.received.count >= count { return true }
+                s.waiters.append((count, c))
+                return false
+            }
+            if now { c.resume() }
+        }
+        timeout.cancel()
+        return received
+    }
+
+    func stop() async { await server.close() }
+}
+
+/// `events.url` (issue 13 §4): the app hears of deletions, revocations, email changes and ended
+/// sessions, signed with the identity-assertion key, at least once.
+@Suite("Events for the app", .serialized, .timeLimit(.minutes(2)))
+struct AppEventsTests {
+    /// The claims of an event, after checking its signature against `/_auth/jwks.json`.
+    static func verified(_ event: EventReceiver.Received, gateway: TestBrowser) async throws -> [String: Any] {
+        let body = try #require(try JSONSerialization.jsonObject(with: Data(event.body.utf8)) as? [String: Any])
+        let token = try #require(body["payload"] as? String)
+        let jwks = try await gateway.request("/_auth/jwks.json")
+        let keys = try #require((try JSONSerialization.jsonObject(with: Data(jwks.body.utf8)) as? [String: Any])?["keys"] as? [[String: Any]])
+        let jwk = try #require(keys.first)
+        let x = try #require(Base64URLTest.decode(jwk["x"] as? String ?? "")), y = try #require(Base64URLTest.decode(jwk["y"] as? String ?? ""))
+        let publicKey = try P256.Signing.PublicKey(rawRepresentation: x + y)
+        let parts = token.split(separator: ".")
+        try #require(parts.count == 3)
+        let headerBytes = try #require(Base64URLTest.decode(String(parts[0])))
+        let header = try #require(try JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any])
+        #expect(header["alg"] as? String == "ES256" && header["kid"] as? String == jwk["kid"] as? String)
+        let signatureBytes = try #require(Base64URLTest.decode(String(parts[2])))
+        let signature = try P256.Signing.ECDSASignature(rawRepresentation: signatureBytes)
+        #expect(publicKey.isValidSignature(signature, for: Array("\(parts[0]).\(parts[1])".utf8)), "signed with the assertion key")
+        let claimBytes = try #require(Base64URLTest.decode(String(parts[1])))
+        return try #require(try JSONSerialization.jsonObject(with: Data(claimBytes)) as? [String: Any])
+    }
+
+    static func start(_ receiver: EventReceiver, store: SignInHarness.Store = .memory, deletions: EventReceiver? = nil) async throws -> SignInHarness {
+        try await SignInHarness.start(store: store, assertion: true) { c in
+            c.events.url = receiver.url
+            if let deletions { c.events.urls["user.deleted"] = deletions.url }
+        }
+    }
+
+    @Test("each kind reaches the app, signed: session ended, email changed, revoked, deleted (to its own URL)")
+    func kinds() async throws {
+        let receiver = try await EventReceiver.start(), deletions = try await EventReceiver.start()
+        defer { Task { await receiver.stop(); await deletions.stop() } }
+        let h = try await Self.start(receiver, deletions: deletions)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: sub)
+        #expect(try await browser.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+        let ended = try await Self.verified(try #require(await receiver.waitFor(1).first), gateway: browser)
+        #expect(ended["type"] as? String == "session.ended" && ended["sub"] as? String == sub && ended["reason"] as? String == "logout")
+        #expect(ended["iss"] as? String == h.origin && ended["aud"] as? String == receiver.url && (ended["jti"] as? String)?.isEmpty == false)
+        #expect((ended["session"] as? String)?.count == 12, "a short store key, never the session id")
+
+        let url = h.origin + "/_auth/apple/notifications"
+        _ = try await browser.signIn(from: "/x", as: sub)
+        #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, retryDelays: []).status == 200)
+        let changed = try await Self.verified(try #require(await receiver.waitFor(2).last), gateway: browser)
+        #expect(changed["type"] as? String == "user.email_changed" && changed["email_forwarding"] as? String == "disabled")
+
+        #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, retryDelays: []).status == 200)
+        let revoked = try await Self.verified(try #require(await receiver.waitFor(3).last), gateway: browser)
+        #expect(revoked["type"] as? String == "user.revoked" && revoked["reason"] as? String == "consent_revoked")
+
+        _ = try await browser.signIn(from: "/x", as: sub)
+        #expect(await h.simulator.sendNotification(.accountDelete, sub: sub, to: url, retryDelays: []).status == 200)
+        let deleted = try await Self.verified(try #require(await deletions.waitFor(1).first), gateway: browser)
+        #expect(deleted["type"] as? String == "user.deleted" && deleted["reason"] as? String == "account_deleted" && deleted["aud"] as? String == deletions.url)
+        #expect(receiver.received.allSatisfy { $0.type != "user.deleted" }, "user.deleted goes to its own URL")
+        #expect(receiver.received.map(\.type) == ["session.ended", "user.email_changed", "user.revoked"])
+    }
+
+    @Test("the app down for a while: events wait in the store's outbox and arrive once it is back")
+    func receiverDown() async throws {
+        let receiver = try await EventReceiver.start()
+        defer { Task { await receiver.stop() } }
+        let h = try await Self.start(receiver, store: .redis)
+        defer { Task { await h.stop() } }
+        receiver.setDown(true)
+        var subs: [String] = []
+        for _ in 0..<3 {
+            let sub = h.simulator.createUser()
+            subs.append(sub)
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204,
+                    "the app being down never blocks the user")
+        }
+        let outbox = h.service.authenticator.core.outbox
+        // Each event's first attempt runs in the background: wait until all three have failed once.
+        var pending: [OutboxJob] = []
+        for _ in 0..<500 {
+            pending = try await h.service.authenticator.store.jobs(on: outbox.loop).get().filter { $0.kind == .event }
+            if pending.count == 3, pending.allSatisfy({ $0.attempts == 1 }) { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(pending.count == 3 && pending.allSatisfy { $0.attempts == 1 }, "\(pending.map(\.attempts))")
+        #expect(receiver.received.isEmpty)
+        receiver.setDown(false)
+        #expect(await outbox.runDue().isEmpty, "not due before the backoff")
+        h.clock.advance(by: .seconds(6))
+        #expect(await outbox.runDue().count == 3)
+        let delivered = await receiver.waitFor(3)
+        #expect(Set(delivered.map(\.type)) == ["user.deleted"] && delivered.count == 3)
+        var told: Set<String> = []
+        for event in delivered { told.insert(try await Self.verified(event, gateway: TestBrowser(gatewayOrigin: h.origin))["sub"] as? String ?? "") }
+        #expect(told == Set(subs))
+        #expect(try await h.service.authenticator.store.jobs(on: outbox.loop).get().isEmpty)
+    }
+
+    @Test("events need the assertion key; URLs are checked")
+    func configuration() {
+        var yaml = "events:\n  url: http://127.0.0.1:9000/events\nroutes:\n  - name: app\n    upstream: \"http://127.0.0.1:9000\"\n    auth: public\n"
+        #expect(GatewayConfiguration.parse(yaml: yaml).errors.map(\.path) == ["events"])
+        yaml = "identity:\n  assertion:\n    enabled: true\n    key_file: /k.pem\n" + yaml
+        #expect(GatewayConfiguration.parse(yaml: yaml).errors.isEmpty)
+        let bad = yaml.replacingOccurrences(of: "http://127.0.0.1:9000/events", with: "ftp://x")
+        #expect(GatewayConfiguration.parse(yaml: bad).errors.map(\.path) == ["events.url"])
+        let unknownKind = yaml.replacingOccurrences(of: "  url: http://127.0.0.1:9000/events\n", with: "  urls:\n    user.exploded: http://x/\n")
+        #expect(GatewayConfiguration.parse(yaml: unknownKind).errors.map(\.path) == ["events.urls.user.exploded"])
+        for (url, ok) in [("https://app.example.com/hooks/sg", true), ("http://[::1]:8080/", true), ("http://user:pw@x/", false), ("http:///x", false),
+                          ("https://x/#frag", false), ("https://x y/", false)] {
+            #expect(GatewayConfiguration.isWebURL(url) == ok, "\(url)")
+        }
+    }
+}
