@@ -6,7 +6,7 @@ UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=1818
 start_nginx $UPSTREAM $NGINX ${NGINX_TLS_ARGS:-}
 redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
 PIDS+=($!)
-"$BIN" apple-simulator --listen "127.0.0.1:$SIM" --out "$WORK" --web-client "com.example.web=http://localhost:$SG_A/_auth/callback" \
+"$BIN" apple-simulator --listen "127.0.0.1:$SIM" --out "$WORK" --allow-http-loopback --web-client "com.example.web=http://localhost:$SG_A/_auth/callback" \
   --app-id com.example.app > "$WORK/simulator.log" 2>&1 &
 PIDS+=($!)
 head -c 64 /dev/urandom > "$WORK/session.key"

@@ -9,8 +9,11 @@ struct Grants {
         var realUserStatus: Int
         var firstName: String
         var lastName: String
-        /// Clients this user has authorized: the `user` JSON is sent only on the first.
-        var authorizedClients: Set<String> = []
+        /// The user has authorized the team's app group (a Services ID and its primary App ID
+        /// share one consent): the `user` JSON and `real_user_status` come only with the first.
+        var authorized = false
+        /// The scopes granted at that first authorization: the email claims only with `email`.
+        var grantedScopes: Set<String> = []
     }
 
     struct Code {
@@ -20,6 +23,8 @@ struct Grants {
         var nonce: String?
         var issuedAt: Int64
         var used = false
+        /// Issued at the user's first authorization of the group.
+        var firstAuthorization = false
     }
 
     struct RefreshToken {

@@ -62,7 +62,7 @@ extension SimulatedAppleID {
     func validateAuthorization(_ p: [String: String]) -> GrantCheck<Authorization> {
         guard let clientID = p["client_id"] else { return .refused(Self.error(.badRequest, "invalid_request", "client_id is required")) }
         guard let returnURLs = team.clients[clientID] else { return .refused(Self.error(.badRequest, "invalid_client")) }
-        guard let redirectURI = p["redirect_uri"], returnURLs.contains(redirectURI) else {
+        guard let redirectURI = p["redirect_uri"], returnURLs.contains(redirectURI), team.acceptsReturnURL(redirectURI) else {
             return .refused(Self.error(.badRequest, "unauthorized_client", "Invalid web redirect url"))
         }
         let types = Set((p["response_type"] ?? "").split(separator: " ").map(String.init))
@@ -83,17 +83,21 @@ extension SimulatedAppleID {
 
     /// Issues the code (and id_token, and first-time `user`) and sends them to the client.
     func deliver(_ a: Authorization, sub: String) -> SimpleResponse {
-        let code = issueCode(sub: sub, clientID: a.clientID, redirectURI: a.redirectURI, nonce: a.nonce)
+        // Consent is per app group: a user who authorized the app natively is not asked (and
+        // the `user` JSON is not sent) again on the web.
+        let firstTime: Grants.User? = grants.withLockedValue { g in
+            guard let user = g.users[sub], !user.authorized else { return nil }
+            g.users[sub]?.authorized = true
+            g.users[sub]?.grantedScopes = Set(a.scopes)
+            return user
+        }
+        let code = issueCode(sub: sub, clientID: a.clientID, redirectURI: a.redirectURI, nonce: a.nonce, firstAuthorization: firstTime != nil)
         var fields: [(String, String)] = []
         if let state = a.state { fields.append(("state", state)) }
         fields.append(("code", code))
-        if a.withIDToken, let token = try? identityToken(sub: sub, clientID: a.clientID, nonce: a.nonce, now: clock(), faults: faults.withLockedValue { $0 }, code: code) {
+        if a.withIDToken, let token = try? identityToken(sub: sub, clientID: a.clientID, nonce: a.nonce, now: clock(), faults: faults.withLockedValue { $0 },
+                                                         code: code, firstAuthorization: firstTime != nil) {
             fields.append(("id_token", token))
-        }
-        let firstTime: Grants.User? = grants.withLockedValue { g in
-            guard let user = g.users[sub], !user.authorizedClients.contains(a.clientID) else { return nil }
-            g.users[sub]?.authorizedClients.insert(a.clientID)
-            return user
         }
         if a.mode == "form_post", let user = firstTime, a.scopes.contains(where: { $0 == "name" || $0 == "email" }) {
             var object: [String: Any] = [:]

@@ -73,10 +73,16 @@ extension SimulatedAppleID {
 
     /// What AuthenticationServices hands a native app after the user consents: an identity
     /// token and an authorization code for the app's own client id (an App ID), no redirect.
-    public func nativeAuthorization(sub: String, clientID: String, nonce: String?) throws -> (identityToken: String, authorizationCode: String) {
-        let token = try identityToken(sub: sub, clientID: clientID, nonce: nonce, now: clock(), faults: faults.withLockedValue { $0 })
-        grants.withLockedValue { _ = $0.users[sub]?.authorizedClients.insert(clientID) }
-        return (token, issueCode(sub: sub, clientID: clientID, redirectURI: nil, nonce: nonce))
+    /// `scopes`: what the app requests (granted at the user's first authorization of the group).
+    public func nativeAuthorization(sub: String, clientID: String, nonce: String?, scopes: [String] = ["name", "email"]) throws -> (identityToken: String, authorizationCode: String) {
+        let first = grants.withLockedValue { g -> Bool in
+            guard let user = g.users[sub], !user.authorized else { return false }
+            g.users[sub]?.authorized = true
+            g.users[sub]?.grantedScopes = Set(scopes)
+            return true
+        }
+        let token = try identityToken(sub: sub, clientID: clientID, nonce: nonce, now: clock(), faults: faults.withLockedValue { $0 }, firstAuthorization: first)
+        return (token, issueCode(sub: sub, clientID: clientID, redirectURI: nil, nonce: nonce, firstAuthorization: first))
     }
 
     // MARK: HTTP
@@ -98,13 +104,16 @@ extension SimulatedAppleID {
             let users = grants.withLockedValue { $0.users.values.sorted { $0.sub < $1.sub } }
             return Self.json(["users": users.map { ["sub": $0.sub, "email": $0.email, "first_name": $0.firstName, "last_name": $0.lastName] }])
         }
+        // What a user does in Settings: Apple then tells the relying party (its notification URL).
         if let userAction, userAction.action == "revoke-consent" {
             revokeConsent(sub: userAction.sub)
-            return Self.json(["ok": true])
+            if let url = notificationURL { Task { _ = await self.sendNotification(.consentRevoked, sub: userAction.sub, to: url) } }
+            return Self.json(["ok": true, "notified": notificationURL != nil])
         }
         if let userAction, userAction.action == "delete-account" {
             deleteAccount(sub: userAction.sub)
-            return Self.json(["ok": true])
+            if let url = notificationURL { Task { _ = await self.sendNotification(.accountDelete, sub: userAction.sub, to: url) } }
+            return Self.json(["ok": true, "notified": notificationURL != nil])
         }
         if method == .POST, route == ["native"] {
             guard let sub = body["sub"] as? String, let clientID = body["client_id"] as? String, team.clients[clientID] != nil,

@@ -23,10 +23,12 @@ extension SimulatedAppleID {
     }
 
     /// Issues an authorization code as a completed `/auth/authorize` would.
-    public func issueCode(sub: String, clientID: String, redirectURI: String?, nonce: String?) -> String {
+    public func issueCode(sub: String, clientID: String, redirectURI: String?, nonce: String?, firstAuthorization: Bool = false) -> String {
         let code = Grants.opaqueToken(prefix: "c")
         let now = clock()
-        grants.withLockedValue { $0.codes[code] = Grants.Code(sub: sub, clientID: clientID, redirectURI: redirectURI, nonce: nonce, issuedAt: now) }
+        grants.withLockedValue {
+            $0.codes[code] = Grants.Code(sub: sub, clientID: clientID, redirectURI: redirectURI, nonce: nonce, issuedAt: now, firstAuthorization: firstAuthorization)
+        }
         return code
     }
 
@@ -35,7 +37,7 @@ extension SimulatedAppleID {
         grants.withLockedValue { g in
             for (token, grant) in g.refreshTokens where grant.sub == sub { g.refreshTokens[token]?.revoked = true }
             // The next authorization is a first one again: the `user` JSON comes back (§1.3).
-            g.users[sub]?.authorizedClients = []
+            g.users[sub]?.authorized = false
         }
     }
 
@@ -82,9 +84,10 @@ extension SimulatedAppleID {
                 guard !grant.used else { return .refused(Self.error(.badRequest, "invalid_grant", "The code has already been used.")) }
                 guard now - grant.issuedAt < Self.codeLifetime else { return .refused(Self.error(.badRequest, "invalid_grant", "The code has expired or has been revoked.")) }
                 guard grant.clientID == clientID else { return .refused(Self.error(.badRequest, "invalid_grant", "code was issued to another client")) }
-                guard grant.redirectURI == form["redirect_uri"] else { return .refused(Self.error(.badRequest, "invalid_grant", "redirect_uri does not match")) }
+                // Single use: a failed exchange (a wrong redirect_uri) burns the code too.
                 grant.used = true
                 g.codes[code] = grant
+                guard grant.redirectURI == form["redirect_uri"] else { return .refused(Self.error(.badRequest, "invalid_grant", "redirect_uri does not match")) }
                 return .ok(grant)
             }
             switch result {
@@ -96,7 +99,8 @@ extension SimulatedAppleID {
                     g.accessTokens[access] = grant.sub
                 }
                 var body: [String: Any] = ["access_token": access, "token_type": "Bearer", "expires_in": faults.accessTokenLifetime, "refresh_token": refresh]
-                body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: grant.nonce, now: now, faults: faults, accessToken: access)
+                body["id_token"] = try? identityToken(sub: grant.sub, clientID: clientID, nonce: grant.nonce, now: now, faults: faults, accessToken: access,
+                                                      firstAuthorization: grant.firstAuthorization)
                 return Self.json(body)
             }
         case "refresh_token":
@@ -151,7 +155,7 @@ extension SimulatedAppleID {
                 // token of the user at this team dies, and the next sign-in is a first one (the
                 // `user` JSON comes back).
                 for (other, grant) in g.refreshTokens where grant.sub == sub { g.refreshTokens[other]?.revoked = true }
-                g.users[sub]?.authorizedClients = []
+                g.users[sub]?.authorized = false
             }
             return (false, sub)
         }
@@ -180,20 +184,28 @@ extension SimulatedAppleID {
     /// - Parameters:
     ///   - code: issued beside the token (the authorize redirect): the token carries its `c_hash`.
     ///   - accessToken: issued with the token (`/auth/token`): the token carries its `at_hash`.
-    func identityToken(sub: String, clientID: String, nonce: String?, now: Int64, faults: Faults, code: String? = nil, accessToken: String? = nil) throws -> String {
+    ///   - firstAuthorization: the user's first authorization of the group: `real_user_status`
+    ///     (native) comes only then.
+    func identityToken(sub: String, clientID: String, nonce: String?, now: Int64, faults: Faults, code: String? = nil, accessToken: String? = nil,
+                       firstAuthorization: Bool = false) throws -> String {
         guard let user = grants.withLockedValue({ $0.users[sub] }) else { throw SimulatorError.unknownUser }
         let isNative = team.clients[clientID]?.isEmpty ?? false
         func boolean(_ value: Bool) -> Any { faults.stringBooleans ? (value ? "true" : "false") : value }
         var claims: [String: Any] = [
             "iss": "https://appleid.apple.com", "aud": clientID, "iat": now, "exp": now + faults.idTokenTTL, "sub": sub,
-            "email": user.email,
-            "email_verified": boolean(true), "is_private_email": boolean(user.isPrivateEmail), "auth_time": now, "nonce_supported": true,
+            "auth_time": now, "nonce_supported": true,
         ]
+        // The email claims only when the user granted the email scope (the first time).
+        if user.grantedScopes.contains("email") {
+            claims["email"] = user.email
+            claims["email_verified"] = boolean(true)
+            claims["is_private_email"] = boolean(user.isPrivateEmail)
+        }
         if let nonce { claims["nonce"] = nonce }
         if let code { claims["c_hash"] = faults.wrongCodeHash ? Self.halfHash(code + "x") : Self.halfHash(code) }
         if let accessToken { claims["at_hash"] = Self.halfHash(accessToken) }
         if let transferSub = activeTransferID(for: sub, now: now) { claims["transfer_sub"] = transferSub }
-        if isNative { claims["real_user_status"] = user.realUserStatus }
+        if isNative, firstAuthorization { claims["real_user_status"] = user.realUserStatus }
         return try signingKeys.sign(claims)
     }
 }

@@ -18,11 +18,24 @@ public final class SimulatedAppleID: Sendable {
         public var keys: [String: P256.Signing.PublicKey]
         /// Registered client ids: a Services ID with its return URLs, or an App ID with none.
         public var clients: [String: [String]]
+        /// Return URLs must be https, as Apple requires; tests and the demo on one machine set
+        /// this to accept `http://` on a loopback host (localhost, 127.0.0.1, [::1]).
+        public var allowsLoopbackHTTP: Bool
 
-        public init(teamID: String, keys: [String: P256.Signing.PublicKey], clients: [String: [String]] = [:]) {
+        public init(teamID: String, keys: [String: P256.Signing.PublicKey], clients: [String: [String]] = [:], allowsLoopbackHTTP: Bool = false) {
             self.teamID = teamID
             self.keys = keys
             self.clients = clients
+            self.allowsLoopbackHTTP = allowsLoopbackHTTP
+        }
+
+        /// Whether Apple would send a browser to `url`: https, or loopback http when allowed.
+        func acceptsReturnURL(_ url: String) -> Bool {
+            let lower = url.lowercased()
+            if lower.hasPrefix("https://") { return true }
+            guard allowsLoopbackHTTP, lower.hasPrefix("http://") else { return false }
+            let host = lower.dropFirst(7).prefix { $0 != "/" && $0 != "?" }
+            return ["localhost", "127.0.0.1", "[::1]"].contains(host.hasPrefix("[") ? String(host.prefix { $0 != "]" }) + "]" : String(host.prefix { $0 != ":" }))
         }
     }
 

@@ -43,6 +43,9 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
     @Flag(name: .customLong("auto-consent"), help: "Consent at once as the first user instead of showing the consent page.")
     var autoConsent = false
 
+    @Flag(name: .customLong("allow-http-loopback"), help: "Accept http:// return URLs on localhost, 127.0.0.1 or [::1] (Apple accepts https only).")
+    var allowHTTPLoopback = false
+
     func run() async throws {
         guard let address = ListenAddress.parse(listen) else { throw ValidationError("--listen: '\(listen)' is not host:port") }
         var clients: [String: [String]] = [:]
@@ -69,7 +72,7 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
         }
 
         let simulator = try await SimulatedAppleID.start(
-            team: .init(teamID: teamID, keys: [keyID: key.publicKey], clients: clients), host: address.host, port: address.port,
+            team: .init(teamID: teamID, keys: [keyID: key.publicKey], clients: clients, allowsLoopbackHTTP: allowHTTPLoopback), host: address.host, port: address.port,
             notificationURL: notifyURL)
         if autoConsent { simulator.setFaults { $0.autoConsent = "" } }
         let clientList = ([clients.keys.filter { !(clients[$0]?.isEmpty ?? true) }.sorted()] + [clients.keys.filter { clients[$0]?.isEmpty ?? false }.sorted()]).flatMap { $0 }

@@ -187,7 +187,7 @@ struct Demo: AsyncParsableCommand {
         var clients: [String: [String]] = [apple.clientIDs[0]: [publicURL + configuration.server.authPrefix + "/callback"]]
         for app in apple.clientIDs.dropFirst() { clients[app] = [] }
         let simulator = try await SimulatedAppleID.start(
-            team: .init(teamID: apple.teamID, keys: [apple.keyID: key.publicKey], clients: clients), host: base.host, port: base.port, group: group)
+            team: .init(teamID: apple.teamID, keys: [apple.keyID: key.publicKey], clients: clients, allowsLoopbackHTTP: true), host: base.host, port: base.port, group: group)
         simulator.createUser(privateEmail: true, firstName: "Jane", lastName: "Appleseed")
         simulator.createUser(email: "john@example.org", privateEmail: false, firstName: "John", lastName: "Doe")
         configuration.apple?.baseURL = simulator.baseURL

@@ -113,7 +113,7 @@ struct ReloadProcessTests {
         let origin = "http://localhost:\(port)"
         let simulator = try await SimulatedAppleID.start(team: .init(
             teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
-            clients: [SignInHarness.webClient: [origin + "/_auth/callback", origin + "/auth2/callback"]]))
+            clients: [SignInHarness.webClient: [origin + "/_auth/callback", origin + "/auth2/callback"]], allowsLoopbackHTTP: true))
         defer { Task { await simulator.stop() } }
         let alice = simulator.createUser(email: "alice@example.org", privateEmail: false, firstName: "Alice", lastName: "A")
         let upstream = try await TestUpstream.start()

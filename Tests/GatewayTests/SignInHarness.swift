@@ -52,7 +52,7 @@ final class SignInHarness: @unchecked Sendable {
         let origin = "http://localhost:\(gatewayPort)"
         let simulator = try await SimulatedAppleID.start(team: .init(
             teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
-            clients: [webClient: [origin + "/_auth/callback"], appClient: []]))
+            clients: [webClient: [origin + "/_auth/callback"], appClient: []], allowsLoopbackHTTP: true))
         let upstream = try await TestUpstream.start()
 
         var c = GatewayConfiguration()
