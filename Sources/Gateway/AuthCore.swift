@@ -146,14 +146,16 @@ final class AuthCore: Sendable {
                                          outageGrace: Authenticator.milliseconds(a.outageGrace)),
                 appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
                 onStored: { tokenHash, loop in weak.withLockedValue { $0.value }?.publish(.validated(tokenHash: tokenHash), on: loop) },
-                onRevoked: { sub, loop in
+                onRevoked: { sub, at, loop in
                     guard let core = weak.withLockedValue({ $0.value }) else { return loop.makeSucceededFuture(0) }
-                    return core.revokeUser(sub, source: .appleInvalidGrant, on: loop)
+                    return core.revokeUser(sub, source: .appleInvalidGrant, at: at, on: loop)
                 })
         } else {
             revalidator = nil
         }
-        outbox = Outbox(store: store, loop: backgroundLoop, now: now, attemptTTL: Authenticator.milliseconds(c.apple?.timeout ?? .seconds(5)) + 10_000,
+        // An attempt's claim outlives its slowest call (Apple's or the app's), with margin.
+        let slowest = max(Authenticator.milliseconds(c.apple?.timeout ?? .seconds(5)), Authenticator.milliseconds(c.events.timeout))
+        outbox = Outbox(store: store, loop: backgroundLoop, now: now, attemptTTL: slowest + 10_000,
                         metrics: metrics, logger: logger)
         if let apple {
             let keys = self.keys

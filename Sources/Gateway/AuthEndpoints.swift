@@ -1,6 +1,7 @@
 import AppleID
 import Crypto
 import Foundation
+import GatewayConfig
 import HTTPProxy
 import Logging
 import NIOCore
@@ -57,6 +58,8 @@ struct AuthEndpointGuard: RequestGuard {
     /// Who may post to the state-changing endpoints (`server.public_url`,
     /// `server.allowed_origins`, the request's own host); from the running configuration.
     let origins: OriginPolicy
+    /// `server.trusted_proxies`: behind one, a client is known by its `X-Forwarded-For` address.
+    var trustedProxies: [CIDR] = []
 
     static let maxFormBytes = 64 * 1024
 
@@ -84,7 +87,8 @@ struct AuthEndpointGuard: RequestGuard {
         case .login:
             return login(rd: query["rd"], head: head, on: loop)
         case .callback:
-            return collect(Self.maxFormBytes, on: loop) { await callback(form: $0, head: head, client: request.clientAddress, on: loop) }
+            let client = ClientAddress.resolve(peer: request.clientAddress?.ipAddress, forwardedFor: head.headers["x-forwarded-for"], trusted: trustedProxies)
+            return collect(Self.maxFormBytes, on: loop) { await callback(form: $0, head: head, client: client, on: loop) }
         case .native:
             return collect(Self.maxFormBytes, on: loop) { await native(body: $0, head: head, on: loop) }
         case .nativeNonce:

@@ -111,7 +111,7 @@ public final class GatewayService: Service, Sendable {
                               stripPrefix: route.stripPrefix, upstreamHost: route.upstreamHost)
         }
         // The endpoints answer locally; their upstream address is never dialled.
-        let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c))
+        let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c), trustedProxies: c.server.trustedProxies)
         let hosts = Set(c.routes.map(\.host))
         let authRoutes = hosts.map { host in
             ProxyRoute(name: "auth", host: host, pathPrefix: c.server.authPrefix + "/", upstream: UpstreamAddress(host: "127.0.0.1", port: 9),

@@ -86,8 +86,9 @@ extension AuthEndpointGuard {
             }
             claim = value
         } else {
-            // Without a nonce claim, proceed only when the platform says it has no nonces.
-            guard token.nonceSupported == false else { throw SignInFailure.identityToken(.nonceMissing) }
+            // Without a nonce claim, proceed only when the platform says it has no nonces — and
+            // never when a server nonce is required: the token would not be bound to it.
+            guard token.nonceSupported == false, !auth.nativeNonceRequired else { throw SignInFailure.identityToken(.nonceMissing) }
             claim = nil
         }
         if auth.nativeNonceRequired {

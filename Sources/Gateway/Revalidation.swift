@@ -37,7 +37,7 @@ final class Revalidator: Sendable {
     let logger: Logger
     let metrics: GatewayMetrics
     /// Called for a dead grant (revokes the user everywhere).
-    let onRevoked: @Sendable (_ sub: String, _ loop: any EventLoop) -> EventLoopFuture<Int>
+    let onRevoked: @Sendable (_ sub: String, _ at: Int64, _ loop: any EventLoop) -> EventLoopFuture<Int>
     /// Called once a result is stored: tells the instances waiting on this token's lock.
     let onStored: @Sendable (_ tokenHash: String, _ loop: any EventLoop) -> Void
     private let inFlight = NIOLockedValueBox<[String: EventLoopFuture<Outcome>]>([:])
@@ -51,7 +51,7 @@ final class Revalidator: Sendable {
     init(apple: AppleServices, store: any SessionStore, keys: SessionKeys, times: RevalidationTimes, appleTimeout: Int64,
          now: @escaping @Sendable () -> Int64, logger: Logger, metrics: GatewayMetrics,
          onStored: @escaping @Sendable (String, any EventLoop) -> Void = { _, _ in },
-         onRevoked: @escaping @Sendable (String, any EventLoop) -> EventLoopFuture<Int>) {
+         onRevoked: @escaping @Sendable (String, Int64, any EventLoop) -> EventLoopFuture<Int>) {
         self.apple = apple
         self.store = store
         self.keys = keys
@@ -71,12 +71,29 @@ final class Revalidator: Sendable {
         for waiter in waiters.withLockedValue({ $0.removeValue(forKey: tokenHash) ?? [] }) { waiter.succeed() }
     }
 
+    /// A waiter for `tokenHash`'s next stored result, registered before the lock is tried: a
+    /// holder that stores and publishes between our failed claim and our wait cannot be missed.
+    private func register(_ tokenHash: String, on loop: any EventLoop) -> EventLoopPromise<Void> {
+        let promise = loop.makePromise(of: Void.self)
+        waiters.withLockedValue { $0[tokenHash, default: []].append(promise) }
+        return promise
+    }
+
+    /// Takes a waiter back out (the lock was ours after all); completes it if still there.
+    private func unregister(_ promise: EventLoopPromise<Void>, _ tokenHash: String) {
+        let mine = waiters.withLockedValue { list -> Bool in
+            guard let i = list[tokenHash]?.firstIndex(where: { $0.futureResult === promise.futureResult }) else { return false }
+            list[tokenHash]?.remove(at: i)
+            if list[tokenHash]?.isEmpty == true { list[tokenHash] = nil }
+            return true
+        }
+        if mine { promise.succeed() }
+    }
+
     /// Waits until `resultStored(tokenHash)` or `timeout` (the lock's TTL: a holder that died
     /// leaves no message), whichever is first. Whoever takes the promise out of `waiters`
     /// completes it, once.
-    private func awaitResult(_ tokenHash: String, timeout: Int64, on loop: any EventLoop) async {
-        let promise = loop.makePromise(of: Void.self)
-        waiters.withLockedValue { $0[tokenHash, default: []].append(promise) }
+    private func awaitResult(_ promise: EventLoopPromise<Void>, _ tokenHash: String, timeout: Int64, on loop: any EventLoop) async {
         let timer = loop.scheduleTask(in: .milliseconds(timeout)) {
             let mine = self.waiters.withLockedValue { list -> Bool in
                 guard let i = list[tokenHash]?.firstIndex(where: { $0.futureResult === promise.futureResult }) else { return false }
@@ -140,6 +157,12 @@ final class Revalidator: Sendable {
             try await store.markValidated(session.handle, at: at, on: loop).get()
             return .settled(.valid(at: at))
         case .revoked:
+            // Apple refused this token earlier; whoever saw it revoked the user, unless that
+            // failed (the store did not answer): revoking again is idempotent.
+            let at = record?.at ?? 0
+            if let sessions = try? await store.sessions(of: session.sub, on: loop).get(), sessions.contains(where: { $0.created <= at }) {
+                _ = try? await onRevoked(session.sub, at, loop).get()
+            }
             return .settled(.revoked)
         case .wait:
             metrics.recordAppleCallDeferred(.backoff)
@@ -157,14 +180,26 @@ final class Revalidator: Sendable {
             // The wait for a permit may have been long: look again before locking.
             if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
             let lock = Claim.validation(tokenHash: tokenHash)
-            guard try await store.claim(lock, ttl: lockTTL, on: loop).get() else {
-                // Another instance is asking Apple: its message (`validated`) wakes us when the
-                // result is stored; the lock's TTL bounds the wait if it never comes.
-                await awaitResult(tokenHash, timeout: lockTTL, on: loop)
+            let waiter = register(tokenHash, on: loop)
+            let claimed: Bool
+            do { claimed = try await store.claim(lock, ttl: lockTTL, on: loop).get() } catch {
+                unregister(waiter, tokenHash)
+                throw error
+            }
+            guard claimed else {
+                // Another instance is asking Apple: its message (`validated`) wakes us when it
+                // is done; the lock's TTL bounds the wait if it never comes.
+                await awaitResult(waiter, tokenHash, timeout: lockTTL, on: loop)
                 if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
                 return .unknown
             }
-            defer { store.release(lock, on: loop).whenFailure { _ in } }
+            unregister(waiter, tokenHash)
+            // However this ends (a result, the circuit holding, a store error), the instances
+            // waiting on the lock are told once it is released.
+            defer {
+                store.release(lock, on: loop).whenFailure { _ in }
+                onStored(tokenHash, loop)
+            }
             // The lock holder checks once more: the previous holder may have just finished.
             let previous: ValidationRecord?
             switch try await plan(session, tokenHash: tokenHash, on: loop) {
@@ -200,28 +235,24 @@ final class Revalidator: Sendable {
             switch outcome {
             case .success:
                 try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: tokenHash, ttl: times.after, on: loop).get()
-                onStored(tokenHash, loop)
                 try await store.markValidated(session.handle, at: t, on: loop).get()
                 return .valid(at: t)
             case .grantRevoked(let error):
                 logger.info("Apple refused a refresh token: the user is revoked", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
                 try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
-                onStored(tokenHash, loop)
-                _ = try await onRevoked(session.sub, loop).get()
+                _ = try await onRevoked(session.sub, t, loop).get()
                 return .revoked
             case .clientMisconfigured(let error):
                 let opened = retry.failed(after: circuit, at: t, retryAfter: nil, jitter: .random(in: 0..<1))
                 logger.error("Apple rejected our client during re-validation: the fleet holds re-validations back for this client and probes again later; sessions are kept within apple.outage_grace; check the apple: configuration (sessiongate check --online)",
                              metadata: ["error": "\(error)", "client_id": "\(session.clientID)", "probe_in_s": "\((opened.retryAt - t) / 1000)"])
                 try await store.recordValidation(opened, of: circuitName, ttl: retry.keep(opened, now: t), on: loop).get()
-                onStored(tokenHash, loop)
                 return .unknown
             case .transient(let reason, let retryAfter):
                 let failed = retry.failed(after: previous, at: t, retryAfter: retryAfter, jitter: .random(in: 0..<1))
                 logger.warning("Apple unavailable during re-validation: sessions are kept within apple.outage_grace",
                                metadata: ["reason": "\(reason)", "failures": "\(failed.failures)", "retry_in_s": "\((failed.retryAt - t) / 1000)"])
                 try await store.recordValidation(failed, of: tokenHash, ttl: retry.keep(failed, now: t), on: loop).get()
-                onStored(tokenHash, loop)
                 return .unknown
             }
         } catch {

@@ -41,7 +41,8 @@ enum SignInFailure: Error, Equatable {
     case appleMisconfigured
     /// The session store did not answer in time.
     case storeUnavailable
-    /// Too many exchanges for this client id just now (`apple.exchange_rate_limit`).
+    /// Too many code exchanges for this user (native) or client address (web) in this minute
+    /// (`apple.exchanges_per_minute`).
     case throttled(retryAfter: Int)
     /// A native nonce was required and missing, unknown, used or another client's.
     case nonce(String)

@@ -39,7 +39,8 @@ extension AuthEndpointGuard {
     /// Apple's `form_post`: state and pre-auth cookie checked, the first-time `user` stored before
     /// anything else, the code exchanged, the identity token verified with the nonce, a new
     /// session issued (any cookie the browser had is replaced), then 303 to `rd`.
-    func callback(form body: ByteBuffer, head: HTTPRequestHead, client: SocketAddress?, on loop: any EventLoop) async -> LocalResponse {
+    /// - Parameter client: the browser's address (`ClientAddress`): the exchange rate limit's key.
+    func callback(form body: ByteBuffer, head: HTTPRequestHead, client: String, on loop: any EventLoop) async -> LocalResponse {
         guard let apple = auth.apple else { return Self.notConfigured() }
         let clearLogin = auth.clearCookie(auth.loginCookieName, sameSiteNone: true)
         var returnTo = "/"
@@ -65,7 +66,7 @@ extension AuthEndpointGuard {
                 do { early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code) } catch { throw SignInFailure.identityToken(error) }
                 if let name { try await storeCall { try await auth.store(on: loop).saveProfile(UserProfile(sub: early.subject, name: name)) } }
             }
-            try checkRate(.web, key: client?.ipAddress ?? "unknown")
+            try checkRate(.web, key: client)
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get() }
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
@@ -82,7 +83,9 @@ extension AuthEndpointGuard {
     /// The login this callback completes: its state taken (single use) and its pre-auth cookie
     /// matched. Answers the login and where to start again.
     private func takeLogin(form body: ByteBuffer, head: HTTPRequestHead, on loop: any EventLoop) async throws -> (LoginState, String) {
-        guard let form = FormBody.parse(Array(body.readableBytesView)), let state = form["state"], !state.isEmpty else {
+        // A web state is a random base64url token: anything else (an issued native nonce's
+        // key, `native-nonce:…`) is not a web login and is never taken here.
+        guard let form = FormBody.parse(Array(body.readableBytesView)), let state = form["state"], !state.isEmpty, !state.contains(":") else {
             throw SignInFailure.malformed("The response from Apple was incomplete.")
         }
         guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) else { throw SignInFailure.loginNotStarted }

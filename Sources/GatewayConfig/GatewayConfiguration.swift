@@ -121,7 +121,7 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var nativeNonce: NativeNonce = .optional
         /// Code exchanges per minute per user (native) or client address (web), per instance;
         /// 0: no limit.
-        public var exchangesPerMinute = 10
+        public var exchangesPerMinute = 30
         public init() {}
     }
 

@@ -108,18 +108,24 @@ public final class MemorySessionStore: SessionStore {
             let earlier = s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil } ?? .min
             s.revoked[sub] = (max(earlier, revokedAt), t + keep)
             var live = 0
+            var survives = false
             for h in s.userSessions[sub] ?? [] {
                 guard let entry = s.sessions[h] else {
                     s.userSessions[sub]?.remove(h)
                     continue
                 }
-                guard entry.record.created <= revokedAt else { continue }  // signed in again after it
+                guard entry.record.created <= revokedAt else {  // signed in again after it
+                    survives = true
+                    continue
+                }
                 s.sessions[h] = nil
                 s.userSessions[sub]?.remove(h)
                 if entry.expiresAt > t { live += 1 }
             }
             if s.userSessions[sub]?.isEmpty == true { s.userSessions[sub] = nil }
-            if forget {
+            // A session made after the revocation (the user came back) keeps the profile and
+            // tokens it brought.
+            if forget, !survives {
                 s.users[sub] = nil
                 s.userTokens[sub] = nil
             }

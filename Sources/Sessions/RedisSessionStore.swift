@@ -59,10 +59,10 @@ public final class RedisSessionStore: SessionStore {
             ["PEXPIREAT", .string(sessionKey(session.handle)), RedisArgument(expiresAt)],
             ["SADD", .string(userSessionsKey(session.sub)), .string(session.handle.key)],
         ]
-        let profileFields = profile.fields
-        if !profileFields.isEmpty {
-            commands.append(["HSET", .string(userKey(profile.sub))] + profileFields.flatMap { [RedisArgument.string($0.0), .string($0.1)] })
-        }
+        // The user's hash exists from the first session on, as in memory, even without a field
+        // (a user known to the gateway is one whose notifications it applies).
+        let profileFields = [("sub", profile.sub)] + profile.fields
+        commands.append(["HSET", .string(userKey(profile.sub))] + profileFields.flatMap { [RedisArgument.string($0.0), .string($0.1)] })
         return transaction(commands, on: loop).map { _ in }
     }
 
@@ -70,6 +70,17 @@ public final class RedisSessionStore: SessionStore {
     /// marker — in one round trip: the second and third keys are named by the session's `sub`,
     /// so a script reads them where the session is (standalone Redis or a Sentinel master;
     /// nothing here is meant for Redis Cluster).
+    /// `revoked:{sub}` = max(itself, ARGV[1]), kept ARGV[2] ms.
+    static let markerScript = """
+        local current = tonumber(redis.call('GET', KEYS[1]) or '')
+        if current == nil or tonumber(ARGV[1]) > current then
+            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+        else
+            redis.call('PEXPIRE', KEYS[1], ARGV[2])
+        end
+        return 1
+        """
+
     static let loadScript = """
         local s = redis.call('HGETALL', KEYS[1])
         if #s == 0 then return {} end
@@ -153,17 +164,22 @@ public final class RedisSessionStore: SessionStore {
         send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
             let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
             // Each session's creation time, and the marker already recorded, in one round trip.
-            let reads: [[RedisArgument]] = handles.map { ["HGET", .string(self.sessionKey($0)), "created"] } + [["GET", .string(self.revokedKey(sub))]]
-            return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
+            let reads: [[RedisArgument]] = handles.map { ["HGET", .string(self.sessionKey($0)), "created"] }
+            let read = reads.isEmpty ? loop.makeSucceededFuture([]) : self.redis.sendAll(reads, on: loop)
+            return read.flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
                 // Created up to the revocation, or already gone (no `created`): deleted.
-                let doomed = zip(handles, replies).filter { _, created in created.string.flatMap(Int64.init).map { $0 <= revokedAt } ?? true }.map(\.0)
-                let marker = max(revokedAt, replies.last?.string.flatMap(Int64.init) ?? .min)
-                var commands: [[RedisArgument]] = [["SET", .string(self.revokedKey(sub)), RedisArgument(marker), "PX", RedisArgument(max(keep, 1))]]
+                let created = zip(handles, replies).map { ($0, $1.string.flatMap(Int64.init)) }
+                let doomed = created.filter { _, at in at.map { $0 <= revokedAt } ?? true }.map(\.0)
+                let survives = created.contains { _, at in at.map { $0 > revokedAt } ?? false }
+                // The later marker wins, atomically (two revocations racing must not move it back).
+                var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
                 if !doomed.isEmpty {
                     commands.append(["DEL"] + doomed.map { .string(self.sessionKey($0)) })
                     commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.key) })
                 }
-                if forget { commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))]) }
+                // A session made after the revocation (the user came back) keeps the profile and
+                // tokens it brought.
+                if forget, !survives { commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))]) }
                 return self.transaction(commands, on: loop).map { results in
                     doomed.isEmpty ? 0 : Int(results[1].int ?? 0)
                 }

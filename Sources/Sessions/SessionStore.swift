@@ -113,97 +113,6 @@ public struct ValidationRecord: Sendable, Equatable {
     }
 }
 
-/// Work that must happen at least once, whatever instance dies: a token to revoke at Apple, an
-/// event to deliver to the app. Kept in the store until done; each attempt is claimed by one
-/// instance (`Claim.job`).
-public struct OutboxJob: Sendable, Equatable {
-    public enum Kind: String, Sendable { case appleRevoke = "apple_revoke", event }
-    public var id: String
-    public var kind: Kind
-    /// What the job carries (a sealed token and its client; an event's body and URL), encoded
-    /// by its owner.
-    public var payload: String
-    public var attempts: Int
-    /// Unix ms: not before.
-    public var nextAttempt: Int64
-    /// Unix ms: when it was first queued.
-    public var created: Int64
-
-    public init(id: String, kind: Kind, payload: String, attempts: Int = 0, nextAttempt: Int64, created: Int64) {
-        self.id = id
-        self.kind = kind
-        self.payload = payload
-        self.attempts = attempts
-        self.nextAttempt = nextAttempt
-        self.created = created
-    }
-}
-
-extension OutboxJob {
-    /// One line: `id kind attempts next created payload` (the payload last: it may hold spaces).
-    static func encode(_ job: OutboxJob) -> String {
-        "\(job.id) \(job.kind.rawValue) \(job.attempts) \(job.nextAttempt) \(job.created) \(job.payload)"
-    }
-
-    static func decode(_ line: String) -> OutboxJob? {
-        let parts = line.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: false)
-        guard parts.count == 6, let kind = Kind(rawValue: String(parts[1])), let attempts = Int(parts[2]),
-              let next = Int64(parts[3]), let created = Int64(parts[4]) else { return nil }
-        return OutboxJob(id: String(parts[0]), kind: kind, payload: String(parts[5]), attempts: attempts, nextAttempt: next, created: created)
-    }
-}
-
-/// An outbox job's payload: a refresh token to revoke at Apple, still sealed as it was stored
-/// (whoever queues it needs no key; the gateway that runs it opens it).
-public struct AppleRevocation: Sendable, Equatable {
-    public var clientID: String
-    /// The sealing context (`SessionKeys.userContext(sub)` or a session's store key).
-    public var context: String
-    public var sealedToken: String
-
-    public init(clientID: String, context: String, sealedToken: String) {
-        self.clientID = clientID
-        self.context = context
-        self.sealedToken = sealedToken
-    }
-
-    /// Space-separated: client ids, contexts and sealed tokens hold no spaces (a context's sub
-    /// is Apple's, `[0-9a-z.]`).
-    public var payload: String { clientID + " " + context + " " + sealedToken }
-
-    public init?(payload: String) {
-        let parts = payload.split(separator: " ", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts.allSatisfy({ !$0.isEmpty }) else { return nil }
-        self.init(clientID: String(parts[0]), context: String(parts[1]), sealedToken: String(parts[2]))
-    }
-
-    /// The job's id: one per stored token (queued twice, it is revoked once).
-    public var jobID: String { "revoke-" + sha256Hex(sealedToken).prefix(32) }
-}
-
-/// A fleet-wide claim (`SET NX PX`): held by one caller at a time until released or expired.
-/// Its store key carries the hash tag DESIGN §3 gives it (one cluster slot per subject).
-public enum Claim: Sendable, Equatable {
-    /// The single flight of a refresh token's validation: `lock:validation:{<token hash>}`.
-    case validation(tokenHash: String)
-    /// The one probe of a client Apple refused: `lock:probe:{<client id>}`.
-    case probe(clientID: String)
-    /// A notification already acted on (dedupe by `jti`): `notification:{<jti>}`.
-    case notification(jti: String)
-    /// One attempt at an outbox job: `lock:job:{<id>}`.
-    case job(id: String)
-
-    /// The key under the store's prefix.
-    public var name: String {
-        switch self {
-        case .validation(let hash): "lock:validation:{" + hash + "}"
-        case .probe(let clientID): "lock:probe:{" + clientID + "}"
-        case .notification(let jti): "notification:{" + jti + "}"
-        case .job(let id): "lock:job:{" + id + "}"
-        }
-    }
-}
-
 /// A web login between `/login` and `/callback` (`sg:login:{state}`): single use, 10 minutes.
 public struct LoginState: Sendable, Equatable {
     public var nonce: String
@@ -251,7 +160,8 @@ public protocol SessionStore: Sendable {
     /// deletes the sessions created up to it; answers how many. A session created after
     /// `revokedAt` (the user signed in again before a late notification) is kept. With
     /// `forget`, the user's profile and stored refresh tokens are deleted too (deletion
-    /// compliance: nothing but the marker remains, and it expires).
+    /// compliance: nothing but the marker remains, and it expires) — unless such a later session
+    /// survives: the profile and tokens are then the ones it brought.
     func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int>
     /// Keeps the user's latest refresh token for `clientID` (sealed for the user) beyond their
     /// sessions, so that a deletion can revoke it at Apple.
@@ -285,29 +195,4 @@ public protocol SessionStore: Sendable {
     func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Succeeds when the store answers (readiness).
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
-}
-
-extension SessionStore {
-    /// Queues every refresh token the store holds for `sub` (their sessions' and the ones kept
-    /// per client) for revocation at Apple, sealed as stored; answers the jobs' ids. Done before
-    /// the sessions are deleted.
-    /// - Parameter keys: when given (a gateway), a token stored twice (in a session and per
-    ///   client) is queued once; without (the CLI), Apple answers the second revocation 200.
-    public func queueAppleRevocations(of sub: String, now t: Int64, keys: SessionKeys? = nil, on loop: any EventLoop) async throws -> [String] {
-        var revocations = try await sessions(of: sub, on: loop).get().compactMap { session in
-            session.sealedRefreshToken.map { AppleRevocation(clientID: session.clientID, context: session.handle.key, sealedToken: $0) }
-        }
-        for (clientID, sealed) in try await refreshTokens(of: sub, on: loop).get().sorted(by: { $0.key < $1.key }) {
-            revocations.append(AppleRevocation(clientID: clientID, context: SessionKeys.userContext(sub), sealedToken: sealed))
-        }
-        var ids: [String] = []
-        for r in revocations {
-            var id = r.jobID
-            if let keys, let token = keys.open(r.sealedToken, context: r.context) { id = "revoke-" + sha256Hex(token).prefix(32) }
-            guard !ids.contains(id) else { continue }
-            ids.append(id)
-            try await putJob(OutboxJob(id: id, kind: .appleRevoke, payload: r.payload, nextAttempt: t, created: t), on: loop).get()
-        }
-        return ids
-    }
 }

@@ -25,8 +25,8 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
     @Option(name: .customLong("key-id"), help: "10-character key id of the Sign in with Apple key.")
     var keyID: String = "SIMKEY0001"
 
-    @Option(name: .customLong("web-client"), help: "A Services ID and its return URLs: ID=URL[,URL…]. Repeatable.")
-    var webClients: [String] = ["com.example.web=http://127.0.0.1:8080/_auth/callback"]
+    @Option(name: .customLong("web-client"), help: "A Services ID and its return URLs: ID=URL[,URL…]. Repeatable. Default: com.example.web=http://127.0.0.1:8080/_auth/callback (loopback http allowed).")
+    var webClients: [String] = []
 
     @Option(name: .customLong("app-id"), help: "An App ID (native apps). Repeatable.")
     var appIDs: [String] = ["com.example.app"]
@@ -49,12 +49,16 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
     func run() async throws {
         guard let address = ListenAddress.parse(listen) else { throw ValidationError("--listen: '\(listen)' is not host:port") }
         var clients: [String: [String]] = [:]
-        for entry in webClients {
+        let loopbackHTTP = allowHTTPLoopback || webClients.isEmpty
+        for entry in webClients.isEmpty ? ["com.example.web=http://127.0.0.1:8080/_auth/callback"] : webClients {
             let parts = entry.split(separator: "=", maxSplits: 1)
             guard parts.count == 2 else { throw ValidationError("--web-client: '\(entry)' is not ID=URL[,URL…]") }
             clients[String(parts[0])] = parts[1].split(separator: ",").map(String.init)
         }
         for app in appIDs { clients[app] = [] }
+        if !loopbackHTTP, let url = clients.values.joined().first(where: { !$0.lowercased().hasPrefix("https://") }) {
+            throw ValidationError("--web-client: \(url) is not https (Apple accepts https only); on this machine, add --allow-http-loopback")
+        }
 
         let key: P256.Signing.PrivateKey
         let keyPath: String
@@ -72,7 +76,7 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
         }
 
         let simulator = try await SimulatedAppleID.start(
-            team: .init(teamID: teamID, keys: [keyID: key.publicKey], clients: clients, allowsLoopbackHTTP: allowHTTPLoopback), host: address.host, port: address.port,
+            team: .init(teamID: teamID, keys: [keyID: key.publicKey], clients: clients, allowsLoopbackHTTP: loopbackHTTP), host: address.host, port: address.port,
             notificationURL: notifyURL)
         if autoConsent { simulator.setFaults { $0.autoConsent = "" } }
         let clientList = ([clients.keys.filter { !(clients[$0]?.isEmpty ?? true) }.sorted()] + [clients.keys.filter { clients[$0]?.isEmpty ?? false }.sorted()]).flatMap { $0 }

@@ -89,21 +89,7 @@ struct AppEventsTests {
     static func verified(_ event: EventReceiver.Received, gateway: TestBrowser) async throws -> [String: Any] {
         let body = try #require(try JSONSerialization.jsonObject(with: Data(event.body.utf8)) as? [String: Any])
         let token = try #require(body["payload"] as? String)
-        let jwks = try await gateway.request("/_auth/jwks.json")
-        let keys = try #require((try JSONSerialization.jsonObject(with: Data(jwks.body.utf8)) as? [String: Any])?["keys"] as? [[String: Any]])
-        let jwk = try #require(keys.first)
-        let x = try #require(Base64URLTest.decode(jwk["x"] as? String ?? "")), y = try #require(Base64URLTest.decode(jwk["y"] as? String ?? ""))
-        let publicKey = try P256.Signing.PublicKey(rawRepresentation: x + y)
-        let parts = token.split(separator: ".")
-        try #require(parts.count == 3)
-        let headerBytes = try #require(Base64URLTest.decode(String(parts[0])))
-        let header = try #require(try JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any])
-        #expect(header["alg"] as? String == "ES256" && header["kid"] as? String == jwk["kid"] as? String)
-        let signatureBytes = try #require(Base64URLTest.decode(String(parts[2])))
-        let signature = try P256.Signing.ECDSASignature(rawRepresentation: signatureBytes)
-        #expect(publicKey.isValidSignature(signature, for: Array("\(parts[0]).\(parts[1])".utf8)), "signed with the assertion key")
-        let claimBytes = try #require(Base64URLTest.decode(String(parts[1])))
-        return try #require(try JSONSerialization.jsonObject(with: Data(claimBytes)) as? [String: Any])
+        return try await Base64URLTest.verifiedClaims(token, gateway: gateway)
     }
 
     static func start(_ receiver: EventReceiver, store: SignInHarness.Store = .memory, deletions: EventReceiver? = nil) async throws -> SignInHarness {

@@ -1,6 +1,7 @@
 import AppleID
 import AppleIDSimulator
 import Foundation
+import GatewayConfig
 import NIOHTTP1
 import Sessions
 import TestSupport
@@ -74,6 +75,21 @@ struct SignInRulesTests {
         #expect(w.admit("a", now: 0, limit: 3) == nil, "a clock that went back starts a new window")
         #expect(w.admit("c", now: 0, limit: 0) == nil, "0: no limit")
         #expect(w.windows["c"] == nil, "and nothing kept")
+    }
+
+    @Test("the client behind trusted proxies: the nearest untrusted X-Forwarded-For hop, else the peer", arguments: [
+        ("203.0.113.9", [], "203.0.113.9"),
+        ("203.0.113.9", ["198.51.100.1"], "203.0.113.9"),  // an untrusted peer's header is its own claim
+        ("10.0.0.2", ["198.51.100.1"], "198.51.100.1"),
+        ("10.0.0.2", ["6.6.6.6, 198.51.100.1"], "198.51.100.1"),  // the client's own prefix is ignored
+        ("10.0.0.2", ["198.51.100.1, 10.0.0.3"], "198.51.100.1"),  // two trusted hops
+        ("10.0.0.2", ["6.6.6.6", "198.51.100.1"], "198.51.100.1"),  // two header fields
+        ("10.0.0.2", ["junk"], "10.0.0.2"),
+        ("10.0.0.2", ["10.0.0.7"], "10.0.0.2"),
+    ] as [(String, [String], String)])
+    func clientAddress(peer: String, forwardedFor: [String], expected: String) {
+        #expect(ClientAddress.resolve(peer: peer, forwardedFor: forwardedFor, trusted: [CIDR.parse("10.0.0.0/8")!]) == expected)
+        #expect(ClientAddress.resolve(peer: nil, forwardedFor: forwardedFor, trusted: []) == "unknown")
     }
 
     // MARK: end to end

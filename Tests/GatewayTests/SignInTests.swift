@@ -276,17 +276,7 @@ struct SignInTests {
         _ = try await b.signIn(from: "/x", as: sub)
         #expect(try await b.request("/x").status == 200)
         let token = try #require(h.upstream.stats.withLockedValue { $0.lastHeaders }["x-auth-assertion"].first)
-        let jwks = try await b.request("/_auth/jwks.json")
-        let keys = try #require((try JSONSerialization.jsonObject(with: Data(jwks.body.utf8)) as? [String: Any])?["keys"] as? [[String: Any]])
-        let jwk = try #require(keys.first)
-        let x = try #require(Base64URLTest.decode(jwk["x"] as? String ?? "")), y = try #require(Base64URLTest.decode(jwk["y"] as? String ?? ""))
-        let publicKey = try P256.Signing.PublicKey(rawRepresentation: x + y)
-        let parts = token.split(separator: ".")
-        #expect(parts.count == 3)
-        let signature = try P256.Signing.ECDSASignature(rawRepresentation: try #require(Base64URLTest.decode(String(parts[2]))))
-        #expect(publicKey.isValidSignature(signature, for: Array("\(parts[0]).\(parts[1])".utf8)))
-        let payload = try #require(Base64URLTest.decode(String(parts[1])))
-        let claims = try #require(try JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any])
+        let claims = try await Base64URLTest.verifiedClaims(token, gateway: b)
         #expect(claims["sub"] as? String == sub && claims["aud"] as? String == "app" && claims["iss"] as? String == h.origin)
         let exp = try #require((claims["exp"] as? NSNumber)?.int64Value), iat = try #require((claims["iat"] as? NSNumber)?.int64Value)
         #expect(exp - iat == 60)
@@ -392,6 +382,26 @@ func Sessions_forgedCookie() throws -> String {
 }
 
 enum Base64URLTest {
+    /// The claims of an ES256 JWS the gateway signed (an assertion, an event), after checking
+    /// its `kid` and signature against the gateway's `/_auth/jwks.json`.
+    static func verifiedClaims(_ token: String, gateway: TestBrowser) async throws -> [String: Any] {
+        let jwks = try await gateway.request("/_auth/jwks.json")
+        let keys = try #require((try JSONSerialization.jsonObject(with: Data(jwks.body.utf8)) as? [String: Any])?["keys"] as? [[String: Any]])
+        let jwk = try #require(keys.first)
+        let x = try #require(decode(jwk["x"] as? String ?? "")), y = try #require(decode(jwk["y"] as? String ?? ""))
+        let publicKey = try P256.Signing.PublicKey(rawRepresentation: x + y)
+        let parts = token.split(separator: ".")
+        try #require(parts.count == 3)
+        let headerBytes = try #require(decode(String(parts[0])))
+        let header = try #require(try JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any])
+        #expect(header["alg"] as? String == "ES256" && header["kid"] as? String == jwk["kid"] as? String)
+        let signatureBytes = try #require(decode(String(parts[2])))
+        let signature = try P256.Signing.ECDSASignature(rawRepresentation: signatureBytes)
+        #expect(publicKey.isValidSignature(signature, for: Array("\(parts[0]).\(parts[1])".utf8)), "signed with the gateway's published key")
+        let claimBytes = try #require(decode(String(parts[1])))
+        return try #require(try JSONSerialization.jsonObject(with: Data(claimBytes)) as? [String: Any])
+    }
+
     static func encode(_ bytes: [UInt8]) -> String {
         Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
     }

@@ -155,13 +155,20 @@ struct SessionStoreContractTests {
         let survivor = try #require(try await f.store.load(after.handle, on: f.loop).get(), "signed in after the event: kept")
         #expect(!survivor.isRevoked && survivor.revokedAt == now + 10)
         #expect(try await f.store.sessions(of: "user.5", on: f.loop).get().map(\.handle) == [after.handle])
-        // Forgotten: no profile, no stored tokens.
-        #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
-        #expect(survivor.user == UserProfile(sub: "user.5"))
-        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
+        // The surviving session brought the profile and tokens it has: not forgotten.
+        #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
+        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().count == 2)
         // An older revocation arriving later never moves the marker back.
         #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: false, on: f.loop).get() == 0)
         #expect(try await f.store.load(after.handle, on: f.loop).get()?.revokedAt == now + 10)
+        // Revoked after every session: forgotten, nothing but the marker left.
+        #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: true, on: f.loop).get() == 1)
+        #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
+        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
+        // A user the gateway knows has a profile from the first session on, fields or not.
+        let (_, bare) = record("user.6", created: now)
+        try await f.store.create(bare, profile: UserProfile(sub: "user.6"), expiresAt: now + 60_000, on: f.loop).get()
+        #expect(try await f.store.profile(of: "user.6", on: f.loop).get() == UserProfile(sub: "user.6"))
     }
 
     @Test(arguments: StoreKind.allCases)
