@@ -18,7 +18,7 @@ extension AuthEndpointGuard {
         do {
             event = try await apple.notifications.verify(body: Array(body.readableBytesView))
         } catch {
-            auth.metrics.recordNotification(type: "unverified", result: "rejected")
+            auth.metrics.recordNotification(type: "unverified", result: .rejected)
             auth.logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
             // Keys unreachable: 503 so that Apple retries; anything else can never verify.
             return error.isTransient ? .error(.serviceUnavailable, "Apple's keys are unavailable; retry") : .error(.badRequest, "unverifiable notification: \(error.rawValue)")
@@ -36,7 +36,7 @@ extension AuthEndpointGuard {
                 // Apple redelivers: a jti is acted on once, fleet-wide (kept a week).
                 let first = try await auth.store(on: loop).claim(.notification(jti: jti), ttl: 7 * 86_400_000)
                 guard first else {
-                    auth.metrics.recordNotification(type: type, result: "duplicate")
+                    auth.metrics.recordNotification(type: type, result: .duplicate)
                     return LocalResponse(status: .ok)
                 }
             }
@@ -54,7 +54,7 @@ extension AuthEndpointGuard {
                 if let profile = try await auth.store(on: loop).profile(of: event.subject) {
                     if let applied = profile.emailEventAt, let eventAt, eventAt < applied {
                         auth.logger.info("an email notification older than the last one applied: ignored", metadata: ["type": "\(type)"])
-                        auth.metrics.recordNotification(type: type, result: "stale")
+                        auth.metrics.recordNotification(type: type, result: .stale)
                         return LocalResponse(status: .ok)
                     }
                     let update = UserProfile(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail,
@@ -71,10 +71,10 @@ extension AuthEndpointGuard {
             // Answer 503 so that Apple retries, and forget the jti so the retry is processed.
             if let jti = event.jti { auth.store.release(.notification(jti: jti), on: loop).whenFailure { _ in } }
             auth.logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
-            auth.metrics.recordNotification(type: type, result: "store_unavailable")
+            auth.metrics.recordNotification(type: type, result: .storeUnavailable)
             return .error(.serviceUnavailable, "the session store did not answer; retry")
         }
-        auth.metrics.recordNotification(type: type, result: "processed")
+        auth.metrics.recordNotification(type: type, result: .processed)
         return LocalResponse(status: .ok)
     }
 

@@ -288,10 +288,10 @@ final class AuthCore: Sendable {
     }
 
     /// Ends one session (logout) here and on every instance.
-    func endSession(_ handle: SessionHandle, sub: String, reason: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+    func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, on loop: any EventLoop) -> EventLoopFuture<Void> {
         cache.invalidate(handle)
         return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
-            self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason, session: String(handle.key.prefix(12))), on: loop)
+            self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason.rawValue, session: String(handle.key.prefix(12))), on: loop)
             self.publish(.session(handle), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
         }

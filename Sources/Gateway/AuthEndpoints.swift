@@ -157,9 +157,9 @@ struct AuthEndpointGuard: RequestGuard {
         auth.cache.invalidate(handle)
         return auth.withDeadline(auth.store.load(handle, on: loop), on: loop).flatMap { stored -> EventLoopFuture<Void> in
             guard let stored else { return loop.makeSucceededVoidFuture() }
-            return auth.endSession(handle, sub: stored.session.sub, reason: "logout", on: loop)
+            return auth.endSession(handle, sub: stored.session.sub, reason: .logout, on: loop)
         }.map { _ in
-            auth.metrics.recordSessionEnded(reason: "logout")
+            auth.metrics.recordSessionEnded(reason: .logout)
             return done
         }.recover { _ in AuthResponses.storeUnavailable(head) }
     }

@@ -299,13 +299,13 @@ final class Authenticator: Sendable {
         case .none:
             return .now(.session(handle, cached))
         case .background:
-            metrics.recordRevalidation(kind: "background")
+            metrics.recordRevalidation(kind: .background)
             revalidator.validate(session, on: loop).whenSuccess { outcome in
                 if case .valid(let at) = outcome { self.cache.update(handle) { $0.stored.session.validatedAt = at } }
             }
             return .now(.session(handle, cached))
         case .beforeAnswering:
-            metrics.recordRevalidation(kind: "blocking")
+            metrics.recordRevalidation(kind: .blocking)
             return .later(revalidator.validate(session, on: loop).hop(to: loop).map { outcome in
                 switch outcome {
                 case .valid(let at):
@@ -385,7 +385,7 @@ final class Authenticator: Sendable {
 
     func invalidateUser(_ sub: String, on loop: any EventLoop) { core.invalidateUser(sub, on: loop) }
 
-    func endSession(_ handle: SessionHandle, sub: String, reason: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+    func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, on loop: any EventLoop) -> EventLoopFuture<Void> {
         core.endSession(handle, sub: sub, reason: reason, on: loop)
     }
 
@@ -394,7 +394,7 @@ final class Authenticator: Sendable {
     /// A new session for a verified Apple identity: a fresh id (never one the client sent), the
     /// refresh token sealed, the profile merged. Answers the cookie value and the expiry (ms).
     func createSession(identity: AppleIdentity, refreshToken: String?, name: String?, on loop: any EventLoop) -> EventLoopFuture<(cookie: String, expiresAt: Int64, user: UserProfile)> {
-        metrics.recordRevalidation(kind: "fresh")
+        metrics.recordRevalidation(kind: .fresh)
         let (cookie, handle) = keys.newSession()
         let t = now()
         let record = SessionRecord(handle: handle, sub: identity.subject, clientID: identity.audience, created: t, lastSeen: t, validatedAt: t,

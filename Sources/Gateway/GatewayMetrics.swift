@@ -261,10 +261,22 @@ public final class GatewayMetrics: Sendable {
                 labels: [("reason", reason.rawValue)]).increment()
     }
 
+    /// The `kind` label of `sessiongate_revalidations_total`.
+    enum RevalidationKind: String { case fresh, background, blocking }
+
+    /// The `reason` label of `sessiongate_sessions_ended_total` (also an event's `reason`).
+    enum SessionEndReason: String, Sendable { case logout, replaced }
+
+    /// The `result` label of `sessiongate_apple_notifications_total`.
+    enum NotificationResult: String {
+        case processed, duplicate, stale, rejected
+        case storeUnavailable = "store_unavailable"
+    }
+
     /// Re-validations by kind: `fresh` (a sign-in), `background` (stale within the grace),
     /// `blocking` (the request waited).
-    func recordRevalidation(kind: String) {
-        counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind)]).increment()
+    func recordRevalidation(kind: RevalidationKind) {
+        counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind.rawValue)]).increment()
     }
 
     /// Revocations by source (`apple_notification`, `user`, `apple_invalid_grant`).
@@ -274,13 +286,13 @@ public final class GatewayMetrics: Sendable {
 
     /// Notifications from Apple by type (`email-disabled`, …, `unknown`) and result
     /// (`processed`, `duplicate`, `rejected`).
-    func recordNotification(type: String, result: String) {
-        counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result)]).increment()
+    func recordNotification(type: String, result: NotificationResult) {
+        counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result.rawValue)]).increment()
     }
 
     /// Ended sessions by reason (`logout`, `operator`).
-    func recordSessionEnded(reason: String) {
-        counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason)]).increment()
+    func recordSessionEnded(reason: SessionEndReason) {
+        counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason.rawValue)]).increment()
     }
 
     private func counter(_ metric: String, help: String, labels: [(String, String)]) -> Prometheus.Counter {

@@ -41,8 +41,8 @@ extension AuthEndpointGuard {
         guard let handle else { return }
         do {
             guard let stored = try await auth.store(on: loop).load(handle) else { return }
-            try await auth.endSession(handle, sub: stored.session.sub, reason: "replaced", on: loop).get()
-            auth.metrics.recordSessionEnded(reason: "replaced")
+            try await auth.endSession(handle, sub: stored.session.sub, reason: .replaced, on: loop).get()
+            auth.metrics.recordSessionEnded(reason: .replaced)
         } catch {
             auth.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])
         }

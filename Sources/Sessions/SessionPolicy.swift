@@ -1,36 +1,46 @@
-import Sessions
 
 /// How long sessions live (milliseconds); reloadable.
-struct SessionTimes: Sendable, Equatable {
-    var idle: Int64
-    var absolute: Int64
+public struct SessionTimes: Sendable, Equatable {
+    public var idle: Int64
+    public var absolute: Int64
+
+    public init(idle: Int64, absolute: Int64) {
+        self.idle = idle
+        self.absolute = absolute
+    }
 
     /// Why a stored session is over at `t`, or nil while it lives.
-    func end(of s: StoredSession, now t: Int64) -> SessionPolicy.End? {
+    public func end(of s: StoredSession, now t: Int64) -> SessionPolicy.End? {
         if s.isRevoked { return .revoked }
         if t - s.session.created >= absolute { return .absoluteTimeout }
         if t - s.session.lastSeen >= idle { return .idleTimeout }
         return nil
     }
 
-    func isLive(_ s: StoredSession, now t: Int64) -> Bool { end(of: s, now: t) == nil }
+    public func isLive(_ s: StoredSession, now t: Int64) -> Bool { end(of: s, now: t) == nil }
 }
 
 /// The daily re-validation's times (DESIGN §3; milliseconds).
-struct RevalidationTimes: Sendable, Equatable {
+public struct RevalidationTimes: Sendable, Equatable {
     /// `apple.revalidate_after`.
-    var after: Int64
+    public var after: Int64
     /// `apple.revalidate_grace`: stale by less, the request goes through and Apple is asked in
     /// the background.
-    var grace: Int64
+    public var grace: Int64
     /// `apple.outage_grace`: Apple unable to say for longer than this since the last success,
     /// the session is denied (and Apple no longer asked about it).
-    var outageGrace: Int64
+    public var outageGrace: Int64
+
+    public init(after: Int64, grace: Int64, outageGrace: Int64) {
+        self.after = after
+        self.grace = grace
+        self.outageGrace = outageGrace
+    }
 
     /// When a session's validation comes due: `revalidate_after` after the last success, plus
     /// up to 1/24 of it (at most an hour) of per-session jitter, so that a burst of sign-ins does
     /// not become a burst of Apple calls a day later. Never earlier than `revalidate_after`.
-    func dueAt(_ session: SessionRecord) -> Int64 {
+    public func dueAt(_ session: SessionRecord) -> Int64 {
         let window = min(after / 24, 3_600_000)
         guard window > 0 else { return session.validatedAt + after }
         let seed = session.handle.key.utf8.prefix(8).reduce(UInt64(0)) { $0 &* 31 &+ UInt64($1) }
@@ -39,22 +49,22 @@ struct RevalidationTimes: Sendable, Equatable {
 }
 
 /// What a stored session is worth at an instant (DESIGN §3), decided without I/O: the resolver
-/// (`Authenticator.lookup`) only reads the cache and the store and acts on the decision.
-struct SessionPolicy: Sendable, Equatable {
-    var times: SessionTimes
+/// (the gateway's `Authenticator.lookup`) only reads the cache and the store and acts on the decision.
+public struct SessionPolicy: Sendable, Equatable {
+    public var times: SessionTimes
     /// `last_seen` is written at most this often per session.
-    var touchInterval: Int64
+    public var touchInterval: Int64
     /// nil without `apple:` (nothing to re-validate).
-    var revalidation: RevalidationTimes?
+    public var revalidation: RevalidationTimes?
 
     /// Why a session is over (a label for logs and metrics).
-    enum End: String, Sendable {
+    public enum End: String, Sendable {
         case revoked
         case absoluteTimeout = "absolute_timeout"
         case idleTimeout = "idle_timeout"
     }
 
-    enum Revalidation: Sendable, Equatable {
+    public enum Revalidation: Sendable, Equatable {
         case none
         /// Stale by less than `revalidate_grace`: answer now, ask Apple in the background.
         case background
@@ -62,18 +72,18 @@ struct SessionPolicy: Sendable, Equatable {
         case beforeAnswering
     }
 
-    enum Decision: Sendable, Equatable {
+    public enum Decision: Sendable, Equatable {
         case dead(End)
         case live(touch: Bool, revalidation: Revalidation)
     }
 
-    init(times: SessionTimes, revalidation: RevalidationTimes?) {
+    public init(times: SessionTimes, revalidation: RevalidationTimes?) {
         self.times = times
         self.touchInterval = min(60_000, max(1000, times.idle / 4))
         self.revalidation = revalidation
     }
 
-    func decide(_ s: StoredSession, now t: Int64) -> Decision {
+    public func decide(_ s: StoredSession, now t: Int64) -> Decision {
         if let end = times.end(of: s, now: t) { return .dead(end) }
         let touch = t - s.session.lastSeen >= touchInterval
         guard let revalidation, s.session.sealedRefreshToken != nil else { return .live(touch: touch, revalidation: .none) }
@@ -84,13 +94,13 @@ struct SessionPolicy: Sendable, Equatable {
 
     /// When Apple could not say (down, throttled, our client refused): a session is kept within
     /// `outage_grace` of its last success, then denied.
-    func keepsWithoutApple(_ session: SessionRecord, now t: Int64) -> Bool {
+    public func keepsWithoutApple(_ session: SessionRecord, now t: Int64) -> Bool {
         guard let revalidation else { return true }
         return t - session.validatedAt <= revalidation.outageGrace
     }
 
     /// The idle expiry a touch at `t` writes (capped by the absolute one).
-    func expiry(afterTouching session: SessionRecord, at t: Int64) -> Int64 {
+    public func expiry(afterTouching session: SessionRecord, at t: Int64) -> Int64 {
         min(session.created + times.absolute, t + times.idle)
     }
 }
@@ -98,22 +108,23 @@ struct SessionPolicy: Sendable, Equatable {
 /// When the gateway may ask Apple about a refresh token (or probe a client Apple refused),
 /// from the fleet's record of the last attempt (DESIGN §3, issue 13 §2): exponential backoff
 /// with jitter after each failure, Apple's `Retry-After` honoured, and no more calls once
-/// `outage_grace` has ended the sessions that hold the token. Pure; `Revalidator` does the I/O.
-struct RetryPolicy: Sendable, Equatable {
+/// `outage_grace` has ended the sessions that hold the token. Pure; the gateway's `Revalidator`
+/// does the I/O.
+public struct RetryPolicy: Sendable, Equatable {
     /// The first retry's delay (ms): 1/1440 of `revalidate_after` (a minute for a day), 1 s to 60 s.
-    var base: Int64
+    public var base: Int64
     /// The longest delay between two attempts (ms): a quarter of `revalidate_after`, at most 6 h,
     /// so that Apple's return is noticed well within `outage_grace`.
-    var cap: Int64
-    var outageGrace: Int64
+    public var cap: Int64
+    public var outageGrace: Int64
 
-    init(_ times: RevalidationTimes) {
+    public init(_ times: RevalidationTimes) {
         base = min(60_000, max(1000, times.after / 1440))
         cap = max(base, min(6 * 3_600_000, times.after / 4))
         outageGrace = times.outageGrace
     }
 
-    enum Step: Sendable, Equatable {
+    public enum Step: Sendable, Equatable {
         /// The fleet has a success newer than the session's: adopt it, no call.
         case adopt(validatedAt: Int64)
         /// Apple refused the token (the user is revoked).
@@ -126,7 +137,7 @@ struct RetryPolicy: Sendable, Equatable {
         case ask(failures: Int)
     }
 
-    func step(_ record: ValidationRecord?, validatedAt: Int64, now t: Int64) -> Step {
+    public func step(_ record: ValidationRecord?, validatedAt: Int64, now t: Int64) -> Step {
         guard let record else { return .ask(failures: 0) }
         switch record.result {
         case .ok: return record.at > validatedAt ? .adopt(validatedAt: record.at) : .ask(failures: 0)
@@ -139,7 +150,7 @@ struct RetryPolicy: Sendable, Equatable {
 
     /// Whether a client's circuit (open after Apple refused our client) holds calls back at `t`;
     /// once it is due, one probe (a claim) goes to Apple for the whole fleet.
-    func circuitHolds(_ record: ValidationRecord?, now t: Int64) -> Bool {
+    public func circuitHolds(_ record: ValidationRecord?, now t: Int64) -> Bool {
         guard let record, record.result == .failed else { return false }
         return t < record.retryAt
     }
@@ -147,7 +158,7 @@ struct RetryPolicy: Sendable, Equatable {
     /// The delay after `failures` failed attempts in a row: doubling from `base` up to `cap`,
     /// half of it fixed and half spread by `jitter` (0 ..< 1) so that tokens that failed together
     /// do not retry together.
-    func delay(failures: Int, jitter: Double) -> Int64 {
+    public func delay(failures: Int, jitter: Double) -> Int64 {
         let doubled = failures <= 1 ? base : base << Int64(min(failures - 1, 30))
         let d = min(cap, max(base, doubled))
         return d / 2 + Int64(Double(d / 2) * min(max(jitter, 0), 1))
@@ -155,7 +166,7 @@ struct RetryPolicy: Sendable, Equatable {
 
     /// The record of a failed attempt at `t` after `previous`: one more failure, and the next
     /// attempt after the backoff or Apple's `Retry-After` (seconds), whichever is later.
-    func failed(after previous: ValidationRecord?, at t: Int64, retryAfter: Int?, jitter: Double) -> ValidationRecord {
+    public func failed(after previous: ValidationRecord?, at t: Int64, retryAfter: Int?, jitter: Double) -> ValidationRecord {
         let failures = (previous?.result == .failed ? previous?.failures ?? 0 : 0) + 1
         let wait = max(delay(failures: failures, jitter: jitter), Int64(retryAfter ?? 0) * 1000)
         return ValidationRecord(result: .failed, at: t, failures: failures, retryAt: t + wait)
@@ -163,7 +174,7 @@ struct RetryPolicy: Sendable, Equatable {
 
     /// How long the store keeps a failure: until its retry, then `outage_grace` more, so that a
     /// given-up token stays given up (one attempt per `outage_grace` at most).
-    func keep(_ record: ValidationRecord, now t: Int64) -> Int64 {
+    public func keep(_ record: ValidationRecord, now t: Int64) -> Int64 {
         max(0, record.retryAt - t) + outageGrace
     }
 }

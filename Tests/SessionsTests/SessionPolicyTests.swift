@@ -1,7 +1,6 @@
-import Sessions
 import Testing
 
-@testable import Gateway
+@testable import Sessions
 
 /// The pure policies of admission and re-validation (issue 13 §1–§2), as tables.
 @Suite("Session and retry policies")
