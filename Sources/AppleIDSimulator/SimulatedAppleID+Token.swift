@@ -201,7 +201,11 @@ extension SimulatedAppleID {
             claims["email_verified"] = boolean(true)
             claims["is_private_email"] = boolean(user.isPrivateEmail)
         }
-        if let nonce { claims["nonce"] = nonce }
+        if faults.nonceUnsupported {
+            claims["nonce_supported"] = false
+        } else if let nonce {
+            claims["nonce"] = nonce
+        }
         if let code { claims["c_hash"] = faults.wrongCodeHash ? Self.halfHash(code + "x") : Self.halfHash(code) }
         if let accessToken { claims["at_hash"] = Self.halfHash(accessToken) }
         if let transferSub = activeTransferID(for: sub, now: now) { claims["transfer_sub"] = transferSub }

@@ -46,6 +46,9 @@ public final class SimulatedAppleID: Sendable {
         public var throttleStatus = 429
         /// The front-channel `id_token` carries a `c_hash` of another code (a token swapped in).
         public var wrongCodeHash = false
+        /// Identity tokens as from a platform without nonce support: no `nonce` claim,
+        /// `nonce_supported: false` (apple-sign-in.md §6.3).
+        public var nonceUnsupported = false
         /// Refuse every client secret with `invalid_client` (a revoked key, a wrong team: our
         /// misconfiguration as Apple sees it).
         public var rejectClientSecrets = false

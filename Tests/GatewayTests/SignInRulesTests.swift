@@ -128,6 +128,12 @@ struct SignInRulesTests {
         let plain = try #require(try await issue()["nonce"] as? String)
         let mismatch = try await signIn(nonceInToken: "something else", nonceSent: plain)
         #expect(mismatch.status == 401 && mismatch.body.contains("invalid_identity_token"), "the token must carry the nonce or its hash")
+        // A token from a platform without nonces is not bound to the issued one: refused when required.
+        h.simulator.setFaults { $0.nonceUnsupported = true }
+        let unbound = try #require(try await issue()["nonce"] as? String)
+        let noClaim = try await signIn(nonceInToken: unbound, nonceSent: unbound)
+        #expect(noClaim.status == 401 && noClaim.body.contains("invalid_identity_token"), "\(noClaim.body)")
+        h.simulator.setFaults { $0.nonceUnsupported = false }
         #expect(try await app.request("/_auth/native/nonce", method: .POST, json: #"{"client_id":"com.unknown"}"#).status == 400)
         #expect(try await app.request("/_auth/native/nonce", method: .GET).status == 405)
     }
