@@ -72,15 +72,9 @@ final class AppEvents: Sendable {
         if let v = event.emailForwarding { claims["email_forwarding"] = v }
         if let v = event.session { claims["session"] = v }
         let job = OutboxJob(id: "event-" + id, kind: .event, payload: url + " " + event.kind.rawValue + " " + signer.sign(claims), nextAttempt: t, created: t)
-        let outbox = self.outbox
-        loop.makeFutureWithTask {
-            do {
-                try await outbox.enqueue(job)
-                await outbox.runDue(only: [job.id])
-            } catch {
-                self.logger.error("an event for the app could not be queued: it is lost", metadata: ["type": "\(event.kind.rawValue)", "error": "\(error)"])
-            }
-        }.whenFailure { _ in }
+        outbox.enqueueInBackground(job) { error in
+            self.logger.error("an event for the app could not be queued: it is lost", metadata: ["type": "\(event.kind.rawValue)", "error": "\(error)"])
+        }
     }
 
     /// One delivery: 2xx is done; anything else (or no answer within `events.timeout`) is retried.

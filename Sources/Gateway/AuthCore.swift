@@ -222,6 +222,7 @@ final class AuthCore: Sendable {
 
     func shutdown() async {
         outbox.stop()
+        await outbox.drain()
         await backend?.shutdown()
         try? await httpClient?.shutdown()
     }

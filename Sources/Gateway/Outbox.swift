@@ -22,6 +22,9 @@ final class Outbox: Sendable {
     let attemptTTL: Int64
     private let runners: NIOLockedValueBox<[OutboxJob.Kind: Runner]> = NIOLockedValueBox([:])
     private let timer = NIOLockedValueBox<RepeatedTask?>(nil)
+    /// Jobs being queued (an event emitted while a request was answered): shutdown waits for
+    /// them before the store closes, so none is lost.
+    private let queuing = NIOLockedValueBox<(next: Int, pending: [Int: EventLoopFuture<Void>])>((0, [:]))
     static let interval: TimeAmount = .seconds(5)
 
     init(store: any SessionStore, loop: any EventLoop, now: @escaping @Sendable () -> Int64, attemptTTL: Int64, metrics: GatewayMetrics, logger: Logger) {
@@ -56,6 +59,28 @@ final class Outbox: Sendable {
 
     func stop() {
         timer.withLockedValue { $0?.cancel(); $0 = nil }
+    }
+
+    /// Queues `job` in the background and tries it once queued; shutdown waits for the queuing.
+    func enqueueInBackground(_ job: OutboxJob, onFailure: @escaping @Sendable (any Error) -> Void) {
+        let queued = loop.makeFutureWithTask { try await self.enqueue(job) }
+        let id = queuing.withLockedValue { q -> Int in
+            q.next += 1
+            q.pending[q.next] = queued
+            return q.next
+        }
+        queued.whenComplete { result in
+            _ = self.queuing.withLockedValue { $0.pending.removeValue(forKey: id) }
+            switch result {
+            case .success: self.loop.makeFutureWithTask { await self.runDue(only: [job.id]) }.whenFailure { _ in }
+            case .failure(let error): onFailure(error)
+            }
+        }
+    }
+
+    /// Waits until every job being queued is in the store (or failed).
+    func drain() async {
+        for future in queuing.withLockedValue({ Array($0.pending.values) }) { _ = try? await future.get() }
     }
 
     /// One pass: every due job (or only `ids`), each attempted by the one instance that claims it.
