@@ -22,6 +22,8 @@ final class AuthCore: Sendable {
     /// The identity-assertion key (PEM), when assertions are enabled; each configuration
     /// generation makes its signer (issuer and lifetime reload).
     let assertionKeyPEM: String?
+    /// SHA-256 of the links API's bearer secret (`identity.links.secret_file`; nil: no API).
+    let linksSecretDigest: SHA256Digest?
     let storeTimeout: TimeAmount
     /// What the secret files held at start, by key: a reload whose files changed in place is
     /// refused (they are read only at start), not silently ignored.
@@ -101,6 +103,15 @@ final class AuthCore: Sendable {
             store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
         }
         // Every secret is read before the Apple client exists: a failure here leaves nothing to close.
+        if let reference = c.identity.linksSecretFile {
+            let bytes = try reference.read(key: "identity.links.secret_file")
+            let secret = bytes.reversed().drop { $0 == 0x0a || $0 == 0x0d }.reversed()  // a trailing newline from `echo`
+            guard secret.count >= 32 else { throw StartupFailure(key: "identity.links.secret_file", "holds \(secret.count) bytes; at least 32 (openssl rand -hex 32)") }
+            digests["identity.links.secret_file"] = SHA256.hash(data: bytes)
+            linksSecretDigest = SHA256.hash(data: Array(secret))
+        } else {
+            linksSecretDigest = nil
+        }
         if c.identity.assertion.enabled, let reference = c.identity.assertion.keyFile {
             let bytes = try reference.read(key: "identity.assertion.key_file")
             digests["identity.assertion.key_file"] = SHA256.hash(data: bytes)
@@ -187,6 +198,7 @@ final class AuthCore: Sendable {
         let references: [(String, SecretReference?)] = [
             ("session.secret_file", c.session.secretFile), ("apple.private_key_file", c.apple?.privateKeyFile),
             ("identity.assertion.key_file", c.identity.assertion.enabled ? c.identity.assertion.keyFile : nil),
+            ("identity.links.secret_file", c.identity.linksSecretFile),
         ] + Self.storeTLSFiles(c)
         return references.compactMap { key, reference -> ConfigProblem? in
             guard let reference, let before = secretDigests[key] else { return nil }

@@ -23,6 +23,7 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
     case jwks = "/jwks.json"
     case appleNotifications = "/apple/notifications"
     case revoke = "/revoke"
+    case links = "/links"
 
     var methods: [HTTPMethod] {
         switch self {
@@ -30,6 +31,7 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
         case .login, .userinfo, .jwks: [.GET]
         case .callback, .native, .nativeNonce, .appleNotifications, .revoke: [.POST]
         case .logout: [.GET, .POST]
+        case .links: [.POST, .DELETE]
         }
     }
 
@@ -132,6 +134,8 @@ struct AuthEndpointGuard: RequestGuard {
             return collect(4096, on: loop) { _ in await disconnect(head, on: loop) }
         case .jwks:
             return .verdict(.respond(AuthResponses.json(.ok, auth.assertion?.jwks ?? ["keys": [Any]()])))
+        case .links:
+            return collect(4096, on: loop) { await links(method, head: head, body: $0, on: loop) }
         }
     }
 

@@ -7,10 +7,11 @@ import Sessions
 /// What the app is told about the user on each forwarded request: the identity headers of
 /// DESIGN §1 and, when enabled, the signed assertion.
 extension Authenticator {
-    /// The identity headers of DESIGN §1 for a user; values never carry CR, LF or NUL.
-    func identityHeaders(_ user: UserProfile) -> [(String, String)] { Self.identityHeaders(user, names: names) }
+    /// The identity headers of DESIGN §1 for a stored session's user (and linked account);
+    /// values never carry CR, LF or NUL.
+    func identityHeaders(_ stored: StoredSession) -> [(String, String)] { Self.identityHeaders(stored.user, account: stored.account, names: names) }
 
-    static func identityHeaders(_ user: UserProfile, names: IdentityHeaderNames) -> [(String, String)] {
+    static func identityHeaders(_ user: UserProfile, account: String? = nil, names: IdentityHeaderNames) -> [(String, String)] {
         var h: [(String, String)] = [(names.user, user.sub)]
         if let v = user.email { h.append((names.email, v)) }
         if let v = user.emailVerified { h.append((names.emailVerified, v ? "true" : "false")) }
@@ -18,6 +19,7 @@ extension Authenticator {
         if let v = user.emailForwarding { h.append((names.emailForwarding, v)) }
         if let v = user.name { h.append((names.name, FormBody.escape(v))) }  // UTF-8, percent-encoded
         if let v = user.realUserStatus { h.append((names.realUserStatus, String(v))) }
+        if let account { h.append((names.account, account)) }
         return h.filter { HTTPWire.isSafeValue($0.1) }
     }
 
@@ -28,7 +30,7 @@ extension Authenticator {
         if cached.generation != generation {
             // Cached under another configuration: its header names (and assertion issuer) may
             // have changed. Rebuilt once, then cached for this generation.
-            cached.headers = identityHeaders(cached.stored.user)
+            cached.headers = identityHeaders(cached.stored)
             cached.generation = generation
             cached.assertion = nil
             let (headers, generation) = (cached.headers, generation)
@@ -46,7 +48,8 @@ extension Authenticator {
             return cached.headers + [(names.assertion, a.token)]
         }
         let user = cached.stored.user
-        let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name), audience: route, now: t)
+        let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name,
+                                                     account: cached.stored.account), audience: route, now: t)
         let generation = self.generation
         cache.update(handle) {
             guard $0.generation == generation else { return }

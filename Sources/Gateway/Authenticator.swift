@@ -163,7 +163,7 @@ final class Authenticator: Sendable {
         let loaded = withDeadline(store.load(handle, on: loop), on: loop)
         return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
             guard let stored else { return loop.makeSucceededFuture(.invalid) }
-            let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored.user), generation: self.generation)
+            let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored), generation: self.generation)
             if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached) }
             switch self.admit(handle, cached, now: t, on: loop) {
             case .now(let resolution): return loop.makeSucceededFuture(resolution)

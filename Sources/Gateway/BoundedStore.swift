@@ -19,4 +19,6 @@ struct BoundedStore: Sendable {
     func takeLogin(state: String) async throws -> LoginState? { try await bounded(core.store.takeLogin(state: state, on: loop)) }
     func claim(_ claim: Claim, ttl: Int64) async throws -> Bool { try await bounded(core.store.claim(claim, ttl: ttl, on: loop)) }
     func release(_ claim: Claim) async throws { try await bounded(core.store.release(claim, on: loop)) }
+    func link(_ sub: String, to account: String) async throws -> LinkResult { try await bounded(core.store.link(sub, to: account, on: loop)) }
+    func unlink(_ sub: String) async throws -> String? { try await bounded(core.store.unlink(sub, on: loop)) }
 }

@@ -26,6 +26,7 @@ struct IdentityAssertionSigner: Sendable {
         if let v = profile.email { claims["email"] = v }
         if let v = profile.emailVerified { claims["email_verified"] = v }
         if let v = profile.name { claims["name"] = v }
+        if let v = profile.account { claims["account"] = v }
         return sign(claims)
     }
 
@@ -54,4 +55,6 @@ struct UserProfileClaims {
     var email: String?
     var emailVerified: Bool?
     var name: String?
+    /// The linked legacy account id.
+    var account: String? = nil
 }

@@ -62,6 +62,15 @@ struct MeasuredSessionStore: SessionStore {
     func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]> {
         timed("refresh_tokens", base.refreshTokens(of: sub, on: eventLoop))
     }
+    func link(_ sub: String, to account: String, on eventLoop: any EventLoop) -> EventLoopFuture<LinkResult> {
+        timed("link", base.link(sub, to: account, on: eventLoop))
+    }
+    func unlink(_ sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        timed("unlink", base.unlink(sub, on: eventLoop))
+    }
+    func account(linkedTo sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        timed("account", base.account(linkedTo: sub, on: eventLoop))
+    }
     func putJob(_ job: OutboxJob, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         timed("put_job", base.putJob(job, on: eventLoop))
     }

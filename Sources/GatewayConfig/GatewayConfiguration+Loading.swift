@@ -315,7 +315,11 @@ extension GatewayConfiguration {
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix"]) else { return }
+        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "links"]) else { return }
+        if let l = r.section(s.values["links"], path: s.child("links"), keys: ["secret_file"]), let v = r.string(l, "secret_file") {
+            if let ref = SecretReference.parse(v) { identity.linksSecretFile = ref }
+            else { r.report(l.child("secret_file"), r.mark(l, "secret_file"), "'\(v)' is not a file path or env:NAME") }
+        }
         if let v = r.string(s, "header_prefix") {
             // A prefix of a header name: a token, and long enough not to swallow ordinary headers.
             if v.isEmpty || (Self.isToken(v) && v.count >= 3) { identity.headerPrefix = v }
@@ -334,7 +338,7 @@ extension GatewayConfiguration {
         }
         let keys: [(String, WritableKeyPath<IdentityHeaderNames, String>)] = [
             ("user", \.user), ("email", \.email), ("email_verified", \.emailVerified), ("private_email", \.privateEmail),
-            ("email_forwarding", \.emailForwarding), ("name", \.name), ("real_user_status", \.realUserStatus), ("assertion", \.assertion),
+            ("email_forwarding", \.emailForwarding), ("name", \.name), ("real_user_status", \.realUserStatus), ("account", \.account), ("assertion", \.assertion),
         ]
         if let h = r.section(s.values["headers"], path: s.child("headers"), keys: keys.map(\.0)) {
             for (key, path) in keys {

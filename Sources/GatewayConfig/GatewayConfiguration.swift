@@ -196,6 +196,8 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Every client header under this prefix is removed (any case, `_` or `-`), not only the
         /// configured names. Empty: only the configured names.
         public var headerPrefix = "X-Auth-"
+        /// The bearer secret of `POST/DELETE /_auth/links` (nil: no links API).
+        public var linksSecretFile: SecretReference? = nil
         public init() {}
 
         public struct Assertion: Sendable, Equatable {
@@ -271,10 +273,12 @@ public struct IdentityHeaderNames: Sendable, Equatable {
     public var emailForwarding = "X-Auth-Email-Forwarding"
     public var name = "X-Auth-Name"
     public var realUserStatus = "X-Auth-Real-User-Status"
+    /// The legacy app's account id linked to the Apple identity (absent when unlinked).
+    public var account = "X-Auth-Account"
     public var assertion = "X-Auth-Assertion"
     public init() {}
 
-    public var all: [String] { [user, email, emailVerified, privateEmail, emailForwarding, name, realUserStatus, assertion] }
+    public var all: [String] { [user, email, emailVerified, privateEmail, emailForwarding, name, realUserStatus, account, assertion] }
 }
 
 /// Where a secret comes from: a file path, or an environment variable (`env:NAME`). Never inline.

@@ -17,6 +17,8 @@ public final class MemorySessionStore: SessionStore {
         var revoked: [String: (at: Int64, expiresAt: Int64)] = [:]
         var userTokens: [String: [String: String]] = [:]
         var jobs: [String: OutboxJob] = [:]
+        var links: [String: String] = [:]  // sub → account
+        var accounts: [String: String] = [:]  // account → sub
         var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
         var claims: [String: Int64] = [:]
         var validations: [String: (record: ValidationRecord, expiresAt: Int64)] = [:]
@@ -64,7 +66,8 @@ public final class MemorySessionStore: SessionStore {
         let found: StoredSession? = state.withLockedValue { s in
             guard let entry = s.sessions[handle], entry.expiresAt > t else { return nil }
             let sub = entry.record.sub
-            return StoredSession(session: entry.record, user: s.users[sub] ?? UserProfile(sub: sub), revokedAt: s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil })
+            return StoredSession(session: entry.record, user: s.users[sub] ?? UserProfile(sub: sub), revokedAt: s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil },
+                                 account: s.links[sub])
         }
         return eventLoop.makeSucceededFuture(found)
     }
@@ -128,6 +131,7 @@ public final class MemorySessionStore: SessionStore {
             if forget, !survives {
                 s.users[sub] = nil
                 s.userTokens[sub] = nil
+                if let account = s.links.removeValue(forKey: sub), s.accounts[account] == sub { s.accounts[account] = nil }
             }
             s.wrote(now: t)
             return live
@@ -142,6 +146,28 @@ public final class MemorySessionStore: SessionStore {
 
     public func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]> {
         eventLoop.makeSucceededFuture(state.withLockedValue { $0.userTokens[sub] ?? [:] })
+    }
+
+    public func link(_ sub: String, to account: String, on eventLoop: any EventLoop) -> EventLoopFuture<LinkResult> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { s -> LinkResult in
+            if let holder = s.accounts[account], holder != sub { return .conflict(sub: holder) }
+            if let previous = s.links[sub], previous != account { s.accounts[previous] = nil }
+            s.links[sub] = account
+            s.accounts[account] = sub
+            return .linked
+        })
+    }
+
+    public func unlink(_ sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { s -> String? in
+            guard let account = s.links.removeValue(forKey: sub) else { return nil }
+            if s.accounts[account] == sub { s.accounts[account] = nil }
+            return account
+        })
+    }
+
+    public func account(linkedTo sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { $0.links[sub] })
     }
 
     public func putJob(_ job: OutboxJob, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

@@ -9,6 +9,7 @@ import Redis
 /// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms); expires after the absolute session timeout
 /// - `sg:user:{sub}:tokens` hash — the user's latest refresh token per client id (sealed)
 /// - `sg:outbox` hash — jobs that must be done at least once (revocations at Apple, events)
+/// - `sg:link:{sub}` string — the legacy account linked to the user; `sg:account:{id}` the reverse
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
 /// - `sg:notification:{jti}` string — a notification already processed (a week)
 /// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:{token hash}` its lock
@@ -30,6 +31,8 @@ public final class RedisSessionStore: SessionStore {
     func loginKey(_ state: String) -> String { "\(prefix)login:{\(state)}" }
     func userTokensKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}:tokens" }
     var outboxKey: String { "\(prefix)outbox" }
+    func linkKey(_ sub: String) -> String { "\(prefix)link:{\(sub)}" }
+    func accountKey(_ account: String) -> String { "\(prefix)account:{\(account)}" }
 
     private func send(_ args: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
         redis.send(args, on: loop).flatMapErrorThrowing { error in
@@ -70,6 +73,30 @@ public final class RedisSessionStore: SessionStore {
     /// marker — in one round trip: the second and third keys are named by the session's `sub`,
     /// so a script reads them where the session is (standalone Redis or a Sentinel master;
     /// nothing here is meant for Redis Cluster).
+    /// `link:{sub}` and `account:{id}` together: a link never half exists. KEYS[1] = the link;
+    /// ARGV[1] = the sub, ARGV[2] = the key prefix (for the reverse key). Answers the account
+    /// unlinked (or nil).
+    static let unlinkScript = """
+        local account = redis.call('GET', KEYS[1])
+        if not account then return false end
+        redis.call('DEL', KEYS[1])
+        local reverse = ARGV[2] .. 'account:{' .. account .. '}'
+        if redis.call('GET', reverse) == ARGV[1] then redis.call('DEL', reverse) end
+        return account
+        """
+
+    /// KEYS[1] = `link:{sub}`, KEYS[2] = `account:{id}`; ARGV[1] = sub, ARGV[2] = account,
+    /// ARGV[3] = the prefix. Answers {1} linked, or {0, other sub} for a conflict.
+    static let linkScript = """
+        local holder = redis.call('GET', KEYS[2])
+        if holder and holder ~= ARGV[1] then return {0, holder} end
+        local previous = redis.call('GET', KEYS[1])
+        if previous and previous ~= ARGV[2] then redis.call('DEL', ARGV[3] .. 'account:{' .. previous .. '}') end
+        redis.call('SET', KEYS[1], ARGV[2])
+        redis.call('SET', KEYS[2], ARGV[1])
+        return {1}
+        """
+
     /// `revoked:{sub}` = max(itself, ARGV[1]), kept ARGV[2] ms.
     static let markerScript = """
         local current = tonumber(redis.call('GET', KEYS[1]) or '')
@@ -87,7 +114,8 @@ public final class RedisSessionStore: SessionStore {
         local sub = nil
         for i = 1, #s, 2 do if s[i] == 'sub' then sub = s[i + 1] break end end
         if sub == nil then return {s} end
-        return {s, redis.call('HGETALL', ARGV[1] .. 'user:{' .. sub .. '}'), redis.call('GET', ARGV[1] .. 'revoked:{' .. sub .. '}')}
+        return {s, redis.call('HGETALL', ARGV[1] .. 'user:{' .. sub .. '}'), redis.call('GET', ARGV[1] .. 'revoked:{' .. sub .. '}'),
+                redis.call('GET', ARGV[1] .. 'link:{' .. sub .. '}')}
         """
 
     /// Set once Redis refused scripts (an ACL user without `+@scripting`): misses take two
@@ -99,11 +127,11 @@ public final class RedisSessionStore: SessionStore {
         return redis.send(["EVAL", .string(Self.loadScript), "1", .string(sessionKey(handle)), .string(prefix)], on: loop).flatMap { reply in
             guard let parts = reply.arrayValue else { return loop.makeFailedFuture(SessionStoreError("unexpected reply to the session script")) }
             guard let first = parts.first, let fields = HashReply(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
-            guard parts.count == 3, let record = Self.session(handle, fields) else {
+            guard parts.count == 4, let record = Self.session(handle, fields) else {
                 return loop.makeFailedFuture(SessionStoreError("malformed session record"))
             }
             return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(parts[1])),
-                                                          revokedAt: HashReply.int64(parts[2])))
+                                                          revokedAt: HashReply.int64(parts[2]), account: parts[3].string))
         }.flatMapError { error in
             if let refused = error as? RedisError, refused.isRefusedCommand {
                 self.scriptsRefused.withLockedValue { $0 = true }
@@ -118,11 +146,12 @@ public final class RedisSessionStore: SessionStore {
         send(["HGETALL", .string(sessionKey(handle))], on: loop).flatMap { reply in
             guard let fields = HashReply(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
             guard let record = Self.session(handle, fields) else { return loop.makeFailedFuture(SessionStoreError("malformed session record")) }
-            return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))]], on: loop)
+            return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))],
+                                       ["GET", .string(self.linkKey(record.sub))]], on: loop)
                 .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
                 .map { replies in
                     StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(replies[0])),
-                                  revokedAt: HashReply.int64(replies[1]))
+                                  revokedAt: HashReply.int64(replies[1]), account: replies[2].string)
                 }
         }
     }
@@ -179,7 +208,10 @@ public final class RedisSessionStore: SessionStore {
                 }
                 // A session made after the revocation (the user came back) keeps the profile and
                 // tokens it brought.
-                if forget, !survives { commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))]) }
+                if forget, !survives {
+                    commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))])
+                    commands.append(["EVAL", .string(Self.unlinkScript), "1", .string(self.linkKey(sub)), .string(sub), .string(self.prefix)])
+                }
                 return self.transaction(commands, on: loop).map { results in
                     doomed.isEmpty ? 0 : Int(results[1].int ?? 0)
                 }
@@ -200,6 +232,22 @@ public final class RedisSessionStore: SessionStore {
             }
             return tokens
         }
+    }
+
+    public func link(_ sub: String, to account: String, on loop: any EventLoop) -> EventLoopFuture<LinkResult> {
+        send(["EVAL", .string(Self.linkScript), "2", .string(linkKey(sub)), .string(accountKey(account)), .string(sub), .string(account), .string(prefix)],
+             on: loop).flatMapThrowing { reply in
+            guard let items = reply.arrayValue, let first = items.first?.int else { throw SessionStoreError("unexpected reply to the link script") }
+            return first == 1 ? .linked : .conflict(sub: items.dropFirst().first?.string ?? "")
+        }
+    }
+
+    public func unlink(_ sub: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
+        send(["EVAL", .string(Self.unlinkScript), "1", .string(linkKey(sub)), .string(sub), .string(prefix)], on: loop).map { $0.string }
+    }
+
+    public func account(linkedTo sub: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
+        send(["GET", .string(linkKey(sub))], on: loop).map { $0.string }
     }
 
     public func putJob(_ job: OutboxJob, on loop: any EventLoop) -> EventLoopFuture<Void> {

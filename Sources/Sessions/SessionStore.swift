@@ -84,8 +84,11 @@ public struct StoredSession: Sendable, Equatable {
     public var user: UserProfile
     /// Sessions created before this (Unix ms) are dead.
     public var revokedAt: Int64?
+    /// The legacy app's account id linked to this Apple identity (`link:{sub}`), if any.
+    public var account: String?
 
-    public init(session: SessionRecord, user: UserProfile, revokedAt: Int64?) {
+    public init(session: SessionRecord, user: UserProfile, revokedAt: Int64?, account: String? = nil) {
+        self.account = account
         self.session = session
         self.user = user
         self.revokedAt = revokedAt
@@ -111,6 +114,13 @@ public struct ValidationRecord: Sendable, Equatable {
         self.failures = failures
         self.retryAt = retryAt
     }
+}
+
+/// What `SessionStore.link` did.
+public enum LinkResult: Sendable, Equatable {
+    case linked
+    /// The account is already linked to this other identity: nothing changed.
+    case conflict(sub: String)
 }
 
 /// A web login between `/login` and `/callback` (`sg:login:{state}`): single use, 10 minutes.
@@ -161,7 +171,8 @@ public protocol SessionStore: Sendable {
     /// `revokedAt` (the user signed in again before a late notification) is kept. With
     /// `forget`, the user's profile and stored refresh tokens are deleted too (deletion
     /// compliance: nothing but the marker remains, and it expires) — unless such a later session
-    /// survives: the profile and tokens are then the ones it brought.
+    /// survives: the profile and tokens are then the ones it brought. Forgetting also removes
+    /// the user's link to a legacy account.
     func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int>
     /// Keeps the user's latest refresh token for `clientID` (sealed for the user) beyond their
     /// sessions, so that a deletion can revoke it at Apple.
@@ -193,6 +204,15 @@ public protocol SessionStore: Sendable {
     func recordValidation(_ record: ValidationRecord, of tokenHash: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Sets a session's `validated_at`.
     func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Links the Apple identity `sub` to the legacy app's `account` (`link:{sub}` and the reverse
+    /// `account:{account}`). An account is linked to one identity and an identity to one account:
+    /// answers `.conflict` with the identity already holding the account; relinking a `sub` to
+    /// another account moves it.
+    func link(_ sub: String, to account: String, on eventLoop: any EventLoop) -> EventLoopFuture<LinkResult>
+    /// Removes `sub`'s link (and its reverse); answers the account it was linked to.
+    func unlink(_ sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
+    /// The account linked to `sub`.
+    func account(linkedTo sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// Succeeds when the store answers (readiness).
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
 }

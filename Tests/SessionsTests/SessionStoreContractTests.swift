@@ -172,6 +172,33 @@ struct SessionStoreContractTests {
     }
 
     @Test(arguments: StoreKind.allCases)
+    func links(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        let (_, session) = record("user.7", created: now)
+        try await f.store.create(session, profile: UserProfile(sub: "user.7"), expiresAt: now + 60_000, on: f.loop).get()
+        #expect(try await f.store.load(session.handle, on: f.loop).get()?.account == nil)
+        #expect(try await f.store.link("user.7", to: "acct-42", on: f.loop).get() == .linked)
+        #expect(try await f.store.load(session.handle, on: f.loop).get()?.account == "acct-42", "admission reads the link with the session")
+        #expect(try await f.store.link("user.7", to: "acct-42", on: f.loop).get() == .linked, "idempotent")
+        #expect(try await f.store.link("user.8", to: "acct-42", on: f.loop).get() == .conflict(sub: "user.7"), "one identity per account")
+        #expect(try await f.store.account(linkedTo: "user.8", on: f.loop).get() == nil)
+        // Relinking moves the identity: the old account is free again.
+        #expect(try await f.store.link("user.7", to: "acct-43", on: f.loop).get() == .linked)
+        #expect(try await f.store.link("user.8", to: "acct-42", on: f.loop).get() == .linked)
+        #expect(try await f.store.unlink("user.8", on: f.loop).get() == "acct-42")
+        #expect(try await f.store.unlink("user.8", on: f.loop).get() == nil)
+        #expect(try await f.store.link("user.9", to: "acct-42", on: f.loop).get() == .linked, "unlinked: the account is free")
+        // Forgetting a user (a deletion) removes their link and frees the account.
+        #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: true, on: f.loop).get() == 1)
+        #expect(try await f.store.account(linkedTo: "user.7", on: f.loop).get() == nil)
+        #expect(try await f.store.link("user.10", to: "acct-43", on: f.loop).get() == .linked)
+        // A revocation that forgets nothing keeps the link.
+        #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: false, on: f.loop).get() == 0)
+        #expect(try await f.store.account(linkedTo: "user.9", on: f.loop).get() == "acct-42")
+    }
+
+    @Test(arguments: StoreKind.allCases)
     func outboxJobs(kind: StoreKind) async throws {
         let f = try StoreFixture.make(kind)
         defer { Task { await f.close() } }

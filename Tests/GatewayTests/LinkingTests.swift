@@ -1,0 +1,83 @@
+import Foundation
+import GatewayConfig
+import Sessions
+import TestSupport
+import Testing
+
+@testable import Gateway
+
+/// Linking an Apple identity to a legacy account (issue 14 §1): the links API, `X-Auth-Account`
+/// on every request of a linked user, never from a client, and gone with a deletion.
+@Suite("Account links", .serialized, .timeLimit(.minutes(2)))
+struct LinkingTests {
+    static let secret = String(repeating: "s3cr3t-", count: 6)
+
+    static func start(store: SignInHarness.Store) async throws -> SignInHarness {
+        setenv("SG_TEST_LINKS_SECRET", secret, 1)
+        return try await SignInHarness.start(store: store, assertion: true) { c in
+            c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
+        }
+    }
+
+    static func post(_ b: TestBrowser, _ json: String, method: HTTPMethodName = .POST, bearer: String? = secret) async throws -> TestBrowser.Response {
+        var headers = [("accept", "application/json")]
+        if let bearer { headers.append(("authorization", "Bearer \(bearer)")) }
+        return try await b.request("/_auth/links", method: method == .POST ? .POST : .DELETE, headers: headers, json: json, sendCookies: false)
+    }
+
+    enum HTTPMethodName { case POST, DELETE }
+
+    func seen(_ h: SignInHarness, _ name: String) -> [String] { h.upstream.stats.withLockedValue { $0.lastHeaders }[name] }
+
+    @Test("the app links and unlinks; X-Auth-Account follows at once, in the assertion too; clients cannot send it", arguments: [SignInHarness.Store.memory, .redis])
+    func linkAndUnlink(store: SignInHarness.Store) async throws {
+        let h = try await Self.start(store: store)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: sub)
+        let spoof = [("accept", "text/html"), ("X-Auth-Account", "admin"), ("x_auth_account", "admin")]
+        #expect(try await browser.request("/x", headers: spoof).status == 200)
+        #expect(seen(h, "x-auth-account").isEmpty, "unlinked: absent, whatever the client sent")
+
+        let app = TestBrowser(gatewayOrigin: h.origin)
+        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#, bearer: nil).status == 401)
+        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#, bearer: "wrong").status == 401)
+        #expect(try await Self.post(app, #"{"account":"acct-1"}"#).status == 400)
+        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"bad\u0001"}"#).status == 400)
+        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#).status == 200)
+
+        #expect(try await browser.request("/x", headers: spoof).status == 200)
+        #expect(seen(h, "x-auth-account") == ["acct-1"], "linked: the gateway's value only")
+        let assertion = try #require(seen(h, "x-auth-assertion").first)
+        #expect(try await Base64URLTest.verifiedClaims(assertion, gateway: browser)["account"] as? String == "acct-1")
+
+        let other = h.simulator.createUser()
+        let conflict = try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#)
+        #expect(conflict.status == 409 && conflict.body.contains("another Apple identity"))
+
+        let unlinked = try await Self.post(app, #"{"sub":"\#(sub)"}"#, method: .DELETE)
+        #expect(unlinked.status == 200 && unlinked.body.contains(#""unlinked":"acct-1""#))
+        #expect(try await browser.request("/x").status == 200)
+        #expect(seen(h, "x-auth-account").isEmpty)
+        #expect(try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#).status == 200, "the account is free again")
+    }
+
+    @Test("a deletion removes the link; without identity.links.secret_file there is no links API")
+    func deletionAndNoAPI() async throws {
+        let h = try await Self.start(store: .redis)
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: sub)
+        #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-9"}"#).status == 200)
+        #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+        let loop = h.service.authenticator.core.outbox.loop
+        #expect(try await h.service.authenticator.store.account(linkedTo: sub, on: loop).get() == nil)
+        #expect(try await Self.post(browser, #"{"sub":"another.1","account":"acct-9"}"#).status == 200, "the account is free")
+
+        let plain = try await SignInHarness.start(store: .memory)
+        defer { Task { await plain.stop() } }
+        #expect(try await Self.post(TestBrowser(gatewayOrigin: plain.origin), #"{"sub":"a.1","account":"x"}"#).status == 404)
+    }
+}
