@@ -74,6 +74,16 @@ enum AuthResponses {
                                           "message": "the session could not be re-validated with Apple within apple.outage_grace: sign in again"])
     }
 
+    /// A `require_link` route and a user linked to no account: browsers go to the app's
+    /// `link_url` with `rd` (where to come back to); scripts get 403 naming it.
+    static func linkRequired(_ head: HTTPRequestHead, linkURL: String) -> LocalResponse {
+        if wantsHTML(head), head.method == .GET || head.method == .HEAD {
+            let target = linkURL + (linkURL.contains("?") ? "&" : "?") + "rd=" + FormBody.escape(head.uri)
+            return redirect(.found, to: target)
+        }
+        return json(.forbidden, ["error": "link_required", "message": "this route needs an account of the app linked to your Apple ID", "link_url": linkURL])
+    }
+
     static func storeUnavailable(_ head: HTTPRequestHead) -> LocalResponse {
         let retry = [("retry-after", "1")]
         if wantsHTML(head) {

@@ -67,6 +67,8 @@ final class Authenticator: Sendable {
     let nativeNonceRequired: Bool
     /// `apple.exchanges_per_minute` (0: none).
     let exchangesPerMinute: Int
+    /// `identity.link_url`: where `require_link` routes send an unlinked user.
+    let linkURL: String?
 
     /// The first generation: builds the core (reads the secrets; connects nothing yet).
     convenience init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
@@ -100,6 +102,7 @@ final class Authenticator: Sendable {
         afterLogout = PostLogoutPolicy(c.routes, signIn: c.server.authPrefix + "/sign-in?message=signed_out")
         nativeNonceRequired = c.apple?.nativeNonce == .required
         exchangesPerMinute = c.apple?.exchangesPerMinute ?? 0
+        linkURL = c.identity.linkURL
     }
 
     /// Apple's `redirect_uri` for the web flow: where Apple posts back, registered with the

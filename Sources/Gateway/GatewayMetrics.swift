@@ -51,8 +51,8 @@ public final class GatewayMetrics: Sendable {
 
     /// How admission ended for one request on a guarded route.
     enum AdmissionResult: Int, CaseIterable {
-        case session, anonymous, unauthenticated, forbidden, storeUnavailable, appleUnavailable
-        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable"][rawValue] }
+        case session, anonymous, unauthenticated, forbidden, storeUnavailable, appleUnavailable, linkRequired
+        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable", "link_required"][rawValue] }
     }
 
     static let latencyBuckets: [Duration] = [

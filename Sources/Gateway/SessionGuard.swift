@@ -43,6 +43,10 @@ struct SessionGuard: RequestGuard {
                 auth.metrics.recordAdmission(.forbidden)
                 return .respond(AuthResponses.forbidden(request.head, signOutURL: auth.prefix + "/logout"))
             }
+            if route.requireLink, cached.stored.account == nil, let linkURL = auth.linkURL {
+                auth.metrics.recordAdmission(.linkRequired)
+                return .respond(AuthResponses.linkRequired(request.head, linkURL: linkURL))
+            }
             auth.metrics.recordAdmission(.session)
             return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop),
                             // A bearer beside a live session is that session's token (a cookie

@@ -315,7 +315,12 @@ extension GatewayConfiguration {
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "links"]) else { return }
+        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "links", "link_url"]) else { return }
+        if let v = r.string(s, "link_url") {
+            let isPath = v.hasPrefix("/") && !v.hasPrefix("//") && !v.contains("\\") && v.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f })
+            if isPath || Self.isWebURL(v) { identity.linkURL = v }
+            else { r.report(s.child("link_url"), r.mark(s, "link_url"), "'\(v)' is not a path (/link-account) or an http(s) URL") }
+        }
         if let l = r.section(s.values["links"], path: s.child("links"), keys: ["secret_file"]), let v = r.string(l, "secret_file") {
             if let ref = SecretReference.parse(v) { identity.linksSecretFile = ref }
             else { r.report(l.child("secret_file"), r.mark(l, "secret_file"), "'\(v)' is not a file path or env:NAME") }
@@ -366,6 +371,7 @@ extension GatewayConfiguration {
             guard let s = r.section(node, path: path, keys: [
                 "name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated", "max_body_bytes", "allow_trace",
                 "strip_prefix", "upstream_host", "post_logout_redirect", "upstream_ca_file", "upstream_server_name", "upstream_insecure_skip_verify",
+                "require_link",
             ]) else { continue }
             let name = r.string(s, "name") ?? ""
             if s.values["name"] == nil { r.report(s.child("name"), s.mark, "is required") }
@@ -446,6 +452,13 @@ extension GatewayConfiguration {
                 if Self.isHostName(v) { serverName = v }
                 else { r.report(s.child("upstream_server_name"), r.mark(s, "upstream_server_name"), "'\(v)' is not a host name") }
             }
+            let requireLink = r.bool(s, "require_link") ?? false
+            if requireLink, auth == .public {
+                r.report(s.child("require_link"), r.mark(s, "require_link"), "needs auth: required or optional (a public route knows no user)")
+            }
+            if requireLink, identity.linkURL == nil {
+                r.report(s.child("require_link"), r.mark(s, "require_link"), "needs identity.link_url: where an unlinked user is sent")
+            }
             let skipVerify = r.bool(s, "upstream_insecure_skip_verify") ?? false
             if skipVerify {
                 r.warn(s.child("upstream_insecure_skip_verify"), r.mark(s, "upstream_insecure_skip_verify"),
@@ -469,6 +482,7 @@ extension GatewayConfiguration {
                 route.upstreamCAFile = caFile
                 route.upstreamServerName = serverName
                 route.upstreamInsecureSkipVerify = skipVerify
+                route.requireLink = requireLink
                 routes.append(route)
             }
         }

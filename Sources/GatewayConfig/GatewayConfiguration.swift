@@ -198,6 +198,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var headerPrefix = "X-Auth-"
         /// The bearer secret of `POST/DELETE /_auth/links` (nil: no links API).
         public var linksSecretFile: SecretReference? = nil
+        /// Where a route with `require_link` sends an unlinked user: the app's page that checks
+        /// the legacy credentials and calls `/_auth/links` (a path or an http(s) URL).
+        public var linkURL: String? = nil
         public init() {}
 
         public struct Assertion: Sendable, Equatable {
@@ -233,6 +236,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var upstreamServerName: String? = nil
         /// https upstreams, tests only: no certificate verification (`check` warns).
         public var upstreamInsecureSkipVerify = false
+        /// A signed-in user whose Apple identity is linked to no account of the app is sent to
+        /// `identity.link_url` (browsers) or refused 403 (scripts).
+        public var requireLink = false
 
         public init(
             name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,

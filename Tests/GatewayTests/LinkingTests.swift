@@ -63,6 +63,40 @@ struct LinkingTests {
         #expect(try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#).status == 200, "the account is free again")
     }
 
+    @Test("require_link: an unlinked user goes to the app's link page (browsers) or gets 403 naming it; linked, the route opens")
+    func requireLink() async throws {
+        setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
+        let h = try await SignInHarness.start(store: .memory) { c in
+            c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
+            c.identity.linkURL = "/link-account"
+            c.routes[c.routes.count - 1].requireLink = true  // the catch-all route
+            c.routes.insert(.init(name: "linking", pathPrefix: "/link-account", upstream: c.routes[0].upstream, auth: .required), at: 0)
+        }
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/link-account", as: sub)
+        let page = try await browser.request("/orders?id=7")
+        #expect(page.status == 302 && page.location == "/link-account?rd=%2Forders%3Fid%3D7", "\(page.status) \(page.location ?? "")")
+        let api = try await browser.request("/orders", headers: [("accept", "application/json")])
+        #expect(api.status == 403 && api.body.contains("link_required") && api.body.contains("/link-account"))
+        #expect(try await browser.request("/link-account").status == 200, "the link page itself is open to the unlinked user")
+        #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-5"}"#).status == 200)
+        #expect(try await browser.request("/orders?id=7").status == 200)
+        #expect(seen(h, "x-auth-account") == ["acct-5"])
+    }
+
+    @Test("require_link needs identity.link_url and a route that knows the user")
+    func requireLinkConfiguration() {
+        let base = "routes:\n  - name: app\n    upstream: \"http://127.0.0.1:9000\"\n    auth: public\n    require_link: true\n"
+        let paths = Set(GatewayConfiguration.parse(yaml: base).errors.map(\.path))
+        #expect(paths == ["routes[0].require_link"])
+        let messages = GatewayConfiguration.parse(yaml: base).errors.map(\.message).joined(separator: " | ")
+        #expect(messages.contains("identity.link_url") && messages.contains("auth: required or optional"), "\(messages)")
+        let bad = "identity:\n  link_url: \"javascript:alert(1)\"\n" + base
+        #expect(GatewayConfiguration.parse(yaml: bad).errors.contains { $0.path == "identity.link_url" })
+    }
+
     @Test("a deletion removes the link; without identity.links.secret_file there is no links API")
     func deletionAndNoAPI() async throws {
         let h = try await Self.start(store: .redis)
