@@ -24,6 +24,8 @@ final class AuthCore: Sendable {
     let assertionKeyPEM: String?
     /// SHA-256 of the links API's bearer secret (`identity.links.secret_file`; nil: no API).
     let linksSecretDigest: SHA256Digest?
+    /// `identity.link_lookup_url`: the app's answer to "whose account is this email?".
+    let linkLookup: LinkLookup?
     let storeTimeout: TimeAmount
     /// What the secret files held at start, by key: a reload whose files changed in place is
     /// refused (they are read only at start), not silently ignored.
@@ -103,12 +105,14 @@ final class AuthCore: Sendable {
             store = MeasuredSessionStore(MemorySessionStore(now: now), metrics: metrics)
         }
         // Every secret is read before the Apple client exists: a failure here leaves nothing to close.
+        var linksSecret: String? = nil
         if let reference = c.identity.linksSecretFile {
             let bytes = try reference.read(key: "identity.links.secret_file")
             let secret = bytes.reversed().drop { $0 == 0x0a || $0 == 0x0d }.reversed()  // a trailing newline from `echo`
             guard secret.count >= 32 else { throw StartupFailure(key: "identity.links.secret_file", "holds \(secret.count) bytes; at least 32 (openssl rand -hex 32)") }
             digests["identity.links.secret_file"] = SHA256.hash(data: bytes)
             linksSecretDigest = SHA256.hash(data: Array(secret))
+            linksSecret = String(decoding: secret, as: UTF8.self)
         } else {
             linksSecretDigest = nil
         }
@@ -185,6 +189,7 @@ final class AuthCore: Sendable {
                 return outcome == .revoked ? .done : .retry
             }
         }
+        linkLookup = zip3(c.identity.linkLookupURL, linksSecret, client).map { LinkLookup(url: $0.0, secret: $0.1, http: $0.2, logger: logger) }
         let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
         let signer = assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
         let outbox = self.outbox
@@ -249,6 +254,12 @@ final class AuthCore: Sendable {
         }
         return promise.futureResult
     }
+}
+
+/// All three, or nil.
+private func zip3<A, B, C>(_ a: A?, _ b: B?, _ c: C?) -> (A, B, C)? {
+    guard let a, let b, let c else { return nil }
+    return (a, b, c)
 }
 
 /// Lets the revalidator and the subscriber reach the core without a retain cycle.

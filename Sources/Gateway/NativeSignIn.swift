@@ -58,6 +58,7 @@ extension AuthEndpointGuard {
             // own code: a replayed identity token alone cannot rename its owner. (An app whose
             // exchange failed still holds the name and sends it with its retry.)
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: request.name, on: loop).get() }
+            await lookUpLink(identity, on: loop)
             await endReplaced(presentedSession(head), on: loop)
             auth.metrics.recordSignIn(flow: SignInFlow.native.rawValue, outcome: SignInOutcome.ok.rawValue)
             auth.logger.info("signed in", metadata: ["flow": "native", "sub": "\(identity.subject)"])

@@ -1,4 +1,5 @@
 import AppleID
+import HTTPProxy
 import NIOCore
 import Sessions
 
@@ -32,6 +33,27 @@ extension AuthEndpointGuard {
             return .success((try await apple.verifier.verify(idToken, expectedNonce: nonce), tokens.refreshToken))
         } catch {
             return .failure(.identityToken(error))
+        }
+    }
+
+    /// `identity.link_lookup_url`: a user with no link whose verified, non-relay email the app
+    /// knows is linked to that account before the first request. Failures are logged; the
+    /// sign-in goes on either way.
+    func lookUpLink(_ identity: AppleIdentity, on loop: any EventLoop) async {
+        guard let lookup = auth.core.linkLookup, LinkLookup.mayLookUp(identity) else { return }
+        do {
+            guard try await auth.withDeadline(auth.store.account(linkedTo: identity.subject, on: loop), on: loop).get() == nil,
+                  let account = await lookup.account(for: identity) else { return }
+            guard !account.isEmpty, account.utf8.count <= Self.maximumAccountLength, HTTPWire.isSafeValue(account) else {
+                auth.logger.warning("link lookup: the app answered an account id that cannot be a header value; no link made")
+                return
+            }
+            switch try await auth.store(on: loop).link(identity.subject, to: account) {
+            case .linked: auth.logger.info("account linked by lookup", metadata: ["sub": "\(identity.subject)"])
+            case .conflict: auth.logger.notice("link lookup: the account is linked to another Apple identity; no link made", metadata: ["sub": "\(identity.subject)"])
+            }
+        } catch {
+            auth.logger.warning("link lookup: the session store did not answer; no link made", metadata: ["error": "\(error)"])
         }
     }
 

@@ -69,6 +69,7 @@ extension AuthEndpointGuard {
             try checkRate(.web, key: client)
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get() }
+            await lookUpLink(identity, on: loop)
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
             auth.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.ok.rawValue)
             auth.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])

@@ -315,7 +315,7 @@ extension GatewayConfiguration {
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "links", "link_url"]) else { return }
+        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "links", "link_url", "link_lookup_url"]) else { return }
         if let v = r.string(s, "link_url") {
             let isPath = v.hasPrefix("/") && !v.hasPrefix("//") && !v.contains("\\") && v.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f })
             if isPath || Self.isWebURL(v) { identity.linkURL = v }
@@ -324,6 +324,13 @@ extension GatewayConfiguration {
         if let l = r.section(s.values["links"], path: s.child("links"), keys: ["secret_file"]), let v = r.string(l, "secret_file") {
             if let ref = SecretReference.parse(v) { identity.linksSecretFile = ref }
             else { r.report(l.child("secret_file"), r.mark(l, "secret_file"), "'\(v)' is not a file path or env:NAME") }
+        }
+        if let v = r.string(s, "link_lookup_url") {
+            if Self.isWebURL(v) { identity.linkLookupURL = v }
+            else { r.report(s.child("link_lookup_url"), r.mark(s, "link_lookup_url"), "'\(v)' is not an http:// or https:// URL with a host") }
+            if identity.linksSecretFile == nil {
+                r.report(s.child("link_lookup_url"), r.mark(s, "link_lookup_url"), "needs identity.links.secret_file: the gateway sends it as the bearer token, so the app knows who asks")
+            }
         }
         if let v = r.string(s, "header_prefix") {
             // A prefix of a header name: a token, and long enough not to swallow ordinary headers.

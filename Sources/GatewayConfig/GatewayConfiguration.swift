@@ -201,6 +201,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Where a route with `require_link` sends an unlinked user: the app's page that checks
         /// the legacy credentials and calls `/_auth/links` (a path or an http(s) URL).
         public var linkURL: String? = nil
+        /// Asked at a sign-in of a user with no link, with a verified, non-relay email: the
+        /// app answers the account that email belongs to (if any), and the gateway links it.
+        public var linkLookupURL: String? = nil
         public init() {}
 
         public struct Assertion: Sendable, Equatable {

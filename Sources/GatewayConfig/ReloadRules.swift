@@ -46,6 +46,7 @@ public enum ReloadRules {
         .on("apple.clock_skew") { $0.apple?.clockSkew },
         .on("events") { $0.events },
         .on("identity.links.secret_file") { $0.identity.linksSecretFile },
+        .on("identity.link_lookup_url") { $0.identity.linkLookupURL },
         .on("session.cookie_name") { $0.session.cookieName },
         .on("session.secret_file") { $0.session.secretFile },
         .on("store.redis_url") { $0.store.redisURL },

@@ -1,5 +1,8 @@
 import Foundation
 import GatewayConfig
+import HTTPProxy
+import NIOConcurrencyHelpers
+import NIOPosix
 import Sessions
 import TestSupport
 import Testing
@@ -95,6 +98,59 @@ struct LinkingTests {
         #expect(messages.contains("identity.link_url") && messages.contains("auth: required or optional"), "\(messages)")
         let bad = "identity:\n  link_url: \"javascript:alert(1)\"\n" + base
         #expect(GatewayConfiguration.parse(yaml: bad).errors.contains { $0.path == "identity.link_url" })
+        let lookup = "identity:\n  link_lookup_url: \"https://app.example.com/lookup\"\nroutes:\n  - name: app\n    upstream: \"http://127.0.0.1:9000\"\n    auth: public\n"
+        #expect(GatewayConfiguration.parse(yaml: lookup).errors.map(\.path) == ["identity.link_lookup_url"], "needs the links secret")
+    }
+
+    @Test("link_lookup_url: a verified, non-relay email the app knows is linked at sign-in; relay emails are never sent; a silent app blocks nothing")
+    func lookup() async throws {
+        let asked = NIOLockedValueBox<[(authorization: String?, body: String)]>([])
+        let down = NIOLockedValueBox(false)
+        let app = try await SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
+            let body = String(buffer: request.body)
+            asked.withLockedValue { $0.append((request.head.headers.first(name: "authorization"), body)) }
+            if down.withLockedValue({ $0 }) { return SimpleResponse(status: .internalServerError, "down") }
+            return body.contains("ada@example.org")
+                ? SimpleResponse(contentType: "application/json", #"{"account":"legacy-17"}"#)
+                : SimpleResponse(status: .notFound, "")
+        }
+        defer { Task { await app.close() } }
+        setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
+        let h = try await SignInHarness.start(store: .memory) { c in
+            c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
+            c.identity.linkLookupURL = "http://127.0.0.1:\(app.localAddress?.port ?? 0)/lookup"
+        }
+        defer { Task { await h.stop() } }
+
+        let ada = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
+        let browser = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await browser.signIn(from: "/x", as: ada)
+        #expect(try await browser.request("/x").status == 200)
+        #expect(seen(h, "x-auth-account") == ["legacy-17"], "linked before the first request")
+        let first = try #require(asked.withLockedValue { $0.first })
+        #expect(first.authorization == "Bearer \(Self.secret)" && first.body.contains(ada))
+
+        // Linked now: later sign-ins do not ask again.
+        _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: ada)
+        #expect(asked.withLockedValue { $0.count } == 1)
+
+        // A private relay address is never sent.
+        let hidden = h.simulator.createUser(privateEmail: true)
+        _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: hidden)
+        #expect(asked.withLockedValue { $0.count } == 1, "relay emails match no legacy account and are never sent")
+
+        // An unknown email: 404, no link. The app down: the sign-in goes on.
+        let bob = h.simulator.createUser(email: "bob@example.org", privateEmail: false)
+        let b = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await b.signIn(from: "/x", as: bob)
+        #expect(try await b.request("/x").status == 200)
+        #expect(seen(h, "x-auth-account").isEmpty)
+        down.withLockedValue { $0 = true }
+        let carol = h.simulator.createUser(email: "carol@example.org", privateEmail: false)
+        let c = TestBrowser(gatewayOrigin: h.origin)
+        #expect(try await c.signIn(from: "/x", as: carol).callback?.status == 303)
+        #expect(try await c.request("/x").status == 200)
+        #expect(asked.withLockedValue { $0.count } == 3)
     }
 
     @Test("a deletion removes the link; without identity.links.secret_file there is no links API")
