@@ -6,12 +6,13 @@ import NIOHTTP1
 /// gateway — method, target, and every header (identity headers included) — as HTML for
 /// browsers and plain text for everything else.
 public enum DemoUpstream {
-    public static func start(host: String, port: Int, group: any EventLoopGroup) async throws -> SimpleHTTPServer {
-        try await SimpleHTTPServer.start(host: host, port: port, group: group, responder: respond)
+    /// - Parameter linking: the gateway's links API and its secret: an unlinked user's page shows
+    ///   the call the app would make to link them to one of its accounts.
+    public static func start(host: String, port: Int, group: any EventLoopGroup, linking: (links: String, secret: String)? = nil) async throws -> SimpleHTTPServer {
+        try await SimpleHTTPServer.start(host: host, port: port, group: group) { respond($0, linking: linking) }
     }
 
-    @Sendable
-    static func respond(_ request: SimpleRequest) -> SimpleResponse {
+    static func respond(_ request: SimpleRequest, linking: (links: String, secret: String)? = nil) -> SimpleResponse {
         let head = request.head
         let wantsHTML = head.headers["accept"].contains { $0.contains("text/html") }
         if !wantsHTML {
@@ -26,8 +27,19 @@ public enum DemoUpstream {
             let highlight = name.lowercased().hasPrefix("x-auth-") || name.lowercased().hasPrefix("x-forwarded-") || name.lowercased() == "x-request-id"
             rows += "<tr\(highlight ? " class=\"hl\"" : "")><th>\(escape(name))</th><td>\(escape(value))</td></tr>\n"
         }
-        let who = identity.first { $0.name.lowercased() == "x-auth-user" }.map { "Signed in as <b>\(escape($0.value))</b>" }
+        let user = identity.first { $0.name.lowercased() == "x-auth-user" }?.value
+        let account = identity.first { $0.name.lowercased() == "x-auth-account" }?.value
+        var who = user.map { "Signed in as <b>\(escape($0))</b>" }
             ?? "No identity headers: this request reached the upstream without a session (a public or optional route)."
+        if let user, let linking {
+            if let account {
+                who += "<br>Linked to the app's account <b>\(escape(account))</b> (<code>X-Auth-Account</code>)."
+            } else {
+                // What a real app does after checking the person's legacy password, server to server.
+                let command = "curl -X POST \(linking.links) -H 'Authorization: Bearer \(linking.secret)' -H 'Content-Type: application/json' -d '{\"sub\":\"\(user)\",\"account\":\"demo-42\"}'"
+                who += "<br>Not linked to an account of the app: no <code>X-Auth-Account</code>. An app links one after checking the person's own password; here, run this and reload:<br><code>\(escape(command))</code>"
+            }
+        }
         let html = """
         <!doctype html>
         <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">

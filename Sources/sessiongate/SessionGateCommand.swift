@@ -184,6 +184,17 @@ struct Demo: AsyncParsableCommand {
             printError("cannot write \(keyPath)")
             throw ExitCode(1)
         }
+        // The links API's secret, made for this run: the demo page shows how the app links an
+        // Apple ID to one of its accounts.
+        var linkSecret: String? = nil
+        if case .file(let secretPath)? = configuration.identity.linksSecretFile {
+            let secret = (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+            guard FileManager.default.createFile(atPath: secretPath, contents: Data(secret.utf8), attributes: [.posixPermissions: 0o600]) else {
+                printError("cannot write \(secretPath)")
+                throw ExitCode(1)
+            }
+            linkSecret = secret
+        }
         var clients: [String: [String]] = [apple.clientIDs[0]: [publicURL + configuration.server.authPrefix + "/callback"]]
         for app in apple.clientIDs.dropFirst() { clients[app] = [] }
         let simulator = try await SimulatedAppleID.start(
@@ -191,7 +202,8 @@ struct Demo: AsyncParsableCommand {
         simulator.createUser(privateEmail: true, firstName: "Jane", lastName: "Appleseed")
         simulator.createUser(email: "john@example.org", privateEmail: false, firstName: "John", lastName: "Doe")
         configuration.apple?.baseURL = simulator.baseURL
-        let upstream = try await DemoUpstream.start(host: upstreamURL.host, port: upstreamURL.port, group: group)
+        let upstream = try await DemoUpstream.start(host: upstreamURL.host, port: upstreamURL.port, group: group,
+                                                    linking: linkSecret.map { (links: publicURL + configuration.server.authPrefix + "/links", secret: $0) })
         let service = try GatewayService(configuration: configuration, configPath: nil, logger: logger)
         let serviceGroup = ServiceGroup(configuration: .init(
             services: [.init(service: service)],
@@ -207,7 +219,7 @@ struct Demo: AsyncParsableCommand {
                   Public:     \(publicURL)/public/ (no sign-in needed)
                   Sign out:   \(publicURL)\(configuration.server.authPrefix)/logout
                   Apple:      \(simulator.baseURL)  (the Apple ID simulator; test users: Jane Appleseed, John Doe)
-                  Upstream:   \(upstreamURL) (the demo app; it shows the headers it receives)
+                  Upstream:   \(upstreamURL) (the demo app; it shows the headers it receives, and how to link an account)
                   Metrics:    http://\(configuration.server.adminListen.host):\(configuration.server.adminListen.port)/metrics
                 Ctrl-C stops it.
 

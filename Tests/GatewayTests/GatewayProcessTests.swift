@@ -117,14 +117,17 @@ struct GatewayProcessTests {
         #expect(bad.output.contains { $0.hasPrefix("error: apple.client_ids: com.example.web: Apple answered invalid_client") }, "\(bad.output)")
     }
 
-    @Test("check prints ok for the shipped demo configuration once its key exists (the demo writes it)")
+    @Test("check prints ok for the shipped demo configuration once its key and links secret exist (the demo writes them)")
     func checkValid() async throws {
         let directory = try makeSecretsDirectory("demo-check")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let demo = try String(contentsOfFile: "\(repositoryRoot)/conf/demo.yaml", encoding: .utf8)
         let keyLine = try #require(demo.split(separator: "\n").first { $0.contains("private_key_file:") })
         let path = directory + "/demo.yaml"
+        // The demo writes its links secret too.
+        try String(repeating: "ab", count: 32).write(toFile: directory + "/links.secret", atomically: true, encoding: .utf8)
         try demo.replacingOccurrences(of: String(keyLine), with: "  private_key_file: \"\(directory)/AuthKey.p8\"")
+            .replacingOccurrences(of: "/tmp/sessiongate-demo/links.secret", with: directory + "/links.secret")
             .write(toFile: path, atomically: true, encoding: .utf8)
         let check = try GatewayProcess(arguments: ["check", "--reload", "--config", path])
         #expect(await check.waitForExit() == 0)

@@ -10,7 +10,9 @@ import Testing
 @Suite("Re-validation with Apple", .serialized, .timeLimit(.minutes(2)))
 struct RevalidationTests {
     static func start() async throws -> (SignInHarness, String) {
-        let h = try await SignInHarness.start(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), absoluteTimeout: .seconds(30 * 86_400)) { c in
+        // A generous store timeout: under the parallel suite a sign-in's save has taken over 3 s.
+        let h = try await SignInHarness.start(store: .redis, storeTimeout: .seconds(15), localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400),
+                                              absoluteTimeout: .seconds(30 * 86_400)) { c in
             c.apple?.revalidateAfter = .seconds(3600)
             c.apple?.revalidateGrace = .seconds(600)
             c.apple?.outageGrace = .seconds(3 * 3600)
