@@ -76,9 +76,12 @@ enum AuthResponses {
 
     /// A `require_link` route and a user linked to no account: browsers go to the app's
     /// `link_url` with `rd` (where to come back to); scripts get 403 naming it.
-    static func linkRequired(_ head: HTTPRequestHead, linkURL: String) -> LocalResponse {
+    /// `rd` is the canonical target (as forwarded), never the raw one: `//evil.example/x` is
+    /// routed as `/evil.example/x` and comes back as such.
+    static func linkRequired(_ request: GuardRequest, linkURL: String) -> LocalResponse {
+        let head = request.head
         if wantsHTML(head), head.method == .GET || head.method == .HEAD {
-            let target = linkURL + (linkURL.contains("?") ? "&" : "?") + "rd=" + FormBody.escape(head.uri)
+            let target = linkURL + (linkURL.contains("?") ? "&" : "?") + "rd=" + FormBody.escape(request.target.forwarded)
             return redirect(.found, to: target)
         }
         return json(.forbidden, ["error": "link_required", "message": "this route needs an account of the app linked to your Apple ID", "link_url": linkURL])

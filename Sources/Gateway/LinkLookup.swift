@@ -18,6 +18,7 @@ struct LinkLookup: Sendable {
     let http: HTTPClient
     let logger: Logger
     static let timeout: TimeAmount = .seconds(3)
+    struct LookupTimeout: Error, CustomStringConvertible { var description: String { "no answer within 3 s" } }
 
     /// Whether this identity's email may be looked up at all.
     static func mayLookUp(_ identity: AppleIdentity) -> Bool {
@@ -37,8 +38,19 @@ struct LinkLookup: Sendable {
         let body = (try? JSONSerialization.data(withJSONObject: ["sub": identity.subject, "email": email], options: [.sortedKeys])) ?? Data()
         request.body = .bytes(ByteBuffer(bytes: body))
         do {
-            let response = try await http.execute(request, timeout: Self.timeout)
-            let bytes = try await response.body.collect(upTo: 16 * 1024)
+            // One deadline over the head and the body: AsyncHTTPClient's ends with the head.
+            let deadline = NIODeadline.now() + Self.timeout
+            let response = try await http.execute(request, deadline: deadline)
+            let bytes = try await withThrowingTaskGroup(of: ByteBuffer?.self) { group in
+                group.addTask { try await response.body.collect(upTo: 16 * 1024) }
+                group.addTask {
+                    try await Task.sleep(nanoseconds: UInt64(max(0, (deadline - .now()).nanoseconds)))
+                    return nil
+                }
+                defer { group.cancelAll() }
+                guard let first = try await group.next(), let body = first else { throw LookupTimeout() }
+                return body
+            }
             guard response.status == .ok else {
                 if response.status != .notFound { logger.warning("link lookup: the app answered \(response.status.code); no link made") }
                 return nil

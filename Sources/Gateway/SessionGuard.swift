@@ -45,7 +45,7 @@ struct SessionGuard: RequestGuard {
             }
             if route.requireLink, cached.stored.account == nil, let linkURL = auth.linkURL {
                 auth.metrics.recordAdmission(.linkRequired)
-                return .respond(AuthResponses.linkRequired(request.head, linkURL: linkURL))
+                return .respond(AuthResponses.linkRequired(request, linkURL: linkURL))
             }
             auth.metrics.recordAdmission(.session)
             return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop),

@@ -44,12 +44,15 @@ extension AuthEndpointGuard {
         do {
             guard try await auth.withDeadline(auth.store.account(linkedTo: identity.subject, on: loop), on: loop).get() == nil,
                   let account = await lookup.account(for: identity) else { return }
-            guard !account.isEmpty, account.utf8.count <= Self.maximumAccountLength, HTTPWire.isSafeValue(account) else {
+            guard !account.isEmpty, account.utf8.count <= Self.maximumAccountLength, HTTPWire.isSafeValue(account),
+                  account.trimmingCharacters(in: .whitespaces) == account else {
                 auth.logger.warning("link lookup: the app answered an account id that cannot be a header value; no link made")
                 return
             }
             switch try await auth.store(on: loop).link(identity.subject, to: account) {
-            case .linked: auth.logger.info("account linked by lookup", metadata: ["sub": "\(identity.subject)"])
+            case .linked:
+                auth.invalidateUser(identity.subject, on: loop)  // the user's other sessions, everywhere
+                auth.logger.info("account linked by lookup", metadata: ["sub": "\(identity.subject)"])
             case .conflict: auth.logger.notice("link lookup: the account is linked to another Apple identity; no link made", metadata: ["sub": "\(identity.subject)"])
             }
         } catch {

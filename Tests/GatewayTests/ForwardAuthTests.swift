@@ -1,3 +1,4 @@
+import GatewayConfig
 import Foundation
 import NIOHTTP1
 import TestSupport
@@ -13,6 +14,17 @@ import Glibc
 /// forged browsers sent to sign in, API and XHR calls answered 401, nothing reaching the app.
 @Suite("forward-auth: nginx and Caddy in front of the app", .serialized, .timeLimit(.minutes(2)))
 struct ForwardAuthTests {
+    @Test("the shipped nginx and Caddy configs pass on every identity header and no other spelling reaches the app")
+    func configsNameEveryIdentityHeader() throws {
+        let nginx = try String(contentsOfFile: "\(repositoryRoot)/conf/nginx-forward-auth.conf", encoding: .utf8)
+        let caddy = try String(contentsOfFile: "\(repositoryRoot)/conf/Caddyfile.forward-auth", encoding: .utf8)
+        for name in IdentityHeaderNames().all {
+            // nginx cannot strip by prefix: each name must be overwritten with /_auth/check's value.
+            #expect(nginx.contains("proxy_set_header \(name) $"), "nginx does not replace \(name): a client could send it")
+            #expect(caddy.contains(" \(name)"), "Caddy does not copy \(name)")
+        }
+    }
+
     @Test func nginxForwardAuth() async throws {
         let h = try await SignInHarness.start()
         defer { Task { await h.stop() } }

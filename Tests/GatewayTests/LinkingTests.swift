@@ -81,6 +81,8 @@ struct LinkingTests {
         _ = try await browser.signIn(from: "/link-account", as: sub)
         let page = try await browser.request("/orders?id=7")
         #expect(page.status == 302 && page.location == "/link-account?rd=%2Forders%3Fid%3D7", "\(page.status) \(page.location ?? "")")
+        let sneaky = try await browser.request("//evil.example/x")
+        #expect(sneaky.status == 302 && sneaky.location?.contains("%2F%2F") == false, "rd is the canonical path, never //host: \(sneaky.location ?? "")")
         let api = try await browser.request("/orders", headers: [("accept", "application/json")])
         #expect(api.status == 403 && api.body.contains("link_required") && api.body.contains("/link-account"))
         #expect(try await browser.request("/link-account").status == 200, "the link page itself is open to the unlinked user")
