@@ -37,7 +37,7 @@ final class SignInHarness: @unchecked Sendable {
 
     enum Store { case memory, redis }
 
-    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(3),  // the suites share 2 cores (a clean CI run once took >1 s to save a sign-in); tests of the timeout pass their own
+    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(10),  // the suites share 2 cores and one event-loop group: a 1 GiB transfer test starved a memory-store answer past 3 s once; tests of the timeout pass their own
                       localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
                       assertion: Bool = false, clock: TestClock = TestClock(), configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
