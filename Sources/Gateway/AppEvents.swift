@@ -62,7 +62,7 @@ final class AppEvents: Sendable {
 
     /// Queues `event` for the app (when a URL takes its kind) and tries it at once, in the
     /// background: the caller never waits for the app.
-    func emit(_ event: AppEvent, on loop: any EventLoop) {
+    func emit(_ event: AppEvent) {
         guard let url = destinations[event.kind] else { return }
         let t = now()
         let id = AuthEndpointGuard.randomToken()

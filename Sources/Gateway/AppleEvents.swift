@@ -62,7 +62,7 @@ extension AuthEndpointGuard {
                     try await auth.store(on: loop).saveProfile(update)
                     auth.invalidateUser(event.subject, on: loop)
                     auth.core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type, email: event.email ?? profile.email,
-                                                    emailForwarding: update.emailForwarding), on: loop)
+                                                    emailForwarding: update.emailForwarding))
                 }
             case .unknown(let name):
                 auth.logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])

@@ -30,7 +30,7 @@ extension AuthCore {
             self.recheckTunnels(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source.rawValue)
             let (kind, reason) = event ?? (.userRevoked, source.rawValue)
-            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason), on: loop)
+            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason))
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])
             return count
         }
@@ -56,7 +56,7 @@ extension AuthCore {
     func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, on loop: any EventLoop) -> EventLoopFuture<Void> {
         cache.invalidate(handle)
         return withDeadline(store.delete(handle, sub: sub, on: loop), on: loop).map {
-            self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason.rawValue, session: String(handle.key.prefix(12))), on: loop)
+            self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason.rawValue, session: String(handle.key.prefix(12))))
             self.publish(.session(handle), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(ofSession: handle.key))
         }

@@ -79,8 +79,7 @@ enum AuthResponses {
     /// `rd` is the canonical target (as forwarded), never the raw one: `//evil.example/x` is
     /// routed as `/evil.example/x` and comes back as such.
     static func linkRequired(_ request: GuardRequest, linkURL: String) -> LocalResponse {
-        let head = request.head
-        if wantsHTML(head), head.method == .GET || head.method == .HEAD {
+        if request.method == .GET || request.method == .HEAD, wantsHTML(request) {
             let target = linkURL + (linkURL.contains("?") ? "&" : "?") + "rd=" + FormBody.escape(request.target.forwarded)
             return redirect(.found, to: target)
         }

@@ -17,8 +17,11 @@ struct BoundedStore: Sendable {
     func saveProfile(_ profile: UserProfile) async throws { try await bounded(core.store.saveProfile(profile, on: loop)) }
     func putLogin(state: String, _ login: LoginState, ttl: Int64) async throws { try await bounded(core.store.putLogin(state: state, login, ttl: ttl, on: loop)) }
     func takeLogin(state: String) async throws -> LoginState? { try await bounded(core.store.takeLogin(state: state, on: loop)) }
+    func putNonce(_ hash: String, clientID: String, ttl: Int64) async throws { try await bounded(core.store.putNonce(hash, clientID: clientID, ttl: ttl, on: loop)) }
+    func takeNonce(_ hash: String) async throws -> String? { try await bounded(core.store.takeNonce(hash, on: loop)) }
     func claim(_ claim: Claim, ttl: Int64) async throws -> Bool { try await bounded(core.store.claim(claim, ttl: ttl, on: loop)) }
     func release(_ claim: Claim) async throws { try await bounded(core.store.release(claim, on: loop)) }
     func link(_ sub: String, to account: String) async throws -> LinkResult { try await bounded(core.store.link(sub, to: account, on: loop)) }
     func unlink(_ sub: String) async throws -> String? { try await bounded(core.store.unlink(sub, on: loop)) }
+    func account(linkedTo sub: String) async throws -> String? { try await bounded(core.store.account(linkedTo: sub, on: loop)) }
 }

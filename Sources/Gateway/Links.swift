@@ -30,8 +30,7 @@ extension AuthEndpointGuard {
                 auth.invalidateUser(sub, on: loop)
                 return AuthResponses.json(.ok, ["sub": sub, "unlinked": was as Any? ?? NSNull()])
             }
-            guard let account = object["account"] as? String, !account.isEmpty, account.utf8.count <= Self.maximumAccountLength,
-                  HTTPWire.isSafeValue(account), account.trimmingCharacters(in: .whitespaces) == account else {
+            guard let account = object["account"] as? String, Self.isAccountID(account) else {
                 return AuthResponses.json(.badRequest, ["error": "invalid_request",
                                                         "message": "account must be a non-empty string of at most \(Self.maximumAccountLength) bytes, without control characters or surrounding spaces"])
             }
@@ -46,6 +45,13 @@ extension AuthEndpointGuard {
         } catch {
             return AuthResponses.json(.serviceUnavailable, ["error": "store_unavailable", "message": "the session store did not answer; retry"])
         }
+    }
+
+    /// An account id the gateway will put in a header: non-empty, bounded, no control characters,
+    /// no surrounding spaces (from the links API and from a lookup alike).
+    static func isAccountID(_ account: String) -> Bool {
+        !account.isEmpty && account.utf8.count <= maximumAccountLength && HTTPWire.isSafeValue(account)
+            && account.trimmingCharacters(in: .whitespaces) == account
     }
 
     /// `Authorization: Bearer <secret>`, compared by digest (constant time in the secret).

@@ -77,6 +77,15 @@ struct MeasuredSessionStore: SessionStore {
     func jobs(on eventLoop: any EventLoop) -> EventLoopFuture<[OutboxJob]> {
         timed("jobs", base.jobs(on: eventLoop))
     }
+    func putNonce(_ hash: String, clientID: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("put_nonce", base.putNonce(hash, clientID: clientID, ttl: ttl, on: eventLoop))
+    }
+    func takeNonce(_ hash: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        timed("take_nonce", base.takeNonce(hash, on: eventLoop))
+    }
+    func job(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<OutboxJob?> {
+        timed("job", base.job(id: id, on: eventLoop))
+    }
     func removeJob(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         timed("remove_job", base.removeJob(id: id, on: eventLoop))
     }

@@ -31,15 +31,12 @@ extension AuthEndpointGuard {
         }
         let nonce = Self.randomToken()
         do {
-            try await auth.store(on: loop).putLogin(state: Self.nonceState(nonce), LoginState(nonce: nonce, returnTo: "", binding: clientID ?? ""), ttl: Self.nonceLifetime)
+            try await auth.store(on: loop).putNonce(sha256Hex(nonce), clientID: clientID ?? "", ttl: Self.nonceLifetime)
         } catch {
             return SignInFailure.storeUnavailable.json
         }
         return AuthResponses.json(.ok, ["nonce": nonce, "nonce_sha256": sha256Hex(nonce), "expires_at": Self.iso8601(auth.now() + Self.nonceLifetime)])
     }
-
-    /// The store key of an issued native nonce (beside the web logins: single use, expiring).
-    static func nonceState(_ nonce: String) -> String { "native-nonce:" + sha256Hex(nonce) }
 
     /// `{identity_token, authorization_code, nonce?, user?}` → `{token, expires_at, user}`.
     func native(body: ByteBuffer, head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
@@ -93,9 +90,9 @@ extension AuthEndpointGuard {
             claim = nil
         }
         if auth.nativeNonceRequired {
-            let issued = try await storeCall { try await auth.store(on: loop).takeLogin(state: Self.nonceState(nonce)) }
-            guard let issued, issued.nonce == nonce else { throw SignInFailure.nonce("the nonce was not issued here, or was already used or expired") }
-            guard issued.binding.isEmpty || issued.binding == token.audience else { throw SignInFailure.nonce("the nonce was issued for another app") }
+            let boundTo = try await storeCall { try await auth.store(on: loop).takeNonce(sha256Hex(nonce)) }
+            guard let boundTo else { throw SignInFailure.nonce("the nonce was not issued here, or was already used or expired") }
+            guard boundTo.isEmpty || boundTo == token.audience else { throw SignInFailure.nonce("the nonce was issued for another app") }
         }
         return claim
     }

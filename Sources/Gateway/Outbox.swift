@@ -102,7 +102,7 @@ final class Outbox: Sendable {
         guard (try? await store.claim(.job(id: job.id), ttl: attemptTTL, on: loop).get()) == true else { return false }
         defer { store.release(.job(id: job.id), on: loop).whenFailure { _ in } }
         // Another instance may have finished it between our read and our claim.
-        guard let current = try? await store.jobs(on: loop).get().first(where: { $0.id == job.id }), current.attempts == job.attempts else { return false }
+        guard let current = try? await store.job(id: job.id, on: loop).get(), current.attempts == job.attempts else { return false }
         switch await runner(job, loop) {
         case .done:
             metrics.recordOutboxAttempt(kind: job.kind, result: "done")

@@ -42,10 +42,9 @@ extension AuthEndpointGuard {
     func lookUpLink(_ identity: AppleIdentity, on loop: any EventLoop) async {
         guard let lookup = auth.core.linkLookup, LinkLookup.mayLookUp(identity) else { return }
         do {
-            guard try await auth.withDeadline(auth.store.account(linkedTo: identity.subject, on: loop), on: loop).get() == nil,
+            guard try await auth.store(on: loop).account(linkedTo: identity.subject) == nil,
                   let account = await lookup.account(for: identity) else { return }
-            guard !account.isEmpty, account.utf8.count <= Self.maximumAccountLength, HTTPWire.isSafeValue(account),
-                  account.trimmingCharacters(in: .whitespaces) == account else {
+            guard Self.isAccountID(account) else {
                 auth.logger.warning("link lookup: the app answered an account id that cannot be a header value; no link made")
                 return
             }

@@ -45,9 +45,11 @@ extension AuthEndpointGuard {
         let clearLogin = auth.clearCookie(auth.loginCookieName, sameSiteNone: true)
         var returnTo = "/"
         do {
-            let login: LoginState
-            (login, returnTo) = try await takeLogin(form: body, head: head, on: loop)
-            let form = FormBody.parse(Array(body.readableBytesView)) ?? [:]
+            guard let form = FormBody.parse(Array(body.readableBytesView)), let state = form["state"], !state.isEmpty else {
+                throw SignInFailure.malformed("The response from Apple was incomplete.")
+            }
+            let login = try await takeLogin(state: state, head: head, on: loop)
+            returnTo = login.returnTo
             if let error = form["error"] {
                 guard error != "user_cancelled_authorize" else {
                     auth.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.cancelled.rawValue)
@@ -82,17 +84,12 @@ extension AuthEndpointGuard {
     }
 
     /// The login this callback completes: its state taken (single use) and its pre-auth cookie
-    /// matched. Answers the login and where to start again.
-    private func takeLogin(form body: ByteBuffer, head: HTTPRequestHead, on loop: any EventLoop) async throws -> (LoginState, String) {
-        // A web state is a random base64url token: anything else (an issued native nonce's
-        // key, `native-nonce:…`) is not a web login and is never taken here.
-        guard let form = FormBody.parse(Array(body.readableBytesView)), let state = form["state"], !state.isEmpty, !state.contains(":") else {
-            throw SignInFailure.malformed("The response from Apple was incomplete.")
-        }
+    /// matched.
+    private func takeLogin(state: String, head: HTTPRequestHead, on loop: any EventLoop) async throws -> LoginState {
         guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) else { throw SignInFailure.loginNotStarted }
         let login = try await storeCall { try await auth.store(on: loop).takeLogin(state: state) }
         guard let login, IdentityTokenVerifier.constantTimeEqual(login.binding, sha256Hex(binding)) else { throw SignInFailure.loginExpired }
-        return (login, login.returnTo)
+        return login
     }
 
     /// Runs a store call; its failure is the sign-in's `storeUnavailable`.

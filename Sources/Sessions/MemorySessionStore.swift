@@ -17,6 +17,7 @@ public final class MemorySessionStore: SessionStore {
         var revoked: [String: (at: Int64, expiresAt: Int64)] = [:]
         var userTokens: [String: [String: String]] = [:]
         var jobs: [String: OutboxJob] = [:]
+        var nonces: [String: (clientID: String, expiresAt: Int64)] = [:]
         var links: [String: String] = [:]  // sub → account
         var accounts: [String: String] = [:]  // account → sub
         var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
@@ -34,6 +35,7 @@ public final class MemorySessionStore: SessionStore {
             claims = claims.filter { $0.value > now }
             validations = validations.filter { $0.value.expiresAt > now }
             revoked = revoked.filter { $0.value.expiresAt > now }
+            nonces = nonces.filter { $0.value.expiresAt > now }
         }
 
         mutating func wrote(now: Int64) {
@@ -177,6 +179,24 @@ public final class MemorySessionStore: SessionStore {
 
     public func jobs(on eventLoop: any EventLoop) -> EventLoopFuture<[OutboxJob]> {
         eventLoop.makeSucceededFuture(state.withLockedValue { Array($0.jobs.values) })
+    }
+
+    public func putNonce(_ hash: String, clientID: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            s.nonces[hash] = (clientID, t + ttl)
+            s.wrote(now: t)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func takeNonce(_ hash: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in s.nonces.removeValue(forKey: hash).flatMap { $0.expiresAt > t ? $0.clientID : nil } })
+    }
+
+    public func job(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<OutboxJob?> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { $0.jobs[id] })
     }
 
     public func removeJob(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

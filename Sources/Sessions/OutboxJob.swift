@@ -65,7 +65,11 @@ public struct AppleRevocation: Sendable, Equatable {
     }
 
     /// The job's id: one per stored token (queued twice, it is revoked once).
-    public var jobID: String { "revoke-" + sha256Hex(sealedToken).prefix(32) }
+    public var jobID: String { Self.jobID(naming: sealedToken) }
+
+    /// `revoke-` and 32 hex digits of SHA-256 of `value` (the sealed token, or — when the queuer
+    /// can open it — the token itself, so that one token sealed twice is queued once).
+    static func jobID(naming value: String) -> String { "revoke-" + sha256Hex(value).prefix(32) }
 }
 
 extension SessionStore {
@@ -84,7 +88,7 @@ extension SessionStore {
         var ids: [String] = []
         for r in revocations {
             var id = r.jobID
-            if let keys, let token = keys.open(r.sealedToken, context: r.context) { id = "revoke-" + sha256Hex(token).prefix(32) }
+            if let keys, let token = keys.open(r.sealedToken, context: r.context) { id = AppleRevocation.jobID(naming: token) }
             guard !ids.contains(id) else { continue }
             ids.append(id)
             try await putJob(OutboxJob(id: id, kind: .appleRevoke, payload: r.payload, nextAttempt: t, created: t), on: loop).get()

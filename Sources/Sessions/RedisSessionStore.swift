@@ -9,6 +9,7 @@ import Redis
 /// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms); expires after the absolute session timeout
 /// - `sg:user:{sub}:tokens` hash — the user's latest refresh token per client id (sealed)
 /// - `sg:outbox` hash — jobs that must be done at least once (revocations at Apple, events)
+/// - `sg:nonce:{hash}` string — an issued native nonce's client id; 10 minutes, taken once (GETDEL)
 /// - `sg:link:{sub}` string — the legacy account linked to the user; `sg:account:{id}` the reverse
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
 /// - `sg:notification:{jti}` string — a notification already processed (a week)
@@ -31,6 +32,7 @@ public final class RedisSessionStore: SessionStore {
     func loginKey(_ state: String) -> String { "\(prefix)login:{\(state)}" }
     func userTokensKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}:tokens" }
     var outboxKey: String { "\(prefix)outbox" }
+    func nonceKey(_ hash: String) -> String { "\(prefix)nonce:{\(hash)}" }
     func linkKey(_ sub: String) -> String { "\(prefix)link:{\(sub)}" }
     func accountKey(_ account: String) -> String { "\(prefix)account:{\(account)}" }
 
@@ -258,6 +260,18 @@ public final class RedisSessionStore: SessionStore {
         send(["HVALS", .string(outboxKey)], on: loop).map { reply in
             (reply.arrayValue ?? []).compactMap { $0.string.flatMap(OutboxJob.decode) }
         }
+    }
+
+    public func putNonce(_ hash: String, clientID: String, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["SET", .string(nonceKey(hash)), .string(clientID), "PX", RedisArgument(max(ttl, 1))], on: loop).map { _ in }
+    }
+
+    public func takeNonce(_ hash: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
+        send(["GETDEL", .string(nonceKey(hash))], on: loop).map { $0.string }
+    }
+
+    public func job(id: String, on loop: any EventLoop) -> EventLoopFuture<OutboxJob?> {
+        send(["HGET", .string(outboxKey), .string(id)], on: loop).map { $0.string.flatMap(OutboxJob.decode) }
     }
 
     public func removeJob(id: String, on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -183,6 +183,8 @@ public protocol SessionStore: Sendable {
     func putJob(_ job: OutboxJob, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Every job of the outbox (it is small: failures waiting for a retry).
     func jobs(on eventLoop: any EventLoop) -> EventLoopFuture<[OutboxJob]>
+    /// One job of the outbox, if still there.
+    func job(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<OutboxJob?>
     /// Removes a job once done (or given up).
     func removeJob(id: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Merges fields into the user's profile (creating it).
@@ -193,6 +195,11 @@ public protocol SessionStore: Sendable {
     func putLogin(state: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// Takes a login out: the second call for the same state answers nil.
     func takeLogin(state: String, on eventLoop: any EventLoop) -> EventLoopFuture<LoginState?>
+    /// Keeps an issued native nonce (`nonce:{hash}`, its SHA-256) for `ttl` milliseconds, with
+    /// the client id it is bound to ("" for none).
+    func putNonce(_ hash: String, clientID: String, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Takes an issued nonce out (single use): its client id, or nil when unknown, used or expired.
+    func takeNonce(_ hash: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// Takes `claim` for `ttl` milliseconds; true only for the one caller that gets it,
     /// fleet-wide (Redis `SET NX PX`).
     func claim(_ claim: Claim, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Bool>

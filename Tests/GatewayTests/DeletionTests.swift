@@ -75,6 +75,22 @@ struct DeletionTests {
         #expect(try await h.service.authenticator.store.jobs(on: outbox.loop).get().isEmpty)
     }
 
+    @Test("a queued revocation this gateway's key cannot open is dropped, not retried forever")
+    func unopenableRevocationDropped() async throws {
+        let h = try await SignInHarness.start(store: .memory)
+        defer { Task { await h.stop() } }
+        let outbox = h.service.authenticator.core.outbox
+        outbox.stop()
+        let store = h.service.authenticator.store
+        let foreign = AppleRevocation(clientID: SignInHarness.webClient, context: SessionKeys.userContext("001.x"), sealedToken: "c2VhbGVkLWVsc2V3aGVyZQ")
+        let t = h.clock.now()
+        try await store.putJob(OutboxJob(id: foreign.jobID, kind: .appleRevoke, payload: foreign.payload, nextAttempt: t, created: t), on: outbox.loop).get()
+        let revokes = h.simulator.requestCount("/auth/revoke")
+        #expect(await outbox.runDue().isEmpty, "not done")
+        #expect(try await store.jobs(on: outbox.loop).get().isEmpty, "dropped")
+        #expect(h.simulator.requestCount("/auth/revoke") == revokes, "Apple was not called")
+    }
+
     @Test("a consent-revoked delivered after the user signed in again ends only the sessions from before it")
     func lateNotification() async throws {
         let h = try await SignInHarness.start(store: .redis)

@@ -172,6 +172,19 @@ struct SessionStoreContractTests {
     }
 
     @Test(arguments: StoreKind.allCases)
+    func noncesAreSingleUseAndExpire(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        try await f.store.putNonce("h1", clientID: "com.example.app", ttl: 60_000, on: f.loop).get()
+        try await f.store.putNonce("h2", clientID: "", ttl: 60_000, on: f.loop).get()
+        #expect(try await f.store.takeNonce("h1", on: f.loop).get() == "com.example.app")
+        #expect(try await f.store.takeNonce("h1", on: f.loop).get() == nil, "single use")
+        #expect(try await f.store.takeNonce("h2", on: f.loop).get() == "", "unbound")
+        #expect(try await f.store.takeNonce("h3", on: f.loop).get() == nil)
+        #expect(try await f.store.takeLogin(state: "h2", on: f.loop).get() == nil, "nonces and web logins never meet")
+    }
+
+    @Test(arguments: StoreKind.allCases)
     func links(kind: StoreKind) async throws {
         let f = try StoreFixture.make(kind)
         defer { Task { await f.close() } }
@@ -209,6 +222,8 @@ struct SessionStoreContractTests {
         try await f.store.putJob(b, on: f.loop).get()
         #expect(Set(try await f.store.jobs(on: f.loop).get().map(\.id)) == ["a", "b"])
         #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "b" } == b, "the payload comes back whole, spaces included")
+        #expect(try await f.store.job(id: "b", on: f.loop).get() == b)
+        #expect(try await f.store.job(id: "nope", on: f.loop).get() == nil)
         var retried = a
         retried.attempts = 1
         retried.nextAttempt = now + 5000
