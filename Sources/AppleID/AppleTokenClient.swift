@@ -37,6 +37,19 @@ public enum AppleRevokeOutcome: Sendable, Equatable {
     case transient(reason: String)
 }
 
+/// What `/auth/usermigrationinfo` answered (apple-sign-in.md §9.2).
+public enum AppleMigrationOutcome: Sendable, Equatable {
+    /// The sending team's answer: the user's transfer id for the target team.
+    case transferSubject(String)
+    /// The recipient's answer: the user's `sub` here, and the new relay address for relay users.
+    case subject(sub: String, email: String?, privateEmail: Bool)
+    /// `invalid_request` for this user: unknown, consent revoked, or outside the transfer period.
+    case refused(reason: String)
+    /// Our credentials were refused (`invalid_client`): no other user will fare better.
+    case clientMisconfigured(error: String)
+    case transient(reason: String, retryAfter: Int? = nil)
+}
+
 /// The relying party's client of `/auth/token` and `/auth/revoke`: form-encoded,
 /// `client_secret_post`, a User-Agent and a timeout, on the gateway's event loops.
 public struct AppleTokenClient: Sendable {
@@ -81,6 +94,52 @@ public struct AppleTokenClient: Sendable {
                     ? .clientMisconfigured(error: error) : .transient(reason: "revoke: \(error)")
             }
             return .transient(reason: "revoke: status \(status)")
+        }
+    }
+
+    /// An access token for `/auth/usermigrationinfo` (`client_credentials`, scope `user.migration`).
+    public func migrationAccessToken(clientID: String) async -> AppleTokenOutcome {
+        await token([("client_id", clientID), ("client_secret", secrets.secret(for: clientID)),
+                     ("grant_type", "client_credentials"), ("scope", "user.migration")], isRefresh: false)
+    }
+
+    /// The sending team: `sub`'s transfer id for team `target`.
+    public func transferSubject(of sub: String, target: String, clientID: String, accessToken: String) async -> AppleMigrationOutcome {
+        await migration([("sub", sub), ("target", target), ("client_id", clientID), ("client_secret", secrets.secret(for: clientID))], accessToken: accessToken)
+    }
+
+    /// The recipient team: the `sub` (and relay address) a transfer id stands for here.
+    public func exchange(transferSubject: String, clientID: String, accessToken: String) async -> AppleMigrationOutcome {
+        await migration([("transfer_sub", transferSubject), ("client_id", clientID), ("client_secret", secrets.secret(for: clientID))], accessToken: accessToken)
+    }
+
+    private func migration(_ fields: [(String, String)], accessToken: String) async -> AppleMigrationOutcome {
+        switch await post("/auth/usermigrationinfo", fields, headers: [("authorization", "Bearer \(accessToken)")]) {
+        case .failure(let failure): return .transient(reason: failure.reason)
+        case .success(let (status, body, retryAfter)): return Self.classifyMigration(status: status, body: body, retryAfter: retryAfter)
+        }
+    }
+
+    static func classifyMigration(status: Int, body: [UInt8], retryAfter: String? = nil) -> AppleMigrationOutcome {
+        if status == 200 {
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] else {
+                return .transient(reason: "usermigrationinfo: 200 without JSON")
+            }
+            if let id = object["transfer_sub"] as? String, !id.isEmpty { return .transferSubject(id) }
+            if let sub = object["sub"] as? String, !sub.isEmpty {
+                // A JSON boolean here (§9.2), but tolerate the string form as elsewhere (§12).
+                let privateEmail = (object["is_private_email"] as? Bool) ?? ((object["is_private_email"] as? String) == "true")
+                return .subject(sub: sub, email: object["email"] as? String, privateEmail: privateEmail)
+            }
+            return .transient(reason: "usermigrationinfo: 200 without transfer_sub or sub")
+        }
+        if status == 429 || status >= 500 {
+            return .transient(reason: "usermigrationinfo: status \(status)", retryAfter: retryAfter.flatMap { Self.retryAfterSeconds($0, now: Date()) })
+        }
+        switch status == 400 ? errorCode(body) : nil {
+        case "invalid_request": return .refused(reason: "invalid_request")
+        case "invalid_client", "unauthorized_client", "invalid_grant", "invalid_scope": return .clientMisconfigured(error: errorCode(body) ?? "invalid_client")
+        default: return .transient(reason: "usermigrationinfo: status \(status)")
         }
     }
 
@@ -139,8 +198,9 @@ public struct AppleTokenClient: Sendable {
         return seconds > 0 ? min(seconds, 7 * 86_400) : nil
     }
 
-    private func post(_ path: String, _ fields: [(String, String)]) async -> Result<(Int, [UInt8], String?), TransportFailure> {
+    private func post(_ path: String, _ fields: [(String, String)], headers: [(String, String)] = []) async -> Result<(Int, [UInt8], String?), TransportFailure> {
         var request = HTTPClientRequest(url: baseURL + path)
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
         request.method = .POST
         request.headers.add(name: "content-type", value: "application/x-www-form-urlencoded")
         request.headers.add(name: "accept", value: "application/json")

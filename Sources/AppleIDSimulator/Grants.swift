@@ -38,11 +38,17 @@ struct Grants {
     var codes: [String: Code] = [:]
     var refreshTokens: [String: RefreshToken] = [:]
     var accessTokens: [String: String] = [:]  // token → sub ("" for client-credentials tokens)
-    /// An app transfer to another team: target team id and the day it completed.
-    var transfer: (team: String, date: Int64)? = nil
-    /// Team-A sub → transfer id, and transfer id → the user's team-B sub, once asked for.
-    var transferIDs: [String: String] = [:]
-    var transferredSubjects: [String: String] = [:]
+
+    /// The user consents to the team's apps: authorized, or holding a live refresh token.
+    func consents(_ sub: String) -> Bool {
+        guard let user = users[sub] else { return false }
+        return user.authorized || refreshTokens.values.contains { $0.sub == sub && !$0.revoked }
+    }
+
+    /// The user's private relay address at this team.
+    static func relayAddress(for sub: String) -> String {
+        "\(sub.prefix(10).replacingOccurrences(of: ".", with: ""))@privaterelay.appleid.com"
+    }
 
     /// Apple's observed token shape: a prefix letter, 32 hex digits, `.0.`, 4 lower-case
     /// letters, `.`, 22 base64url characters (apple-sign-in.md §0). Opaque to the gateway.

@@ -15,7 +15,7 @@ extension SimulatedAppleID {
     @discardableResult
     public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2, firstName: String = "Jane", lastName: String = "Appleseed") -> String {
         let sub = Grants.subject()
-        let address = email ?? (privateEmail ? "\(sub.prefix(10).replacingOccurrences(of: ".", with: ""))@privaterelay.appleid.com" : "user@example.org")
+        let address = email ?? (privateEmail ? Grants.relayAddress(for: sub) : "user@example.org")
         grants.withLockedValue {
             $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, realUserStatus: realUserStatus, firstName: firstName, lastName: lastName)
         }

@@ -99,13 +99,17 @@ public final class SimulatedAppleID: Sendable {
     /// Where `/sim/notify` sends notifications when the request names no URL.
     public let notificationURL: String?
     let counters = NIOLockedValueBox<[String: Int]>([:])
+    /// App transfers, shared with the simulators of the other teams (`TransferLedger`).
+    public let ledger: TransferLedger
     private let server: SimpleHTTPServer
 
     /// The origin to use as `apple.base_url`, e.g. `http://127.0.0.1:41234`.
     public let baseURL: String
 
     private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String, clock: @escaping @Sendable () -> Int64,
-                 notifier: HTTPClient, notificationURL: String?) {
+                 notifier: HTTPClient, notificationURL: String?, ledger: TransferLedger) {
+        self.ledger = ledger
+        ledger.state.withLockedValue { _ = $0.teams.insert(team.teamID) }
         self.notifier = notifier
         self.notificationURL = notificationURL
         self.team = team
@@ -120,7 +124,7 @@ public final class SimulatedAppleID: Sendable {
     public static func start(
         team: Team, host: String = "127.0.0.1", port: Int = 0, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) },
-        notificationURL: String? = nil
+        notificationURL: String? = nil, ledger: TransferLedger = TransferLedger()
     ) async throws -> SimulatedAppleID {
         let keys = try SigningKeys()
         let box = ResponderBox()
@@ -130,7 +134,7 @@ public final class SimulatedAppleID: Sendable {
         let bound = server.localAddress?.port ?? port
         let simulator = SimulatedAppleID(
             team: team, signingKeys: keys, server: server, baseURL: "http://\(host.contains(":") ? "[\(host)]" : host):\(bound)", clock: clock,
-            notifier: HTTPClient(eventLoopGroupProvider: .shared(group)), notificationURL: notificationURL)
+            notifier: HTTPClient(eventLoopGroupProvider: .shared(group)), notificationURL: notificationURL, ledger: ledger)
         box.simulator = simulator
         return simulator
     }

@@ -18,9 +18,9 @@ final class TestClock: Sendable {
 
 struct TeamFixture {
     let key = P256.Signing.PrivateKey()
-    let teamID = "DEF123GHIJ"
+    var teamID = "DEF123GHIJ"
     let keyID = "ABC123DEFG"
-    let clock = TestClock()
+    var clock = TestClock()
 
     func minter(lifetime: Int64 = 86_400) throws -> ClientSecretMinter {
         let clock = self.clock

@@ -75,38 +75,80 @@ struct SimulatorContractTests {
         }
     }
 
-    @Test("user migration: transfer ids within 60 days, transfer_sub in tokens, the new sub for the receiving team")
+    @Test("user migration between two teams: transfer ids before and within 60 days, transfer_sub in the recipient's tokens, every refusal")
     func migration() async throws {
         try await TokenFixture.with { f in
+            // Team B: its own key and simulator, the same app, one ledger with team A.
+            var teamB = TeamFixture()
+            teamB.teamID = "TEAMB12345"
+            teamB.clock = f.clock
+            let clock = f.clock
+            let b = try await SimulatedAppleID.start(
+                team: .init(teamID: teamB.teamID, keys: [teamB.keyID: teamB.key.publicKey], clients: [TokenFixture.web: [TokenFixture.returnURL]]),
+                clock: { clock.now }, ledger: f.simulator.ledger)
+            defer { Task { await b.stop() } }
+            let bTokens = AppleTokenClient(baseURL: b.baseURL, httpClient: f.client, secrets: try teamB.minter(), logger: Logger(label: "b"))
+
             let refresh = try await f.refreshToken()
             let sub = f.simulator.grants.withLockedValue { $0.refreshTokens[refresh]!.sub }
-            let (_, credentials) = try await f.post("/auth/token", "client_id=\(TokenFixture.web)&client_secret=\(try f.secret())&grant_type=client_credentials&scope=user.migration")
-            let access = try #require(credentials["access_token"] as? String)
+            let revoked = f.simulator.createUser()
+            guard case .success(let credentials) = await f.tokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("client_credentials"); return }
+            let access = credentials.accessToken
             let bearer = [("authorization", "Bearer \(access)")]
             let ask = "client_id=\(TokenFixture.web)&client_secret=\(try f.secret())&sub=\(sub)&target=TEAMB12345"
 
-            #expect(try await f.post("/auth/usermigrationinfo", ask, headers: bearer).1["error"] as? String == "invalid_request", "no transfer yet")
-            f.simulator.completeTransfer(toTeam: "TEAMB12345")
-            #expect(try await f.post("/auth/usermigrationinfo", ask, headers: []).1["error"] as? String == "invalid_request", "a bearer token is required")
-            #expect(try await f.post("/auth/usermigrationinfo", ask.replacingOccurrences(of: "TEAMB12345", with: "TEAMC12345"), headers: bearer).1["error"] as? String == "invalid_request")
-            let transferSub = try #require(try await f.post("/auth/usermigrationinfo", ask, headers: bearer).1["transfer_sub"] as? String)
+            // Before the transfer: the sending team prepares transfer ids (TN3159).
+            guard case .transferSubject(let transferSub) = await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) else {
+                Issue.record("a transfer id before the transfer"); return
+            }
+            #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) == .transferSubject(transferSub), "stable")
+            let refusals: [(String, String, [(String, String)], String)] = [
+                ("no bearer token", ask, [], "invalid_request"),
+                ("another team's bearer token", ask, [("authorization", "Bearer a-not-ours")], "invalid_request"),
+                ("an unknown target team", ask.replacingOccurrences(of: "TEAMB12345", with: "TEAMC12345"), bearer, "invalid_request"),
+                ("our own team as target", ask.replacingOccurrences(of: "TEAMB12345", with: f.team.teamID), bearer, "invalid_request"),
+                ("a user who never consented", ask.replacingOccurrences(of: sub, with: revoked), bearer, "invalid_request"),
+                ("a bad client secret", "client_id=\(TokenFixture.web)&client_secret=bad&sub=\(sub)&target=TEAMB12345", bearer, "invalid_client"),
+                ("both forms at once", ask + "&transfer_sub=\(transferSub)", bearer, "invalid_request"),
+            ]
+            for (name, form, headers, error) in refusals {
+                let (status, json) = try await f.post("/auth/usermigrationinfo", form, headers: headers)
+                #expect(status == 400 && json["error"] as? String == error, "\(name): \(json)")
+            }
+            guard case .success(let bAccess) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("B's client_credentials"); return }
+            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
+                    "the recipient cannot exchange before the transfer")
 
-            let code = f.simulator.issueCode(sub: sub, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL, nonce: nil)
-            guard case .success(let tokens) = await f.tokens.exchange(code: code, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL) else { Issue.record("exchange"); return }
-            let clock = f.clock
-            let verifier = IdentityTokenVerifier(keySet: f.keySet, clientIDs: [TokenFixture.web], now: { clock.now })
-            #expect(try await verifier.verify(try #require(tokens.idToken), expectedNonce: nil).transferSubject == transferSub)
+            SimulatedAppleID.transfer(from: f.simulator, to: b)
+            #expect(await f.tokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: access) == .refused(reason: "invalid_request"),
+                    "the sending team cannot exchange: the id is for team B")
+            guard case .subject(let newSub, let email, let privateEmail) = await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) else {
+                Issue.record("the exchange"); return
+            }
+            #expect(newSub != sub && privateEmail && email?.hasSuffix("@privaterelay.appleid.com") == true)
+            #expect(email != f.simulator.grants.withLockedValue { $0.users[sub]?.email }, "a new relay address at the new team")
 
-            let (_, receiving) = try await f.post("/auth/usermigrationinfo", "client_id=\(TokenFixture.web)&client_secret=\(try f.secret())&transfer_sub=\(transferSub)", headers: bearer)
-            let newSub = try #require(receiving["sub"] as? String)
-            #expect(newSub != sub)
-            #expect((receiving["email"] as? String)?.hasSuffix("@privaterelay.appleid.com") == true)
-            #expect(receiving["is_private_email"] as? Bool == true)
+            // The user signs in at team B: the token carries the new sub and the transfer id.
+            let code = b.issueCode(sub: newSub, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL, nonce: nil)
+            guard case .success(let tokens) = await bTokens.exchange(code: code, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL) else { Issue.record("exchange at B"); return }
+            let bKeys = AppleKeySet(baseURL: b.baseURL, httpClient: f.client, logger: Logger(label: "b"))
+            let verifier = IdentityTokenVerifier(keySet: bKeys, clientIDs: [TokenFixture.web], now: { clock.now })
+            let identity = try await verifier.verify(try #require(tokens.idToken), expectedNonce: nil)
+            #expect(identity.subject == newSub && identity.transferSubject == transferSub)
+
+            // A user who revokes at B before the exchange: invalid_request (TN3107).
+            let other = f.simulator.createUser()
+            _ = f.simulator.grants.withLockedValue { $0.users[other]?.authorized = true }
+            guard case .transferSubject(let otherID) = await f.tokens.transferSubject(of: other, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) else {
+                Issue.record("no transfer id: consent came with the transfer? \(other)"); return
+            }
+            #expect(await bTokens.exchange(transferSubject: otherID, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
+                    "a user who consented only after the transfer did not move")
 
             f.clock.advance(60 * 86_400)
-            let later = "client_id=\(TokenFixture.web)&client_secret=\(try f.secret())&sub=\(sub)&target=TEAMB12345"
-            #expect(try await f.post("/auth/usermigrationinfo", later, headers: bearer).1["error"] as? String == "invalid_request", "the window has closed")
-            #expect(f.simulator.activeTransferID(for: sub, now: f.clock.now) == nil, "no more transfer_sub in tokens")
+            #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) == .refused(reason: "invalid_request"), "the window has closed")
+            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"))
+            #expect(b.activeTransferID(for: newSub, now: f.clock.now) == nil, "no more transfer_sub in tokens")
         }
     }
 }
