@@ -71,6 +71,18 @@ struct MeasuredSessionStore: SessionStore {
     func account(linkedTo sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
         timed("account", base.account(linkedTo: sub, on: eventLoop))
     }
+    func users(on eventLoop: any EventLoop) -> EventLoopFuture<[String]> {
+        timed("users", base.users(on: eventLoop))
+    }
+    func putTransfer(_ record: TransferRecord, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        timed("put_transfer", base.putTransfer(record, on: eventLoop))
+    }
+    func transfer(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<TransferRecord?> {
+        timed("transfer", base.transfer(id, on: eventLoop))
+    }
+    func transfers(on eventLoop: any EventLoop) -> EventLoopFuture<[TransferRecord]> {
+        timed("transfers", base.transfers(on: eventLoop))
+    }
     func putJob(_ job: OutboxJob, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         timed("put_job", base.putJob(job, on: eventLoop))
     }

@@ -20,6 +20,7 @@ public final class MemorySessionStore: SessionStore {
         var nonces: [String: (clientID: String, expiresAt: Int64)] = [:]
         var links: [String: String] = [:]  // sub → account
         var accounts: [String: String] = [:]  // account → sub
+        var transfers: [String: (record: TransferRecord, expiresAt: Int64)] = [:]
         var logins: [String: (login: LoginState, expiresAt: Int64)] = [:]
         var claims: [String: Int64] = [:]
         var validations: [String: (record: ValidationRecord, expiresAt: Int64)] = [:]
@@ -213,6 +214,29 @@ public final class MemorySessionStore: SessionStore {
 
     public func profile(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<UserProfile?> {
         eventLoop.makeSucceededFuture(state.withLockedValue { $0.users[sub] })
+    }
+
+    public func users(on eventLoop: any EventLoop) -> EventLoopFuture<[String]> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { Array($0.users.keys) })
+    }
+
+    public func putTransfer(_ record: TransferRecord, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            let current = s.transfers[record.id].flatMap { $0.expiresAt > t ? $0.record : nil } ?? TransferRecord(id: record.id)
+            s.transfers[record.id] = (current.merged(with: record), t + TransferRecord.lifetime)
+        }
+        return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func transfer(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<TransferRecord?> {
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in s.transfers[id].flatMap { $0.expiresAt > t ? $0.record : nil } })
+    }
+
+    public func transfers(on eventLoop: any EventLoop) -> EventLoopFuture<[TransferRecord]> {
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in s.transfers.values.filter { $0.expiresAt > t }.map(\.record) })
     }
 
     public func putLogin(state key: String, _ login: LoginState, ttl: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

@@ -35,6 +35,7 @@ public final class RedisSessionStore: SessionStore {
     func nonceKey(_ hash: String) -> String { "\(prefix)nonce:{\(hash)}" }
     func linkKey(_ sub: String) -> String { "\(prefix)link:{\(sub)}" }
     func accountKey(_ account: String) -> String { "\(prefix)account:{\(account)}" }
+    func transferKey(_ id: String) -> String { "\(prefix)transfer:{\(id)}" }
 
     private func send(_ args: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
         redis.send(args, on: loop).flatMapErrorThrowing { error in
@@ -291,6 +292,48 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
+    /// Every key matching `pattern` (SCAN: no blocking `KEYS` on a live fleet's Redis).
+    func scan(_ pattern: String, cursor: String = "0", found: [String] = [], on loop: any EventLoop) -> EventLoopFuture<[String]> {
+        send(["SCAN", .string(cursor), "MATCH", .string(pattern), "COUNT", "1000"], on: loop).flatMap { reply in
+            guard let parts = reply.arrayValue, parts.count == 2, let next = parts[0].string, let keys = parts[1].arrayValue else {
+                return loop.makeFailedFuture(SessionStoreError("unexpected reply to SCAN"))
+            }
+            let all = found + keys.compactMap(\.string)
+            return next == "0" ? loop.makeSucceededFuture(all) : self.scan(pattern, cursor: next, found: all, on: loop)
+        }
+    }
+
+    /// The part of `key` between `{` and `}` when the key is exactly `<prefix><kind>:{…}`.
+    func tag(_ key: String, kind: String) -> String? {
+        let head = "\(prefix)\(kind):{"
+        guard key.hasPrefix(head), key.hasSuffix("}") else { return nil }
+        return String(key.dropFirst(head.count).dropLast())
+    }
+
+    public func users(on loop: any EventLoop) -> EventLoopFuture<[String]> {
+        scan("\(prefix)user:{*}", on: loop).map { keys in keys.compactMap { self.tag($0, kind: "user") } }
+    }
+
+    public func putTransfer(_ record: TransferRecord, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let key = transferKey(record.id)
+        return transaction([["HSET", .string(key), "id", .string(record.id)] + record.fields.flatMap { [RedisArgument.string($0.0), .string($0.1)] },
+                            ["PEXPIRE", .string(key), RedisArgument(TransferRecord.lifetime)]], on: loop).map { _ in }
+    }
+
+    public func transfer(_ id: String, on loop: any EventLoop) -> EventLoopFuture<TransferRecord?> {
+        send(["HGETALL", .string(transferKey(id))], on: loop).map { reply in HashReply(reply).flatMap { TransferRecord(id: id, hash: $0) } }
+    }
+
+    public func transfers(on loop: any EventLoop) -> EventLoopFuture<[TransferRecord]> {
+        scan("\(prefix)transfer:{*}", on: loop).flatMap { keys in
+            let ids = keys.compactMap { self.tag($0, kind: "transfer") }
+            guard !ids.isEmpty else { return loop.makeSucceededFuture([]) }
+            return self.redis.sendAll(ids.map { ["HGETALL", .string(self.transferKey($0))] }, on: loop)
+                .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
+                .map { replies in zip(ids, replies).compactMap { id, reply in HashReply(reply).flatMap { TransferRecord(id: id, hash: $0) } } }
+        }
+    }
+
     public func putLogin(state: String, _ login: LoginState, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
         let key = loginKey(state)
         var fields: [RedisArgument] = ["HSET", .string(key), "nonce", .string(login.nonce), "rd", .string(login.returnTo), "binding", .string(login.binding)]
@@ -417,6 +460,15 @@ extension UserProfile {
         self.init(sub: sub, name: hash.string("name"), email: hash.string("email"), emailVerified: hash.flag("email_verified"),
                   privateEmail: hash.flag("private_email"), emailForwarding: hash.string("email_forwarding"),
                   realUserStatus: hash.int64("real_user_status").map { Int($0) }, emailEventAt: hash.int64("email_event_at"))
+        formerSub = hash.string("former_sub")
+    }
+}
+
+extension TransferRecord {
+    /// nil for an empty hash (no record).
+    init?(id: String, hash: HashReply) {
+        guard !hash.isEmpty else { return nil }
+        self.init(id: id, from: hash.string("from"), data: hash.string("data"), to: hash.string("to"), mappedAt: hash.int64("mapped_at"))
     }
 }
 

@@ -38,9 +38,13 @@ public struct UserProfile: Sendable, Equatable {
     /// The `event_time` (Unix ms) of the last email notification applied: an older one that
     /// arrives late is ignored.
     public var emailEventAt: Int64?
+    /// The user's `sub` at the team the app was transferred from, when this store knew it
+    /// (`migrate import` or a sign-in mapped the user): `allow.users` entries naming it still match.
+    public var formerSub: String?
 
     public init(sub: String, name: String? = nil, email: String? = nil, emailVerified: Bool? = nil, privateEmail: Bool? = nil,
-                emailForwarding: String? = nil, realUserStatus: Int? = nil, emailEventAt: Int64? = nil) {
+                emailForwarding: String? = nil, realUserStatus: Int? = nil, emailEventAt: Int64? = nil, formerSub: String? = nil) {
+        self.formerSub = formerSub
         self.sub = sub
         self.name = name
         self.email = email
@@ -62,6 +66,7 @@ public struct UserProfile: Sendable, Equatable {
         if let v = update.emailForwarding { p.emailForwarding = v }
         if let v = update.realUserStatus { p.realUserStatus = v }
         if let v = update.emailEventAt { p.emailEventAt = v }
+        if let v = update.formerSub { p.formerSub = v }
         return p
     }
 
@@ -74,6 +79,7 @@ public struct UserProfile: Sendable, Equatable {
         if let emailForwarding { f.append(("email_forwarding", emailForwarding)) }
         if let realUserStatus { f.append(("real_user_status", String(realUserStatus))) }
         if let emailEventAt { f.append(("email_event_at", String(emailEventAt))) }
+        if let formerSub { f.append(("former_sub", formerSub)) }
         return f
     }
 }
@@ -113,6 +119,46 @@ public struct ValidationRecord: Sendable, Equatable {
         self.at = at
         self.failures = failures
         self.retryAt = retryAt
+    }
+}
+
+/// One user of an app transfer (`transfer:{transfer id}`, TN3159): what the sending team
+/// exported and what became of it at the recipient. Kept `TransferRecord.lifetime` after its
+/// last change: the 60-day transfer period and a margin.
+public struct TransferRecord: Sendable, Equatable {
+    public static let lifetime: Int64 = 90 * 86_400_000
+    /// Apple's transfer id (`transfer_sub`).
+    public var id: String
+    /// The sending team's `sub`: set when `migrate export` ran against this store (the same
+    /// operator on both sides of the transfer).
+    public var from: String?
+    /// The user's exported line (JSON), once `migrate import` loaded it.
+    public var data: String?
+    /// The recipient team's `sub`, once mapped (by `migrate import` or at sign-in).
+    public var to: String?
+    /// When it was mapped (Unix ms).
+    public var mappedAt: Int64?
+
+    public init(id: String, from: String? = nil, data: String? = nil, to: String? = nil, mappedAt: Int64? = nil) {
+        self.id = id
+        self.from = from
+        self.data = data
+        self.to = to
+        self.mappedAt = mappedAt
+    }
+
+    /// `self` with every field `update` sets.
+    public func merged(with update: TransferRecord) -> TransferRecord {
+        var r = self
+        if let v = update.from { r.from = v }
+        if let v = update.data { r.data = v }
+        if let v = update.to { r.to = v }
+        if let v = update.mappedAt { r.mappedAt = v }
+        return r
+    }
+
+    var fields: [(String, String)] {
+        [("from", from), ("data", data), ("to", to), ("mapped_at", mappedAt.map(String.init))].compactMap { name, value in value.map { (name, $0) } }
     }
 }
 
@@ -220,6 +266,14 @@ public protocol SessionStore: Sendable {
     func unlink(_ sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// The account linked to `sub`.
     func account(linkedTo sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
+    /// Every user the store holds a profile for (`migrate export`), in no particular order.
+    func users(on eventLoop: any EventLoop) -> EventLoopFuture<[String]>
+    /// Merges the fields `record` sets into the transfer record of `record.id` (creating it).
+    func putTransfer(_ record: TransferRecord, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// The transfer record of a transfer id, if any.
+    func transfer(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<TransferRecord?>
+    /// Every transfer record (the export's resume, `check --transfer`).
+    func transfers(on eventLoop: any EventLoop) -> EventLoopFuture<[TransferRecord]>
     /// Succeeds when the store answers (readiness).
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
 }

@@ -212,6 +212,31 @@ struct SessionStoreContractTests {
     }
 
     @Test(arguments: StoreKind.allCases)
+    func transfersAndUsers(kind: StoreKind) async throws {
+        let f = try StoreFixture.make(kind)
+        defer { Task { await f.close() } }
+        for sub in ["user.1", "user.2"] {
+            let (_, session) = record(sub, created: now)
+            try await f.store.create(session, profile: UserProfile(sub: sub), expiresAt: now + 60_000, on: f.loop).get()
+        }
+        try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", of: "user.2", on: f.loop).get()
+        #expect(Set(try await f.store.users(on: f.loop).get()) == ["user.1", "user.2"], "every user once, not their session sets or tokens")
+
+        #expect(try await f.store.transfer("t.1", on: f.loop).get() == nil)
+        try await f.store.putTransfer(TransferRecord(id: "t.1", from: "user.1"), on: f.loop).get()
+        try await f.store.putTransfer(TransferRecord(id: "t.1", data: #"{"transfer_sub":"t.1"}"#), on: f.loop).get()
+        #expect(try await f.store.transfer("t.1", on: f.loop).get() == TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#), "merged")
+        try await f.store.putTransfer(TransferRecord(id: "t.1", to: "new.1", mappedAt: 42), on: f.loop).get()
+        try await f.store.putTransfer(TransferRecord(id: "t.2", from: "user.2"), on: f.loop).get()
+        let all = try await f.store.transfers(on: f.loop).get().sorted { $0.id < $1.id }
+        #expect(all == [TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#, to: "new.1", mappedAt: 42), TransferRecord(id: "t.2", from: "user.2")])
+
+        // The profile carries the former sub (allow lists naming it still match).
+        try await f.store.saveProfile(UserProfile(sub: "new.1", name: "Jane", formerSub: "user.1"), on: f.loop).get()
+        #expect(try await f.store.profile(of: "new.1", on: f.loop).get()?.formerSub == "user.1")
+    }
+
+    @Test(arguments: StoreKind.allCases)
     func outboxJobs(kind: StoreKind) async throws {
         let f = try StoreFixture.make(kind)
         defer { Task { await f.close() } }
