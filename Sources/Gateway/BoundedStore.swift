@@ -24,4 +24,5 @@ struct BoundedStore: Sendable {
     func link(_ sub: String, to account: String) async throws -> LinkResult { try await bounded(core.store.link(sub, to: account, on: loop)) }
     func unlink(_ sub: String) async throws -> String? { try await bounded(core.store.unlink(sub, on: loop)) }
     func account(linkedTo sub: String) async throws -> String? { try await bounded(core.store.account(linkedTo: sub, on: loop)) }
+    func transfer(_ id: String) async throws -> TransferRecord? { try await bounded(core.store.transfer(id, on: loop)) }
 }

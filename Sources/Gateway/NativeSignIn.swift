@@ -54,6 +54,7 @@ extension AuthEndpointGuard {
             // The unsigned name is stored with the session, only once Apple exchanged this user's
             // own code: a replayed identity token alone cannot rename its owner. (An app whose
             // exchange failed still holds the name and sends it with its retry.)
+            await arriveByTransfer(identity, on: loop)
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: request.name, on: loop).get() }
             await lookUpLink(identity, on: loop)
             await endReplaced(presentedSession(head), on: loop)

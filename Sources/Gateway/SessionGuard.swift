@@ -85,8 +85,11 @@ struct AllowList: Sendable {
         domains = Set(allow.emailDomains.map { $0.lowercased().hasPrefix("@") ? String($0.lowercased().dropFirst()) : $0.lowercased() })
     }
 
+    /// `allow.users` names the user by their `sub`, or by their `sub` at the team the app was
+    /// transferred from (an entry written before the transfer keeps matching once the user is
+    /// mapped: `migrate import` or their first sign-in at the new team).
     func admits(_ user: UserProfile) -> Bool {
-        if isOpen || users.contains(user.sub) { return true }
+        if isOpen || users.contains(user.sub) || user.formerSub.map(users.contains) == true { return true }
         guard let email = user.email?.lowercased(), user.emailVerified == true else { return false }
         if emails.contains(email) { return true }
         let parts = email.split(separator: "@", omittingEmptySubsequences: false)

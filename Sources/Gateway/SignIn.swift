@@ -59,6 +59,24 @@ extension AuthEndpointGuard {
         }
     }
 
+    /// The 60 days after an app transfer: an identity token whose `transfer_sub` names a user
+    /// `migrate import` loaded but did not map (a missed batch) maps them now, before the session
+    /// is made, so that it carries their link, profile and allow-list entries. Failures are
+    /// logged; the sign-in goes on (a later sign-in maps them).
+    func arriveByTransfer(_ identity: AppleIdentity, on loop: any EventLoop) async {
+        guard let id = identity.transferSubject else { return }
+        do {
+            guard let record = try await auth.store(on: loop).transfer(id), record.to == nil else { return }
+            let outcome = try await TransferArrival.apply(record, to: identity.subject, email: identity.email, privateEmail: identity.isPrivateEmail == true,
+                                                          store: auth.core.store, keep: auth.absoluteTimeout, on: loop)
+            if let from = record.from { auth.invalidateUser(from, on: loop) }
+            auth.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
+                                                                             "linked": "\(outcome.account != nil)"])
+        } catch {
+            auth.logger.warning("transferred user not mapped: the session store did not answer", metadata: ["error": "\(error)"])
+        }
+    }
+
     /// A new sign-in ends the session the browser or app had: one browser, one session. A
     /// store failure here is logged and does not fail the sign-in that already succeeded.
     func endReplaced(_ handle: SessionHandle?, on loop: any EventLoop) async {

@@ -22,7 +22,7 @@ struct SessionGateCommand: AsyncParsableCommand {
             SIGHUP re-reads the configuration; SIGTERM or SIGINT drains in-flight requests and exits.
             """,
         version: "sessiongate \(BuildInfo.version) (Swift \(BuildInfo.swift))",
-        subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self],
+        subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self, MigrateCommand.self],
         defaultSubcommand: Serve.self
     )
 }

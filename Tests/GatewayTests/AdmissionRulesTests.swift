@@ -61,6 +61,20 @@ struct AdmissionRulesTests {
         #expect(AllowList(allow).admits(UserProfile(sub: sub, email: email, emailVerified: verified)) == expected)
     }
 
+    @Test("allow lists across an app transfer: an entry naming the user's former sub matches", arguments: [
+        // users, sub, former sub, expected
+        (["old.1"], "new.1", "old.1", true),
+        (["new.1"], "new.1", "old.1", true),
+        (["old.2"], "new.1", "old.1", false),
+        (["old.1"], "new.1", nil, false),
+        (["new.1"], "old.1", nil, false),
+    ] as [([String], String, String?, Bool)])
+    func allowListsAfterTransfer(users: [String], sub: String, former: String?, expected: Bool) {
+        var allow = GatewayConfiguration.Allow()
+        allow.users = users
+        #expect(AllowList(allow).admits(UserProfile(sub: sub, formerSub: former)) == expected)
+    }
+
     @Test("return URLs", arguments: [
         ("/", "/"), ("/a/b?c=d#e", "/a/b?c=d#e"), ("https://app.example.com/x", "/x"), ("https://docs.example.com/g", "https://docs.example.com/g"),
         ("https://a.b.example.net/", "https://a.b.example.net/"), ("https://docs.example.com:8443/g", "https://docs.example.com:8443/g"),

@@ -1,0 +1,94 @@
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import Gateway
+import GatewayConfig
+import Logging
+import NIOPosix
+import Sessions
+
+/// `sessiongate migrate`: an app transfer between teams (TN3159; README "Existing accounts and app transfers").
+struct MigrateCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "migrate",
+        abstract: "Move Sign in with Apple users across an app transfer between teams (sessiongate check --transfer prints the checklist).",
+        subcommands: [Export.self, Import.self])
+
+    struct Pace: ParsableArguments {
+        @Option(name: .long, help: "Calls to Apple per second at most.")
+        var rate: Double = 10
+        @Option(name: .long, help: "The client id to authenticate as (default: the first of apple.client_ids).")
+        var clientID: String?
+    }
+
+    /// Runs `body` with a migration against the configured Redis store.
+    static func run(_ options: ConfigOption, _ pace: Pace, _ body: (Migration) async throws -> Void) async throws {
+        let (backend, configuration) = try SessionsCommand.backend(options.config)
+        let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
+        var logger = makeLogger()
+        logger.logLevel = .warning
+        do {
+            let loop = MultiThreadedEventLoopGroup.singleton.next()
+            let migration = try Migration(configuration: configuration, store: backend.store, httpClient: client, clientID: pace.clientID,
+                                          perSecond: pace.rate, logger: logger) { message in try? await backend.publish(message, on: loop).get() }
+            try await body(migration)
+        } catch {
+            try? await client.shutdown()
+            await backend.shutdown()
+            if let exit = error as? ExitCode { throw exit }
+            printError("\(error)")
+            throw ExitCode(1)
+        }
+        try? await client.shutdown()
+        await backend.shutdown()
+    }
+
+    struct Export: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "The sending team: write every user's transfer id for the recipient team, with their link, name and allow-list routes, to a JSON Lines file.",
+            discussion: """
+                Run it with the sending team's configuration (its apple: key), before the transfer or within the 60 days after.
+                The file names users by transfer id only, never by their sub or private relay address (TN3159). Running it again resumes:
+                users already in the file are skipped, and transfer ids the store already holds are not asked for again.
+                """)
+        @OptionGroup var options: ConfigOption
+        @Option(name: .long, help: "The recipient's Team ID.")
+        var target: String
+        @Option(name: .long, help: "The file to write (appended to when it exists).")
+        var out: String = "transfer.jsonl"
+        @OptionGroup var pace: Pace
+
+        func run() async throws {
+            defer { flushLogs() }
+            try await MigrateCommand.run(options, pace) { migration in
+                let report = try await migration.export(target: target, to: out)
+                for line in report.summary(file: out) { print(line) }
+                if !report.failed.isEmpty { throw ExitCode(2) }
+            }
+        }
+    }
+
+    struct Import: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "The recipient team: exchange each transfer id of an export file for the user's sub here, and move their profile, link and allow-list entries to it.",
+            discussion: """
+                Run it with the recipient's configuration (its apple: key) within the 60 days after the transfer. Every line is loaded
+                into the store first, so that a user the batch does not reach is mapped at their next sign-in. The old identities'
+                sessions end (their refresh tokens belong to the old team). Prints the allow.users entries the configuration should have.
+                Running it again resumes: mapped users are skipped. Exit status 2 when some users are left to map.
+                """)
+        @OptionGroup var options: ConfigOption
+        @Argument(help: "The export file (JSON Lines).")
+        var file: String
+        @OptionGroup var pace: Pace
+
+        func run() async throws {
+            defer { flushLogs() }
+            try await MigrateCommand.run(options, pace) { migration in
+                let report = try await migration.importFile(file)
+                for line in report.summary { print(line) }
+                if !report.failed.isEmpty { throw ExitCode(2) }
+            }
+        }
+    }
+}
