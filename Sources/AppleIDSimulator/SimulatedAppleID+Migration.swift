@@ -79,6 +79,11 @@ extension SimulatedAppleID {
         a.ledger.state.withLockedValue { $0.transfers.append(.init(from: a.team.teamID, to: b.team.teamID, date: date)) }
     }
 
+    /// The `sub` at team `other` of this team's user `sub`, once a transfer moved them (tests).
+    public func counterpart(of sub: String, at other: SimulatedAppleID) -> String? {
+        ledger.state.withLockedValue { s in s.ids["\(team.teamID) \(sub) \(other.team.teamID)"].flatMap { s.arrivals["\(other.team.teamID) \($0)"] } }
+    }
+
     /// The transfer id a token of this team carries for `sub`: the user arrived by a transfer
     /// whose window is open.
     func activeTransferID(for sub: String, now: Int64) -> String? {

@@ -13,8 +13,9 @@ extension SimulatedAppleID {
 
     /// Creates a user; returns its `sub`.
     @discardableResult
-    public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2, firstName: String = "Jane", lastName: String = "Appleseed") -> String {
-        let sub = Grants.subject()
+    public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2, firstName: String = "Jane", lastName: String = "Appleseed",
+                           sub: String? = nil) -> String {
+        let sub = sub ?? Grants.subject()
         let address = email ?? (privateEmail ? Grants.relayAddress(for: sub) : "user@example.org")
         grants.withLockedValue {
             $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, realUserStatus: realUserStatus, firstName: firstName, lastName: lastName)

@@ -39,7 +39,8 @@ final class SignInHarness: @unchecked Sendable {
 
     static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(10),  // the suites share 2 cores and one event-loop group: a 1 GiB transfer test starved a memory-store answer past 3 s once; tests of the timeout pass their own
                       localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
-                      assertion: Bool = false, clock: TestClock = TestClock(), configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
+                      assertion: Bool = false, clock: TestClock = TestClock(), teamID: String = "TEAM123456", ledger: TransferLedger = TransferLedger(),
+                      configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let appleKey = P256.Signing.PrivateKey()
@@ -51,8 +52,8 @@ final class SignInHarness: @unchecked Sendable {
         let gatewayPort = reserved.port
         let origin = "http://localhost:\(gatewayPort)"
         let simulator = try await SimulatedAppleID.start(team: .init(
-            teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
-            clients: [webClient: [origin + "/_auth/callback"], appClient: []], allowsLoopbackHTTP: true))
+            teamID: teamID, keys: ["KEY1234567": appleKey.publicKey],
+            clients: [webClient: [origin + "/_auth/callback"], appClient: []], allowsLoopbackHTTP: true), ledger: ledger)
         let upstream = try await TestUpstream.start()
 
         var c = GatewayConfiguration()
@@ -62,7 +63,7 @@ final class SignInHarness: @unchecked Sendable {
         c.server.accessLog = .off
         c.server.allowedRedirectHosts = ["docs.example.com", ".example.net"]
         var apple = GatewayConfiguration.Apple()
-        apple.teamID = "TEAM123456"
+        apple.teamID = teamID
         apple.keyID = "KEY1234567"
         apple.clientIDs = [webClient, appClient]
         apple.privateKeyFile = .file(directory + "/AuthKey.p8")
