@@ -418,3 +418,47 @@ extension ImportReport {
         return lines
     }
 }
+
+/// `sessiongate check --transfer`: what an operator runs before, during and after an app
+/// transfer, with where this store stands (Redis only: the memory store lives in the gateway).
+public enum TransferChecklist {
+    public static func lines(_ c: GatewayConfiguration, store: (any SessionStore)?) async -> [String] {
+        let team = c.apple?.teamID ?? "(no apple: section)"
+        var state: (users: Int, exported: Int, loaded: Int, mapped: Int, stale: [String])? = nil
+        if let store {
+            let loop = MultiThreadedEventLoopGroup.singleton.next()
+            if let users = try? await store.users(on: loop).get(), let records = try? await store.transfers(on: loop).get() {
+                var stale: [String] = []
+                for record in records {
+                    guard let from = record.from, let to = record.to else { continue }
+                    for route in c.routes where route.allow.users.contains(from) && !route.allow.users.contains(to) {
+                        stale.append("routes[\(route.name)].allow.users: replace \"\(from)\" with \"\(to)\"")
+                    }
+                }
+                state = (users.count, records.filter { $0.from != nil }.count, records.filter { $0.data != nil }.count, records.filter { $0.to != nil }.count, stale.sorted())
+            }
+        }
+        func status(_ text: String) -> String { state == nil ? "" : "   [\(text)]" }
+        var lines = [
+            "App transfer checklist (TN3159; README \"Existing accounts and app transfers\"). This configuration is team \(team).",
+            store == nil ? "(store.redis_url is not set: the store's progress cannot be shown; migrate needs Redis)" : "",
+            "Before the transfer: the sending team, with its own configuration",
+            "  1. Ungroup the app from any Sign in with Apple app group (App Store Connect refuses the transfer otherwise).",
+            "  2. sessiongate migrate export --config <sending team's file> --target <recipient Team ID> --out transfer.jsonl",
+            "     Run it again until it reports nothing left; it resumes.\(status("this store: \(state?.exported ?? 0) of \(state?.users ?? 0) users exported"))",
+            "  3. Give transfer.jsonl to the recipient: it names users by transfer id only (no sub, no relay address).",
+            "During the 60 days after the transfer: the recipient",
+            "  4. Its own apple: section (team_id, key_id, private_key_file) with the app's client_ids; sessiongate check --online.",
+            "  5. sessiongate migrate import --config <recipient's file> transfer.jsonl",
+            "     Run it again until it reports nothing left; put the allow.users entries it prints in the file and reload (SIGHUP).\(status("this store: \(state?.mapped ?? 0) mapped of \(max(state?.loaded ?? 0, state?.mapped ?? 0)) loaded"))",
+            "  6. What users see: their session ends once; they sign in with Apple again (no new consent screen) and reach the same",
+            "     account. Anyone the import has not mapped yet is mapped at that sign-in (Apple's token carries transfer_sub).",
+            "After day 60",
+            "  7. Apple refuses every exchange and stops sending transfer_sub: a user never mapped arrives as a new user. Run the",
+            "     import a last time before then.",
+            "  8. Replace allow.users entries that still name a former sub (they keep matching the mapped user meanwhile).",
+        ].filter { !$0.isEmpty }
+        lines += (state?.stale ?? []).map { "     \($0)" }
+        return lines
+    }
+}

@@ -13,6 +13,7 @@ import Redis
 /// - `sg:link:{sub}` string — the legacy account linked to the user; `sg:account:{id}` the reverse
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
 /// - `sg:notification:{jti}` string — a notification already processed (a week)
+/// - `sg:transfer:{transfer id}` hash — one user of an app transfer (from, data, to, mapped_at); 90 days
 /// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:{token hash}` its lock
 ///
 /// The braces are Redis Cluster hash tags: one user's keys share a slot.

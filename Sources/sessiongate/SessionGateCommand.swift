@@ -115,6 +115,7 @@ struct Check: AsyncParsableCommand {
             serve starts with.
             With --online it also fetches Apple's keys, mints a client secret for every client id and proves Apple
             accepts it (exchanging a made-up code must give invalid_grant, not invalid_client).
+            With --transfer it prints the app-transfer checklist (sessiongate migrate) with the store's progress.
             """)
 
     @OptionGroup var options: ConfigOption
@@ -124,6 +125,9 @@ struct Check: AsyncParsableCommand {
 
     @Flag(help: "Check a file for a running gateway's SIGHUP: its listen addresses are in use by that gateway, so they are not test-bound.")
     var reload = false
+
+    @Flag(help: "Also print the app-transfer checklist, with where this configuration's store stands (sessiongate migrate).")
+    var transfer = false
 
     func run() async throws {
         defer { flushLogs() }
@@ -146,6 +150,11 @@ struct Check: AsyncParsableCommand {
             let (ok, lines) = await AppleOnlineCheck.run(configuration, logger: logger)
             for line in lines { print(line) }
             guard ok else { throw ExitCode(1) }
+        }
+        if transfer {
+            let backend = configuration.store.redisURL == nil ? nil : try? SessionsCommand.backend(options.config).0
+            for line in await TransferChecklist.lines(configuration, store: backend?.store) { print(line) }
+            await backend?.shutdown()
         }
         print("ok")
     }

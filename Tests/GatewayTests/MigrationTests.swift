@@ -113,6 +113,9 @@ struct MigrationTests {
         #expect(imported.moved == 3 && imported.sessionsEnded == 3 && imported.linksMoved == 2 && imported.appleCalls == 3, "\(imported)")
         #expect(imported.allowListChanges == ["admin": [AllowListChange(sub: newAdmin, replaces: adminA)]])
         #expect(imported.summary.contains { $0.contains(newAdmin) && $0.contains("replaces \"\(adminA)\"") })
+        let checklist = await TransferChecklist.lines(b.configuration, store: backend.store)
+        #expect(checklist.contains { $0.contains("[this store: 3 mapped of 3 loaded]") }, "\(checklist)")
+        #expect(checklist.contains { $0.contains("routes[admin].allow.users: replace \"\(adminA)\" with \"\(newAdmin)\"") })
         let rerun = try await importer.importFile(batch)
         #expect(rerun.moved == 0 && rerun.alreadyMapped == 3 && rerun.appleCalls == 0, "\(rerun)")
 
