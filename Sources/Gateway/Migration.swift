@@ -40,6 +40,9 @@ public struct TransferLine: Sendable, Equatable {
         }
         guard let id = object["transfer_sub"] as? String, !id.isEmpty, id.utf8.count <= 256 else { return .failure(MigrationError("transfer_sub is missing")) }
         let routes = object["routes"] as? [String] ?? []
+        if let account = object["account"] as? String, !AuthEndpointGuard.isAccountID(account) {
+            return .failure(MigrationError("account is not an account id (printable, at most \(AuthEndpointGuard.maximumAccountLength) bytes)"))
+        }
         return .success(TransferLine(transferSubject: id, account: object["account"] as? String, name: object["name"] as? String,
                                      email: object["email"] as? String, emailVerified: object["email_verified"] as? Bool,
                                      realUserStatus: (object["real_user_status"] as? NSNumber)?.intValue, routes: routes))
@@ -153,11 +156,20 @@ public struct Migration: Sendable {
         text.utf8.count == 10 && text.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) }
     }
 
-    /// An access token for the migration endpoint.
-    private func accessToken() async throws -> String {
+    /// The migration endpoint's access token, renewed five minutes before Apple says it expires.
+    final class AccessToken: @unchecked Sendable {
+        var value = ""
+        var renewAt = ContinuousClock.now
+    }
+
+    private func accessToken(_ current: AccessToken) async throws -> String {
+        if ContinuousClock.now < current.renewAt { return current.value }
         for attempt in 0..<3 {
             switch await apple.tokens.migrationAccessToken(clientID: clientID) {
-            case .success(let tokens): return tokens.accessToken
+            case .success(let tokens):
+                current.value = tokens.accessToken
+                current.renewAt = ContinuousClock.now + .seconds(max((tokens.expiresIn ?? 3600) - 300, 60))
+                return tokens.accessToken
             case .clientMisconfigured(let error):
                 throw MigrationError("Apple refused our client credentials (\(error)): check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)")
             case .grantRevoked(let error): throw MigrationError("Apple refused the client_credentials grant (\(error))")
@@ -200,7 +212,7 @@ public struct Migration: Sendable {
         }
         var known: [String: String] = [:]  // sub → transfer id this store already holds
         for record in try await store.transfers(on: loop).get() { if let from = record.from { known[from] = record.id } }
-        let users = try await store.users(on: loop).get().sorted()
+        let users = Set(try await store.users(on: loop).get()).sorted()  // SCAN may name a key twice
         guard let output = FileHandle(forWritingAtPath: file) ?? (FileManager.default.createFile(atPath: file, contents: nil, attributes: [.posixPermissions: 0o600])
                                                                   ? FileHandle(forWritingAtPath: file) : nil) else {
             throw MigrationError("\(file): cannot write")
@@ -208,14 +220,21 @@ public struct Migration: Sendable {
         defer { try? output.close() }
         try output.seekToEnd()
         var report = ExportReport()
-        var token: String? = nil
+        let token = AccessToken()
+        if let size = try? FileManager.default.attributesOfItem(atPath: file)[.size] as? Int, size > 0,
+           let handle = FileHandle(forReadingAtPath: file) {
+            // A file whose last line lacks its newline (edited by hand): end it before appending.
+            try handle.seek(toOffset: UInt64(size - 1))
+            if handle.readData(ofLength: 1) != Data("\n".utf8) { try output.write(contentsOf: Data("\n".utf8)) }
+            try? handle.close()
+        }
         for sub in users {
             if let id = known[sub], inFile.contains(id) { report.alreadyInFile += 1; continue }
             var id = known[sub]
             if id == nil {
-                if token == nil { token = try await accessToken() }
+                let access = try await accessToken(token)
                 report.appleCalls += 1
-                switch try await call({ await apple.tokens.transferSubject(of: sub, target: target, clientID: clientID, accessToken: token!) }) {
+                switch try await call({ await apple.tokens.transferSubject(of: sub, target: target, clientID: clientID, accessToken: access) }) {
                 case .transferSubject(let transferSubject): id = transferSubject
                 case .refused: report.refused.append(sub); continue
                 case .clientMisconfigured(let error): throw MigrationError("Apple refused our client credentials (\(error)) after \(report.exported) users; nothing else was asked")
@@ -224,7 +243,8 @@ public struct Migration: Sendable {
                 // The store first: a run that stops before the line is written writes it next time without asking Apple.
                 do { try await store.putTransfer(TransferRecord(id: id!, from: sub), on: loop).get() } catch { report.failed.append(sub); continue }
             }
-            guard let id else { continue }
+            guard let id, !inFile.contains(id) else { continue }
+            known[sub] = id
             do {
                 let line = try await exportLine(sub: sub, transferSubject: id)
                 try output.write(contentsOf: Data((line.json + "\n").utf8))
@@ -278,10 +298,11 @@ public struct Migration: Sendable {
             pending.append(row)
         }
         guard !pending.isEmpty else { return report }
-        let token = try await accessToken()
+        let token = AccessToken()
         for row in pending {
+            let access = try await accessToken(token)
             report.appleCalls += 1
-            switch try await call({ await apple.tokens.exchange(transferSubject: row.transferSubject, clientID: clientID, accessToken: token) }) {
+            switch try await call({ await apple.tokens.exchange(transferSubject: row.transferSubject, clientID: clientID, accessToken: access) }) {
             case .subject(let sub, let email, let privateEmail):
                 do {
                     guard let record = try await store.transfer(row.transferSubject, on: loop).get() else { report.failed.append(row.transferSubject); continue }
@@ -290,9 +311,15 @@ public struct Migration: Sendable {
                         note(row, record: record, to: to, in: &report)
                         continue
                     }
-                    let outcome = try await TransferArrival.apply(record, to: sub, email: email, privateEmail: privateEmail, store: store,
-                                                                  keep: Authenticator.milliseconds(configuration.session.absoluteTimeout), on: loop)
+                    guard let outcome = try await TransferArrival.apply(record, to: sub, email: email, privateEmail: privateEmail, store: store,
+                                                                        keep: Authenticator.milliseconds(configuration.session.absoluteTimeout), on: loop) else {
+                        report.failed.append(row.transferSubject)  // a sign-in is moving them right now: the next run sees it done
+                        continue
+                    }
+                    // Running gateways drop both identities from their caches: the old one's
+                    // sessions ended, the new one's (if any) gain the link.
                     if let from = record.from { await publish(.user(from)) }
+                    await publish(.user(sub))
                     report.moved += 1
                     report.sessionsEnded += outcome.sessionsEnded
                     if outcome.account != nil { report.linksMoved += 1 }
@@ -339,28 +366,58 @@ enum TransferArrival {
     /// - Parameters:
     ///   - email: the new relay address Apple gave (relay users only).
     ///   - keep: how long the old identity's revocation marker lasts (the absolute timeout).
+    /// Answers nil when another process (an import, a sign-in) is moving the same user now.
     static func apply(_ record: TransferRecord, to sub: String, email: String?, privateEmail: Bool, store: any SessionStore, keep: Int64,
-                      on loop: any EventLoop) async throws -> Outcome {
+                      on loop: any EventLoop) async throws -> Outcome? {
+        // One mover at a time per user: the import and a sign-in may meet here.
+        guard try await store.claim(.transfer(id: record.id), ttl: 60_000, on: loop).get() else { return nil }
+        do {
+            let outcome = try await move(record, to: sub, email: email, privateEmail: privateEmail, store: store, keep: keep, on: loop)
+            try? await store.release(.transfer(id: record.id), on: loop).get()
+            return outcome
+        } catch {
+            try? await store.release(.transfer(id: record.id), on: loop).get()
+            throw error
+        }
+    }
+
+    private static func move(_ record: TransferRecord, to sub: String, email: String?, privateEmail: Bool, store: any SessionStore, keep: Int64,
+                             on loop: any EventLoop) async throws -> Outcome {
+        if let to = try await store.transfer(record.id, on: loop).get()?.to, to == sub { return Outcome() }  // done while we waited
         let line = record.data.flatMap { try? TransferLine.parse($0).get() }
         // What this store knew under the old sub (the same operator on both sides), else the file's.
         let old = try await record.from.asyncMap { try await store.profile(of: $0, on: loop).get() } ?? nil
         var profile = UserProfile(sub: sub, name: old?.name ?? line?.name, realUserStatus: old?.realUserStatus ?? line?.realUserStatus, formerSub: record.from)
-        if privateEmail, let email {
-            (profile.email, profile.emailVerified, profile.privateEmail) = (email, true, true)
+        if let email {
+            // Apple's: the exchange's new relay address, or the signed token's at a sign-in.
+            (profile.email, profile.emailVerified, profile.privateEmail) = (email, true, privateEmail)
         } else if let known = old?.privateEmail == false ? old?.email : line?.email {
             (profile.email, profile.emailVerified, profile.privateEmail) = (known, old?.emailVerified ?? line?.emailVerified, false)
         }
         // Fields the new identity already has (its sign-in's) win.
-        let current = try await store.profile(of: sub, on: loop).get()
-        try await store.saveProfile(current.map { profile.merged(with: $0) } ?? profile, on: loop).get()
+        let existing = try await store.profile(of: sub, on: loop).get()
+        try await store.saveProfile(existing.map { profile.merged(with: $0) } ?? profile, on: loop).get()
 
         var outcome = Outcome()
         let oldAccount = try await record.from.asyncMap { try await store.account(linkedTo: $0, on: loop).get() } ?? nil
-        if let from = record.from, oldAccount != nil { _ = try await store.unlink(from, on: loop).get() }
+        let current = try await store.account(linkedTo: sub, on: loop).get()
         if let account = oldAccount ?? line?.account {
-            switch try await store.link(sub, to: account, on: loop).get() {
-            case .linked: outcome.account = account
-            case .conflict: outcome.linkConflict = true
+            if let current, current != account {
+                outcome.linkConflict = true  // the new identity is already linked elsewhere: kept, reported
+            } else if current == nil {
+                if let from = record.from, oldAccount != nil { _ = try await store.unlink(from, on: loop).get() }
+                do {
+                    switch try await store.link(sub, to: account, on: loop).get() {
+                    case .linked: outcome.account = account
+                    case .conflict: outcome.linkConflict = true
+                    }
+                } catch {
+                    // Put the old link back rather than lose it (it moves at the next attempt).
+                    if let from = record.from, oldAccount != nil { _ = try? await store.link(from, to: account, on: loop).get() }
+                    throw error
+                }
+            } else {
+                outcome.account = account
             }
         }
         if let from = record.from {
@@ -422,12 +479,17 @@ extension ImportReport {
 /// `sessiongate check --transfer`: what an operator runs before, during and after an app
 /// transfer, with where this store stands (Redis only: the memory store lives in the gateway).
 public enum TransferChecklist {
-    public static func lines(_ c: GatewayConfiguration, store: (any SessionStore)?) async -> [String] {
+    /// - Parameter store: nil when there is none to read, with the reason.
+    public static func lines(_ c: GatewayConfiguration, store: Result<any SessionStore, MigrationError>) async -> [String] {
         let team = c.apple?.teamID ?? "(no apple: section)"
         var state: (users: Int, exported: Int, loaded: Int, mapped: Int, stale: [String])? = nil
-        if let store {
+        var unavailable: String? = nil
+        switch store {
+        case .failure(let reason): unavailable = reason.description
+        case .success(let store):
             let loop = MultiThreadedEventLoopGroup.singleton.next()
-            if let users = try? await store.users(on: loop).get(), let records = try? await store.transfers(on: loop).get() {
+            do {
+                let users = try await store.users(on: loop).get(), records = try await store.transfers(on: loop).get()
                 var stale: [String] = []
                 for record in records {
                     guard let from = record.from, let to = record.to else { continue }
@@ -436,21 +498,23 @@ public enum TransferChecklist {
                     }
                 }
                 state = (users.count, records.filter { $0.from != nil }.count, records.filter { $0.data != nil }.count, records.filter { $0.to != nil }.count, stale.sorted())
+            } catch {
+                unavailable = "the store did not answer: \(error)"
             }
         }
         func status(_ text: String) -> String { state == nil ? "" : "   [\(text)]" }
         var lines = [
             "App transfer checklist (TN3159; README \"Existing accounts and app transfers\"). This configuration is team \(team).",
-            store == nil ? "(store.redis_url is not set: the store's progress cannot be shown; migrate needs Redis)" : "",
-            "Before the transfer: the sending team, with its own configuration",
+            unavailable.map { "(no progress shown: \($0))" } ?? "",
+            "Before the transfer (or within the 60 days after): the sending team, with its own configuration",
             "  1. Ungroup the app from any Sign in with Apple app group (App Store Connect refuses the transfer otherwise).",
             "  2. sessiongate migrate export --config <sending team's file> --target <recipient Team ID> --out transfer.jsonl",
-            "     Run it again until it reports nothing left; it resumes.\(status("this store: \(state?.exported ?? 0) of \(state?.users ?? 0) users exported"))",
+            "     Run it again until it reports no failures (users who revoked consent stay refused); it resumes.\(status("this store: \(state?.exported ?? 0) of \(state?.users ?? 0) users exported"))",
             "  3. Give transfer.jsonl to the recipient: it names users by transfer id only (no sub, no relay address).",
             "During the 60 days after the transfer: the recipient",
             "  4. Its own apple: section (team_id, key_id, private_key_file) with the app's client_ids; sessiongate check --online.",
             "  5. sessiongate migrate import --config <recipient's file> transfer.jsonl",
-            "     Run it again until it reports nothing left; put the allow.users entries it prints in the file and reload (SIGHUP).\(status("this store: \(state?.mapped ?? 0) mapped of \(max(state?.loaded ?? 0, state?.mapped ?? 0)) loaded"))",
+            "     Run it again until it reports no failures; put the allow.users entries it prints in the file and reload (SIGHUP).\(status("this store: \(state?.mapped ?? 0) mapped of \(max(state?.loaded ?? 0, state?.mapped ?? 0)) loaded"))",
             "  6. What users see: their session ends once; they sign in with Apple again (no new consent screen) and reach the same",
             "     account. Anyone the import has not mapped yet is mapped at that sign-in (Apple's token carries transfer_sub).",
             "After day 60",

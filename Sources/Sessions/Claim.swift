@@ -9,6 +9,8 @@ public enum Claim: Sendable, Equatable {
     case notification(jti: String)
     /// One attempt at an outbox job: `lock:job:{<id>}`.
     case job(id: String)
+    /// One mover of a transferred user: `lock:transfer:{<transfer id>}`.
+    case transfer(id: String)
 
     /// The key under the store's prefix.
     public var name: String {
@@ -16,6 +18,7 @@ public enum Claim: Sendable, Equatable {
         case .validation(let hash): "lock:validation:{" + hash + "}"
         case .probe(let clientID): "lock:probe:{" + clientID + "}"
         case .notification(let jti): "notification:{" + jti + "}"
+        case .transfer(let id): "lock:transfer:{" + id + "}"
         case .job(let id): "lock:job:{" + id + "}"
         }
     }

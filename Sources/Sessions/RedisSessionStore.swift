@@ -311,8 +311,16 @@ public final class RedisSessionStore: SessionStore {
         return String(key.dropFirst(head.count).dropLast())
     }
 
+    /// The prefix as a SCAN pattern matches it literally (`key_prefix` may hold `*?[]`).
+    var literalPrefix: String {
+        prefix.reduce(into: "") { out, c in
+            if "*?[]\\".contains(c) { out.append("\\") }
+            out.append(c)
+        }
+    }
+
     public func users(on loop: any EventLoop) -> EventLoopFuture<[String]> {
-        scan("\(prefix)user:{*}", on: loop).map { keys in keys.compactMap { self.tag($0, kind: "user") } }
+        scan("\(literalPrefix)user:{*}", on: loop).map { keys in keys.compactMap { self.tag($0, kind: "user") } }
     }
 
     public func putTransfer(_ record: TransferRecord, on loop: any EventLoop) -> EventLoopFuture<Void> {
@@ -326,13 +334,21 @@ public final class RedisSessionStore: SessionStore {
     }
 
     public func transfers(on loop: any EventLoop) -> EventLoopFuture<[TransferRecord]> {
-        scan("\(prefix)transfer:{*}", on: loop).flatMap { keys in
-            let ids = keys.compactMap { self.tag($0, kind: "transfer") }
-            guard !ids.isEmpty else { return loop.makeSucceededFuture([]) }
-            return self.redis.sendAll(ids.map { ["HGETALL", .string(self.transferKey($0))] }, on: loop)
-                .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
-                .map { replies in zip(ids, replies).compactMap { id, reply in HashReply(reply).flatMap { TransferRecord(id: id, hash: $0) } } }
+        scan("\(literalPrefix)transfer:{*}", on: loop).flatMap { keys in
+            self.records(Array(Set(keys.compactMap { self.tag($0, kind: "transfer") })), found: [], on: loop)
         }
+    }
+
+    /// The records of `ids`, 500 per pipeline.
+    private func records(_ ids: [String], found: [TransferRecord], on loop: any EventLoop) -> EventLoopFuture<[TransferRecord]> {
+        guard !ids.isEmpty else { return loop.makeSucceededFuture(found) }
+        let batch = Array(ids.prefix(500))
+        return redis.sendAll(batch.map { ["HGETALL", .string(transferKey($0))] }, on: loop)
+            .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
+            .flatMap { replies in
+                let records = zip(batch, replies).compactMap { id, reply in HashReply(reply).flatMap { TransferRecord(id: id, hash: $0) } }
+                return self.records(Array(ids.dropFirst(500)), found: found + records, on: loop)
+            }
     }
 
     public func putLogin(state: String, _ login: LoginState, ttl: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -124,9 +124,10 @@ public struct ValidationRecord: Sendable, Equatable {
 
 /// One user of an app transfer (`transfer:{transfer id}`, TN3159): what the sending team
 /// exported and what became of it at the recipient. Kept `TransferRecord.lifetime` after its
-/// last change: the 60-day transfer period and a margin.
+/// last change: an export made well before the transfer still reaches the end of the 60-day
+/// transfer period.
 public struct TransferRecord: Sendable, Equatable {
-    public static let lifetime: Int64 = 90 * 86_400_000
+    public static let lifetime: Int64 = 180 * 86_400_000
     /// Apple's transfer id (`transfer_sub`).
     public var id: String
     /// The sending team's `sub`: set when `migrate export` ran against this store (the same

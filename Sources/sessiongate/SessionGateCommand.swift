@@ -7,6 +7,7 @@ import GatewayConfig
 import Logging
 import NIOPosix
 import ServiceLifecycle
+import Sessions
 
 #if canImport(Glibc)
 import Glibc
@@ -153,7 +154,9 @@ struct Check: AsyncParsableCommand {
         }
         if transfer {
             let backend = configuration.store.redisURL == nil ? nil : try? SessionsCommand.backend(options.config).0
-            for line in await TransferChecklist.lines(configuration, store: backend?.store) { print(line) }
+            let store: Result<any SessionStore, MigrationError> = backend.map { .success($0.store) }
+                ?? .failure(MigrationError(configuration.store.redisURL == nil ? "store.redis_url is not set; migrate needs Redis" : "the store cannot be reached"))
+            for line in await TransferChecklist.lines(configuration, store: store) { print(line) }
             await backend?.shutdown()
         }
         print("ok")

@@ -113,7 +113,7 @@ struct MigrationTests {
         #expect(imported.moved == 3 && imported.sessionsEnded == 3 && imported.linksMoved == 2 && imported.appleCalls == 3, "\(imported)")
         #expect(imported.allowListChanges == ["admin": [AllowListChange(sub: newAdmin, replaces: adminA)]])
         #expect(imported.summary.contains { $0.contains(newAdmin) && $0.contains("replaces \"\(adminA)\"") })
-        let checklist = await TransferChecklist.lines(b.configuration, store: backend.store)
+        let checklist = await TransferChecklist.lines(b.configuration, store: .success(backend.store))
         #expect(checklist.contains { $0.contains("[this store: 3 mapped of 3 loaded]") }, "\(checklist)")
         #expect(checklist.contains { $0.contains("routes[admin].allow.users: replace \"\(adminA)\" with \"\(newAdmin)\"") })
         let rerun = try await importer.importFile(batch)
@@ -176,9 +176,12 @@ struct MigrationTests {
         #expect(Self.seen(b, "x-auth-email") == "pat@example.org")
         #expect(try await browser.request("/admin/x", headers: [("accept", "application/json")]).status == 403, "until the operator adds the entry the report printed")
 
-        // A malformed file changes nothing and names its line.
-        try "{\"transfer_sub\":\"x\"}\nnot json\n".write(toFile: b.directory + "/bad.jsonl", atomically: true, encoding: .utf8)
-        await #expect(throws: MigrationError.self) { try await Self.migration(b, store: storeB.store, client: client).importFile(b.directory + "/bad.jsonl") }
+        // A malformed file changes nothing and names its line: not JSON, no id, an account id
+        // no header may carry.
+        for bad in ["not json", #"{"account":"a"}"#, #"{"transfer_sub":"y","account":"bad\u0001"}"#] {
+            try "{\"transfer_sub\":\"x\"}\n\(bad)\n".write(toFile: b.directory + "/bad.jsonl", atomically: true, encoding: .utf8)
+            await #expect(throws: MigrationError.self, "\(bad)") { try await Self.migration(b, store: storeB.store, client: client).importFile(b.directory + "/bad.jsonl") }
+        }
         #expect(try await storeB.store.transfer("x", on: MultiThreadedEventLoopGroup.singleton.next()).get() == nil)
     }
 }
