@@ -22,7 +22,7 @@ struct SessionsCommand: AsyncParsableCommand {
     static func backend(_ path: String) throws -> (RedisSessionBackend, GatewayConfiguration) {
         guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
         guard configuration.store.redisURL != nil else {
-            printError("\(path): store.redis_url is not set: the memory store lives inside the running gateway (restart it to end every session)")
+            printError("\(path): store.redis_url is not set: this command works on the Redis store; the memory store lives inside the running gateway (restarting it ends every session)")
             throw ExitCode(1)
         }
         var logger = makeLogger()
