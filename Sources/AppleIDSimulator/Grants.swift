@@ -38,6 +38,8 @@ struct Grants {
     var codes: [String: Code] = [:]
     var refreshTokens: [String: RefreshToken] = [:]
     var accessTokens: [String: String] = [:]  // token → sub ("" for client-credentials tokens)
+    /// When each migration (client-credentials) access token expires: `expires_in` holds.
+    var accessTokenExpiry: [String: Int64] = [:]
 
     /// The user consents to the team's apps: authorized, or holding a live refresh token.
     func consents(_ sub: String) -> Bool {

@@ -103,8 +103,11 @@ extension SimulatedAppleID {
             return Self.error(.badRequest, "invalid_client")
         }
         guard let authorization = request.head.headers.first(name: "authorization"), authorization.hasPrefix("Bearer "),
-              grants.withLockedValue({ $0.accessTokens[String(authorization.dropFirst("Bearer ".count))] != nil }) else {
-            return Self.error(.badRequest, "invalid_request", "a bearer access token of this team is required")
+              grants.withLockedValue({ g in
+                  let token = String(authorization.dropFirst("Bearer ".count))
+                  return g.accessTokens[token] != nil && (g.accessTokenExpiry[token].map { now < $0 } ?? true)
+              }) else {
+            return Self.error(.badRequest, "invalid_request", "a live bearer access token of this team is required")
         }
         if let sub = form["sub"], let target = form["target"], form["transfer_sub"] == nil {
             // Sending team: its user's transfer id for the target team, before the transfer

@@ -132,7 +132,10 @@ extension SimulatedAppleID {
         default:
             guard form["scope"] == "user.migration" else { return Self.error(.badRequest, "invalid_scope") }
             let access = Grants.opaqueToken(prefix: "a")
-            grants.withLockedValue { $0.accessTokens[access] = "" }
+            grants.withLockedValue {
+                $0.accessTokens[access] = ""
+                $0.accessTokenExpiry[access] = now + 3600
+            }
             return Self.json(["access_token": access, "token_type": "Bearer", "expires_in": 3600])
         }
     }

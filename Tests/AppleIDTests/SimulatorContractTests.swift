@@ -145,9 +145,17 @@ struct SimulatorContractTests {
             #expect(await bTokens.exchange(transferSubject: otherID, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
                     "a user who consented only after the transfer did not move")
 
+            // The client_credentials token lives its expires_in (3600 s), then a new one is needed.
+            f.clock.advance(3601)
+            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"), "expired token")
+            guard case .success(let renewed) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("renewal"); return }
+            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: renewed.accessToken) == .subject(sub: newSub, email: email, privateEmail: true))
+
             f.clock.advance(60 * 86_400)
-            #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) == .refused(reason: "invalid_request"), "the window has closed")
-            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"))
+            guard case .success(let lateA) = await f.tokens.migrationAccessToken(clientID: TokenFixture.web),
+                  case .success(let lateB) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("tokens after the window"); return }
+            #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: lateA.accessToken) == .refused(reason: "invalid_request"), "the window has closed")
+            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: lateB.accessToken) == .refused(reason: "invalid_request"))
             #expect(b.activeTransferID(for: newSub, now: f.clock.now) == nil, "no more transfer_sub in tokens")
         }
     }
