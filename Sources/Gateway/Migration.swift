@@ -151,11 +151,6 @@ public struct Migration: Sendable {
         self.retryDelay = retryDelay
     }
 
-    /// A Team ID: ten upper-case letters and digits.
-    public static func isTeamID(_ text: String) -> Bool {
-        text.utf8.count == 10 && text.utf8.allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x41 && $0 <= 0x5A) }
-    }
-
     /// The migration endpoint's access token, renewed five minutes before Apple says it expires.
     final class AccessToken: @unchecked Sendable {
         var value = ""
@@ -199,7 +194,7 @@ public struct Migration: Sendable {
     /// `file` with what the recipient needs. Resumable: users already in the file are skipped,
     /// and an id this store already holds is not asked for again.
     public func export(target: String, to file: String) async throws -> ExportReport {
-        guard Self.isTeamID(target) else { throw MigrationError("--target \(target): not a Team ID (ten upper-case letters and digits)") }
+        guard GatewayConfiguration.Apple.isIdentifier(target) else { throw MigrationError("--target \(target): not a Team ID (ten upper-case letters and digits)") }
         guard target != configuration.apple?.teamID else { throw MigrationError("--target \(target) is this configuration's own apple.team_id") }
         var inFile = Set<String>()
         if FileManager.default.fileExists(atPath: file) {

@@ -157,13 +157,12 @@ extension GatewayConfiguration {
             if s.values[key] == nil { r.report(s.child(key), s.mark, "is required"); return nil }
             return r.string(s, key)
         }
-        let appleID: (Character) -> Bool = { $0.isASCII && ($0.isUppercase || $0.isNumber) }
         if let v = required("team_id") {
-            if v.count == 10, v.allSatisfy(appleID) { apple.teamID = v }
+            if GatewayConfiguration.Apple.isIdentifier(v) { apple.teamID = v }
             else { r.report(s.child("team_id"), r.mark(s, "team_id"), "'\(v)' is not a 10-character Apple Team ID (A-Z, 0-9)") }
         }
         if let v = required("key_id") {
-            if v.count == 10, v.allSatisfy(appleID) { apple.keyID = v }
+            if GatewayConfiguration.Apple.isIdentifier(v) { apple.keyID = v }
             else { r.report(s.child("key_id"), r.mark(s, "key_id"), "'\(v)' is not a 10-character Apple Key ID (A-Z, 0-9)") }
         }
         if s.values["client_ids"] == nil { r.report(s.child("client_ids"), s.mark, "is required: your Services ID first, then any App IDs") }
@@ -575,4 +574,11 @@ extension GatewayConfiguration {
 
 extension String {
     var replacingUnderscores: String { String(map { $0 == "_" ? "-" : $0 }) }
+}
+
+extension GatewayConfiguration.Apple {
+    /// An Apple Team ID or key id: ten upper-case letters and digits.
+    public static func isIdentifier(_ text: String) -> Bool {
+        text.count == 10 && text.allSatisfy { $0.isASCII && ($0.isUppercase || $0.isNumber) }
+    }
 }
