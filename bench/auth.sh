@@ -3,7 +3,12 @@
 # nginx proxy_pass: every request carries a session cookie, rotating through all of them
 # (bench/rotate.lua).
 #
-#   cached     the session is in the gateway's local cache (store.local_cache_ttl 1h, warmed)
+#   cached     the session is in the gateway's local cache (store.local_cache_ttl 1h, warmed);
+#              upstream_reuse: principal (the default): each request is another user, so it
+#              rarely finds an idle upstream connection of its own
+#   shared     the same on instance C, whose route has upstream_reuse: shared
+#   browser, browser-shared, nginx-browser   browser-like: each connection keeps one session
+#              (wrk with one thread per connection, STICKY=1), on A, C and nginx
 #   redis      local cache off (ttl 0): every request reads Redis (one round trip: a script reads
 #              the session, the profile and the revocation marker)
 #   no-cookie  a required route without a credential: 401 from the gateway, no store call
@@ -24,7 +29,8 @@ WORK_NAME=auth
 source bench/lib.sh
 gateway a $SG_A $ADMIN_A 1h
 gateway b $SG_B $ADMIN_B 0s
-PID_A=$(cat "$WORK/a.pid"); PID_B=$(cat "$WORK/b.pid")
+gateway c $SG_C $ADMIN_C 1h "" "" "    upstream_reuse: shared"
+PID_A=$(cat "$WORK/a.pid"); PID_B=$(cat "$WORK/b.pid"); PID_C=$(cat "$WORK/c.pid")
 
 echo "seeding $SESSIONS sessions through POST /_auth/native…"
 python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_A" "$SESSIONS" 1000 "$WORK/cookies.txt"
@@ -35,24 +41,28 @@ for _ in range($SESSIONS): print(base64.urlsafe_b64encode(os.urandom(64)).decode
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
 cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 run() {  # scenario c rep|warm duration
-  local url script="" cookies="" pid=$PID_A
+  local url script="" cookies="" pid=$PID_A threads=2 sticky=""
   case $1 in
     # nginx carries the same rotating cookies (it ignores them): wrk does the same work for both.
     nginx)     url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER; script=bench/rotate.lua; cookies="$WORK/cookies.txt" ;;
     cached)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt" ;;
+    shared)    url="http://127.0.0.1:$SG_C/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_C ;;
+    nginx-browser) url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; threads=$2; sticky=1 ;;
+    browser)   url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; threads=$2; sticky=1 ;;
+    browser-shared) url="http://127.0.0.1:$SG_C/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_C; threads=$2; sticky=1 ;;
     redis)     url="http://127.0.0.1:$SG_B/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_B ;;
     no-cookie) url="http://127.0.0.1:$SG_A/" ;;
     forged)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/forged.txt" ;;
   esac
   local before; before=$(cpu "$pid")
-  COOKIES="$cookies" wrk -t2 -c"$2" -d"$4" --latency ${script:+-s "$script"} "$url" > "$WORK/wrk-$1-$2-$3.txt"
+  STICKY="$sticky" COOKIES="$cookies" wrk -t"$threads" -c"$2" -d"$4" --latency ${script:+-s "$script"} "$url" > "$WORK/wrk-$1-$2-$3.txt"
   echo "$(cpu "$pid") $before" > "$WORK/cpu-$1-$2-$3.txt"
 }
-SCENARIOS="nginx cached redis no-cookie forged"
+SCENARIOS=${SCENARIOS:-"nginx cached shared redis no-cookie forged nginx-browser browser browser-shared"}
 for c in $CONNECTIONS; do
   for s in $SCENARIOS; do run "$s" "$c" warm 3s; done   # warms A's cache with every session
   if [ -n "${PROFILE:-}" ]; then  # PROFILE=cached|redis|forged|no-cookie: where that scenario's CPU goes, then stop
-    pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B
+    pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B; case $PROFILE in shared|browser-shared) pid=$PID_C ;; esac
     perf record -q -e cpu-clock:u -g -p "$pid" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
     PERF=$!
     run "$PROFILE" "$c" profile "$DURATION"
@@ -67,15 +77,16 @@ for c in $CONNECTIONS; do
   done
 done
 RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status"); RSS_B=$(awk '/VmHWM/ {print $2}' "/proc/$PID_B/status")
+RSS_C=$(awk '/VmHWM/ {print $2}' "/proc/$PID_C/status")
 python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | tee "$WORK/table.md"
 {
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — authenticated, $SESSIONS distinct sessions${BENCH_NOTE:+; $BENCH_NOTE}"
   echo
-  echo "Command: \`make bench\` → \`bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`). nginx is \`proxy_pass\` without any auth."
+  echo "Command: \`make bench\` → \`bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared."
   echo
   cat "$WORK/table.md"
   echo
-  echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB."
+  echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB."
 } >> bench/RESULTS.md
 echo "appended to bench/RESULTS.md"

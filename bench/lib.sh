@@ -2,7 +2,7 @@
 # Redis, the Apple ID simulator, and gateway instances sharing Redis and one session secret.
 # Set WORK_NAME before sourcing; `gateway NAME PORT ADMIN CACHE_TTL [EXTRA_APPLE_YAML]`.
 source bench/common.sh
-UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187
+UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187; SG_C=18190; ADMIN_C=18191
 start_nginx $UPSTREAM $NGINX ${NGINX_TLS_ARGS:-}
 redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
 PIDS+=($!)
@@ -14,7 +14,7 @@ wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; 
 wait_for "$WORK/simulator.log" "private_key_file"
 wait_for "$WORK/redis.log" "Ready to accept connections"
 
-gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines]
+gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines] [extra route lines]
   cat > "$WORK/$1.yaml" <<CONF
 server:
   listen: "127.0.0.1:$2"
@@ -39,6 +39,7 @@ routes:
     upstream: "http://127.0.0.1:$UPSTREAM"
     auth: required
     unauthenticated: deny
+${7:-}
 CONF
   "$BIN" serve --config "$WORK/$1.yaml" > "$WORK/$1.log" 2>&1 &
   PIDS+=($!)

@@ -4,6 +4,9 @@
 local values = {}
 for line in io.lines(os.getenv("COOKIES")) do values[#values + 1] = line end
 local name = os.getenv("COOKIE_NAME") or "__Host-sessiongate"
+-- STICKY=1: each thread keeps one credential (run wrk with as many threads as connections:
+-- each connection is one browser with one session, as browsers keep theirs).
+local sticky = os.getenv("STICKY") == "1"
 -- CLOSE=1: one request per connection (every request pays a new connection, a TLS handshake
 -- on https).
 local close = os.getenv("CLOSE") == "1"
@@ -20,7 +23,7 @@ function init(args)
 end
 
 function request()
-  counter = counter + 1
+  if not sticky then counter = counter + 1 end
   local value = values[(counter % #values) + 1]
   local headers = { ["Cookie"] = name .. "=" .. value }
   if close then headers["Connection"] = "close" end

@@ -26,6 +26,7 @@ struct GatewayObserver: ProxyObserver {
     func upstreamConnectionOpened() { metrics.upstreamConnections.increment() }
     func upstreamConnectionClosed() { metrics.upstreamConnections.decrement() }
     func tlsHandshakeFailed(_ reason: TLSHandshakeFailure) { metrics.recordTLSHandshakeFailure(reason) }
+    func clientConnectionRefused(_ reason: ConnectionRefusal) { metrics.recordConnectionRefused(reason) }
 }
 
 /// One line per exchange on standard output (through `LineSink`: never blocks an event loop).

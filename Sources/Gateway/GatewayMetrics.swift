@@ -92,6 +92,7 @@ public final class GatewayMetrics: Sendable {
         for operation in Self.storeOperations { _ = storeLatency(operation) }
         for stream in ["stdout", "stderr"] { _ = counter("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)]) }
         recordSessionCache(entries: 0, evictions: 0)
+        for reason in ConnectionRefusal.allCases { _ = counter("connections_refused", help: Self.connectionsRefusedHelp, labels: [("reason", reason.rawValue)]) }
         _ = routeMetrics("-")
         let sinks: [(String, LineSink)] = [("stdout", .standardOutput), ("stderr", .standardError)]
         addCollector { [unowned self] in
@@ -106,6 +107,13 @@ public final class GatewayMetrics: Sendable {
     func recordSessionCache(entries: Int, evictions: Int) {
         gauge("session_cache_entries", help: "Sessions held by the local cache.", labels: []).set(Double(entries))
         mirror("session_cache_evictions", help: Self.cacheEvictionsHelp, labels: [], total: evictions)
+    }
+
+    static let connectionsRefusedHelp = "Client connections refused at accept (503) over server.limits.max_connections (instance) or max_connections_per_client (client)."
+
+    /// Counts a client connection refused over a cap.
+    func recordConnectionRefused(_ reason: ConnectionRefusal) {
+        counter("connections_refused", help: Self.connectionsRefusedHelp, labels: [("reason", reason.rawValue)]).increment()
     }
 
     /// Counts a client TLS handshake that did not complete.

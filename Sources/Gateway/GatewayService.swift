@@ -90,7 +90,8 @@ public final class GatewayService: Service, Sendable {
             listen: c.server.listen,
             timeouts: .init(upstreamConnect: .init(c.server.timeouts.upstreamConnect),
                             upstreamResponse: .init(c.server.timeouts.upstreamResponse),
-                            idle: .init(c.server.timeouts.idle), requestBody: .init(c.server.timeouts.requestBody)),
+                            idle: .init(c.server.timeouts.idle), requestBody: .init(c.server.timeouts.requestBody),
+                            requestHead: .init(c.server.timeouts.requestHead)),
             limits: c.server.limits)
     }
 
@@ -108,7 +109,8 @@ public final class GatewayService: Service, Sendable {
             return ProxyRoute(name: route.name, host: route.host, pathPrefix: route.pathPrefix, upstream: address,
                               requestGuard: SessionGuard(auth: auth, route: route),
                               maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace,
-                              stripPrefix: route.stripPrefix, upstreamHost: route.upstreamHost)
+                              stripPrefix: route.stripPrefix, upstreamHost: route.upstreamHost, upstreamReuse: route.upstreamReuse,
+                              maxInFlight: route.maxInFlight)
         }
         // The endpoints answer locally; their upstream address is never dialled.
         let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c), trustedProxies: c.server.trustedProxies)

@@ -132,15 +132,18 @@ extension GatewayConfiguration {
             if let v = r.enumeration(l, "format", as: LogFormat.self) { server.log.format = v }
             if let v = r.enumeration(l, "level", as: LogLevel.self) { server.log.level = v }
         }
-        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown", "request_body", "tls_handshake"]) {
+        if let t = r.section(s.values["timeouts"], path: s.child("timeouts"), keys: ["upstream_connect", "upstream_response", "idle", "shutdown", "request_body", "tls_handshake", "request_head"]) {
             if let v = r.duration(t, "request_body") { server.timeouts.requestBody = v }
+            if let v = r.duration(t, "request_head") { server.timeouts.requestHead = v }
             if let v = r.duration(t, "tls_handshake") { server.timeouts.tlsHandshake = v }
             if let v = r.duration(t, "upstream_connect") { server.timeouts.upstreamConnect = v }
             if let v = r.duration(t, "upstream_response") { server.timeouts.upstreamResponse = v }
             if let v = r.duration(t, "idle") { server.timeouts.idle = v }
             if let v = r.duration(t, "shutdown", atLeast: .zero) { server.timeouts.shutdown = v }
         }
-        if let l = r.section(s.values["limits"], path: s.child("limits"), keys: ["max_header_bytes", "max_header_count", "max_body_bytes"]) {
+        if let l = r.section(s.values["limits"], path: s.child("limits"), keys: ["max_header_bytes", "max_header_count", "max_body_bytes", "max_connections", "max_connections_per_client"]) {
+            if let v = r.int(l, "max_connections", range: 0...10_000_000) { server.limits.maxConnections = v }
+            if let v = r.int(l, "max_connections_per_client", range: 0...10_000_000) { server.limits.maxConnectionsPerClient = v }
             if let v = r.int(l, "max_body_bytes", range: 0...Int(Int64.max)) { server.limits.maxBodyBytes = v }
             if let v = r.int(l, "max_header_bytes", range: 1024...(1 << 20)) { server.limits.maxHeaderBytes = v }
             if let v = r.int(l, "max_header_count", range: 8...1000) { server.limits.maxHeaderCount = v }
@@ -377,7 +380,7 @@ extension GatewayConfiguration {
             guard let s = r.section(node, path: path, keys: [
                 "name", "host", "path_prefix", "upstream", "auth", "allow", "unauthenticated", "max_body_bytes", "allow_trace",
                 "strip_prefix", "upstream_host", "post_logout_redirect", "upstream_ca_file", "upstream_server_name", "upstream_insecure_skip_verify",
-                "require_link",
+                "require_link", "upstream_reuse", "max_in_flight",
             ]) else { continue }
             let name = r.string(s, "name") ?? ""
             if s.values["name"] == nil { r.report(s.child("name"), s.mark, "is required") }
@@ -465,6 +468,8 @@ extension GatewayConfiguration {
             if requireLink, identity.linkURL == nil {
                 r.report(s.child("require_link"), r.mark(s, "require_link"), "needs identity.link_url: where an unlinked user is sent")
             }
+            let reuse = r.enumeration(s, "upstream_reuse", as: UpstreamReuse.self) ?? .principal
+            let maxInFlight = r.int(s, "max_in_flight", range: 0...10_000_000) ?? 0
             let skipVerify = r.bool(s, "upstream_insecure_skip_verify") ?? false
             if skipVerify {
                 r.warn(s.child("upstream_insecure_skip_verify"), r.mark(s, "upstream_insecure_skip_verify"),
@@ -489,6 +494,8 @@ extension GatewayConfiguration {
                 route.upstreamServerName = serverName
                 route.upstreamInsecureSkipVerify = skipVerify
                 route.requireLink = requireLink
+                route.upstreamReuse = reuse
+                route.maxInFlight = maxInFlight
                 routes.append(route)
             }
         }

@@ -89,6 +89,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var requestBody: Duration = .seconds(60)
         /// A TLS client must finish its handshake within this time of connecting.
         public var tlsHandshake: Duration = .seconds(10)
+        /// From the first byte of a request to the end of its head; then 408 and close (a client
+        /// trickling header lines no longer keeps its connection by resetting the idle timer).
+        public var requestHead: Duration = .seconds(30)
         public init() {}
     }
 
@@ -100,6 +103,11 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Largest request body forwarded to an upstream, in bytes; beyond it: 413. 0: no limit
         /// (routes may set their own `max_body_bytes`).
         public var maxBodyBytes = 0
+        /// Open client connections per instance; beyond it: 503 with `Retry-After`, closed. 0: no cap.
+        public var maxConnections = 0
+        /// Open client connections per client address (the forwarded one behind
+        /// `server.trusted_proxies`, else the peer's); beyond it: 503, closed. 0: no cap.
+        public var maxConnectionsPerClient = 0
         public init() {}
     }
 
@@ -242,6 +250,12 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// A signed-in user whose Apple identity is linked to no account of the app is sent to
         /// `identity.link_url` (browsers) or refused 403 (scripts).
         public var requireLink = false
+        /// Which requests an upstream connection may carry over its life (`principal`: one
+        /// user's, or one client connection's when anonymous).
+        public var upstreamReuse: UpstreamReuse = .principal
+        /// Requests of this route admitted and not yet answered, per instance; beyond it: 503
+        /// with `Retry-After` at once. 0: no bound.
+        public var maxInFlight = 0
 
         public init(
             name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,
@@ -263,6 +277,19 @@ public struct GatewayConfiguration: Sendable, Equatable {
 
     public enum UnauthenticatedAction: String, Sendable, Equatable, CaseIterable {
         case redirect, deny
+    }
+
+    /// How a route's upstream connections are reused (README: "Upstream connections and users").
+    public enum UpstreamReuse: String, Sendable, Equatable, CaseIterable {
+        /// A connection serves one principal for its whole life: a signed-in user (`sub`), or the
+        /// one client connection an anonymous request came on. An app's framing mistake can show
+        /// a user only their own bytes.
+        case principal
+        /// Any request may take any idle connection (nginx, HAProxy, Envoy): fewer connections,
+        /// and an app's framing mistake can show one user another's page.
+        case shared
+        /// A new connection for every request, closed after it.
+        case none
     }
 
     public struct Allow: Sendable, Equatable {

@@ -19,6 +19,7 @@ extension ClientConnectionStateMachine {
         }
         let snapshot = shared.snapshot
         let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
+        peerTrusted = trusted
         let inbound: InboundRequest
         switch snapshot.rules.inspect(head, peerTrusted: trusted) {
         case .success(let value): inbound = value

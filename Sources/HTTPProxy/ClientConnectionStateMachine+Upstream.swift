@@ -19,7 +19,7 @@ extension ClientConnectionStateMachine {
             responseDeadline = nil
             buffered.removeAll()
             let after = afterResponse(x)
-            state = after == .close ? .closed : .idle
+            state = after == .close ? .closed : .idle()
             return .finish(x, lastChunk: x.framing == .chunked, upstream: upstream,
                            reuse: x.requestEnded && x.upstreamKeepAlive && !x.isWebSocket, after: after)
         }
@@ -87,7 +87,7 @@ extension ClientConnectionStateMachine {
                 buffered.append(.end(nil))
                 responseDeadline = nil
                 state = .connecting(x)
-                return .connect(x, route.upstream, pooled: false)
+                return .connect(x, route, principal: connection.principal, pooled: false)
             }
             return respond(.error(.badGateway, "upstream closed the connection before responding"), x, upstream: nil, failure: .closedBeforeResponse)
         }

@@ -25,8 +25,9 @@ struct ClientConnectionStateMachine {
     typealias Part = RequestReader.Part
 
     enum State {
-        /// Between requests.
-        case idle
+        /// Between requests; `headSince`: when the first byte of the next request's head came
+        /// (its head must be complete within `timeouts.requestHead`).
+        case idle(headSince: NIODeadline? = nil)
         /// The route's guard is deciding (`verdict(_:for:)`); body parts are buffered.
         case awaitingVerdict(ExchangeContext)
         /// Reading a body for one of the gateway's own endpoints.
@@ -63,8 +64,9 @@ struct ClientConnectionStateMachine {
         case admit(ExchangeContext, ProxyRoute)
         /// Hand the collected body to the endpoint; its response comes back as `answered(_:for:)`.
         case answer(ExchangeContext, ByteBuffer, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)
-        /// Take a pooled connection (`pooled`) or open one; it comes back as `connected(_:for:)`.
-        case connect(ExchangeContext, UpstreamAddress, pooled: Bool)
+        /// Take an idle connection to the route's upstream of `principal` (`pooled`) or open one
+        /// for it (nil: for this request only); it comes back as `connected(_:for:)`.
+        case connect(ExchangeContext, ProxyRoute, principal: UpstreamPrincipal?, pooled: Bool)
         /// Write the request head (`upstreamHead`) and what was buffered of the body to the new
         /// upstream connection.
         case startForwarding(UpstreamConnection, ExchangeContext, body: CircularBuffer<Part>)
@@ -102,8 +104,12 @@ struct ClientConnectionStateMachine {
     var remoteAddress: SocketAddress? = nil
     /// The client's address as `X-Forwarded-For` and the access log write it.
     var peerString = "-"
+    /// This client connection's number: the principal of its anonymous requests.
+    var clientID: UInt64 = 0
+    /// The peer is one of `server.trusted_proxies` (as of the last request head).
+    var peerTrusted = false
     let allocator = ByteBufferAllocator()
-    var state: State = .idle
+    var state: State = .idle()
     /// Body parts received while the verdict or the upstream connection is pending.
     var buffered = CircularBuffer<Part>()
     var quiescing = false
@@ -129,8 +135,9 @@ struct ClientConnectionStateMachine {
 
     /// The connection is in a pipeline: who the client is (read once: `Channel.remoteAddress`
     /// takes a lock on every access), and when it started.
-    mutating func connectionStarted(remoteAddress: SocketAddress?, now: NIODeadline) {
+    mutating func connectionStarted(remoteAddress: SocketAddress?, clientID: UInt64, now: NIODeadline) {
         self.remoteAddress = remoteAddress
+        self.clientID = clientID
         let ip = remoteAddress?.ipAddress
         peerString = ip ?? "-"
         peerAddress = ip.flatMap(IPAddress.parse)
@@ -185,9 +192,10 @@ struct ClientConnectionStateMachine {
                                               upstreamWritable: upstreamWritable, clientWritable: clientWritable)
     }
 
-    /// The body or response deadline, when one is running (the idle deadline is checked lazily).
+    /// The head, body or response deadline, when one is running (the idle deadline is checked lazily).
     var eagerDeadline: NIODeadline? {
         mutating get {
+            if case .idle(let since?) = state { return since + shared.timeouts.requestHead }
             switch (responseDeadline, currentBodyDeadline) {
             case (let a?, let b?): return min(a, b)
             case (let a, let b): return a ?? b
@@ -199,6 +207,16 @@ struct ClientConnectionStateMachine {
 
     /// Bytes came from the client, or a read burst from the upstream: progress, for the idle timeout.
     mutating func activity(now: NIODeadline) { lastActivity = now }
+
+    /// After the reader was handed what it could parse: between requests, whether bytes of the
+    /// next request's head are waiting (its `request_head` clock starts with the first of them).
+    mutating func headPending(_ pending: Bool, now: @autoclosure () -> NIODeadline) {
+        switch state {
+        case .idle(nil) where pending: state = .idle(headSince: now())
+        case .idle(.some) where !pending: state = .idle()
+        default: break
+        }
+    }
 
     /// The handler held a read back (the gateway, not the client, is slow meanwhile).
     mutating func readHeld(now: @autoclosure () -> NIODeadline) {
@@ -324,17 +342,29 @@ struct ClientConnectionStateMachine {
             guard let inbound = x.inbound, let target = x.target, let route = x.route else { return .discard(.forward(addHeaders: [], tunnel: tunnel)) }
             x.tunnel = tunnel
             x.user = user
+            if route.maxInFlight > 0 {
+                // Shed at once rather than queue without bound behind a slow app.
+                guard route.enterInFlight() else {
+                    var response = LocalResponse.error(.serviceUnavailable, "route \(route.name) has max_in_flight requests in flight; retry shortly")
+                    response.headers.append(("retry-after", "1"))
+                    return respond(response, x, failure: .maxInFlight)
+                }
+                x.inFlight = true
+            }
             x.forwarded = true
             x.inbound = nil
+            // WebSocket handshakes never take a pooled connection (theirs becomes a tunnel).
+            let principal = x.isWebSocket ? nil : ExchangeRules.upstreamPrincipal(reuse: route.upstreamReuse, user: user, client: clientID,
+                                                                                  hasBody: x.requestHasBody, viaTrustedProxy: peerTrusted)
             let head = UpstreamRequestHead.forwarding(inbound, method: x.method, target: target, route: route, requestID: x.requestID,
-                                                      client: peerString, scheme: shared.scheme, adding: addHeaders, removing: removeHeaders)
+                                                      client: peerString, scheme: shared.scheme, adding: addHeaders, removing: removeHeaders,
+                                                      closing: principal == nil && !x.isWebSocket)
             var bytes = allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
             head.write(inbound, into: &bytes)
             x.upstreamHead = bytes
             x.upstreamStart = now()
             state = .connecting(x)
-            // WebSocket handshakes never take a pooled connection (theirs becomes a tunnel).
-            return .connect(x, route.upstream, pooled: !x.isWebSocket)
+            return .connect(x, route, principal: principal, pooled: principal != nil)
         }
     }
 
@@ -381,6 +411,12 @@ struct ClientConnectionStateMachine {
         }
         if let deadline = currentBodyDeadline, deadline <= now {
             return requestFailed(.requestTimeout, "the request body did not arrive within server.timeouts.request_body")
+        }
+        if case .idle(let since?) = state, since + shared.timeouts.requestHead <= now {
+            // A client trickling header lines resets the idle timer with each; the head's own
+            // deadline does not move (nginx's client_header_timeout, HAProxy's http-request).
+            let x = ExchangeContext(method: .GET, clientVersion: .http1_1, start: since, path: "", requestID: nextRequestID())
+            return respond(.error(.requestTimeout, "the request head did not arrive within server.timeouts.request_head", close: true), x)
         }
         guard lastActivity + shared.timeouts.idle <= now else { return .none }
         switch state {
@@ -436,7 +472,7 @@ struct ClientConnectionStateMachine {
         bodyStart = nil
         buffered.removeAll()
         let after: After = x.keepAlive ? .nextRequest : .close
-        state = after == .close ? .closed : .idle
+        state = after == .close ? .closed : .idle()
         return .respond(bytes, x, upstream: upstream, failure: failure, after: after)
     }
 

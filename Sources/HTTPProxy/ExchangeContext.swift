@@ -47,6 +47,8 @@ final class ExchangeContext {
     var tunnel: TunnelLease? = nil
     /// Who the guard admitted, for the access log.
     var user: String? = nil
+    /// It holds one of its route's `max_in_flight` places (given back when it ends).
+    var inFlight = false
     /// When the upstream connection was asked for, and how long until the response head.
     var upstreamStart: NIODeadline? = nil
     var upstreamNanoseconds: Int64? = nil
@@ -88,8 +90,17 @@ final class ExchangeContext {
         snapshot = nil
         tunnel = nil
         user = nil
+        inFlight = false
         upstreamStart = nil
         upstreamNanoseconds = nil
+    }
+
+    /// The exchange ended (answered, aborted, dropped or a tunnel now): its route's in-flight
+    /// place, if it held one, is given back.
+    func leaveInFlight() {
+        guard inFlight else { return }
+        inFlight = false
+        route?.leaveInFlight()
     }
 
     /// The exchange ends without becoming a tunnel: its WebSocket lease, if any, leaves its registry.

@@ -1,3 +1,4 @@
+import GatewayConfig
 import NIOCore
 import NIOHTTP1
 
@@ -26,6 +27,27 @@ enum ExchangeRules {
     /// Whether the upstream connection may serve another request after this response.
     static func upstreamKeepsAlive(version: HTTPVersion, connectionTokens: [String]) -> Bool {
         version.minor >= 1 ? !connectionTokens.contains("close") : connectionTokens.contains("keep-alive")
+    }
+
+    /// Whom the upstream connection of a forwarded request serves (`routes[].upstream_reuse`);
+    /// nil: this request only — a fresh connection, sent `Connection: close`, closed after.
+    ///
+    /// `principal`: the admitted user, or an anonymous request's client connection, so that
+    /// bytes an app sends late reach no other client. Two requests get a connection of their own
+    /// even so: one with a body (an app that answers without reading it — CL.0 — would read the
+    /// body as the next request on the connection, with whatever identity headers the body
+    /// spells out; `Connection: close` tells it to stop after its answer), and an anonymous one
+    /// that came through a trusted proxy (whose connection carries many clients).
+    static func upstreamPrincipal(reuse: GatewayConfiguration.UpstreamReuse, user: String?, client: UInt64, hasBody: Bool,
+                                  viaTrustedProxy: Bool) -> UpstreamPrincipal? {
+        switch reuse {
+        case .none: return nil
+        case .shared: return .anyone
+        case .principal:
+            if hasBody { return nil }
+            if let user { return .user(user) }
+            return viaTrustedProxy ? nil : .client(client)
+        }
     }
 
     /// Whether a request whose upstream connection closed before any response byte may be sent

@@ -13,6 +13,8 @@ public enum UpstreamErrorKind: String, Sendable, CaseIterable {
     /// The TLS handshake with an https upstream failed (certificate not trusted, wrong name) or
     /// timed out: 502.
     case tlsHandshake = "tls_handshake"
+    /// Not sent: the route had `max_in_flight` requests in flight already (503 + `Retry-After`).
+    case maxInFlight = "max_in_flight"
 }
 
 /// One completed (or abandoned) exchange, for the access log and metrics.
@@ -50,10 +52,13 @@ public protocol ProxyObserver: Sendable {
     func upstreamConnectionClosed()
     /// A client's TLS handshake on the public listener did not complete.
     func tlsHandshakeFailed(_ reason: TLSHandshakeFailure)
+    /// A client connection was over a cap (`server.limits`): answered 503 and closed.
+    func clientConnectionRefused(_ reason: ConnectionRefusal)
 }
 
 extension ProxyObserver {
     public func tlsHandshakeFailed(_ reason: TLSHandshakeFailure) {}
+    public func clientConnectionRefused(_ reason: ConnectionRefusal) {}
 }
 
 public struct SilentProxyObserver: ProxyObserver {

@@ -22,13 +22,16 @@ public struct ProxyConfiguration: Sendable {
         /// of `ExchangeRules.bodyDeadline` (nginx's `client_body_timeout` measures only gaps, so
         /// one byte per gap kept a request open forever).
         public var requestBody: TimeAmount
+        /// From the first byte of a request to the end of its head; then 408 and close.
+        public var requestHead: TimeAmount
 
         public init(upstreamConnect: TimeAmount = .seconds(5), upstreamResponse: TimeAmount = .seconds(60), idle: TimeAmount = .seconds(60),
-                    requestBody: TimeAmount = .seconds(60)) {
+                    requestBody: TimeAmount = .seconds(60), requestHead: TimeAmount = .seconds(30)) {
             self.upstreamConnect = upstreamConnect
             self.upstreamResponse = upstreamResponse
             self.idle = idle
             self.requestBody = requestBody
+            self.requestHead = requestHead
         }
     }
 
@@ -70,6 +73,7 @@ final class ProxyShared: Sendable {
     let observer: any ProxyObserver
     /// `X-Forwarded-Proto` for requests from untrusted peers: the listener's own scheme.
     let scheme: String
+    let limiter: ConnectionLimiter
 
     init(snapshot: RoutingSnapshot, configuration: ProxyConfiguration, observer: any ProxyObserver) {
         self.current = NIOLockedValueBox(snapshot)
@@ -77,6 +81,20 @@ final class ProxyShared: Sendable {
         self.limits = configuration.limits
         self.observer = observer
         self.scheme = configuration.tls == nil ? "http" : "https"
+        self.limiter = ConnectionLimiter(maxTotal: configuration.limits.maxConnections, maxPerClient: configuration.limits.maxConnectionsPerClient)
+    }
+
+    /// Counts a new client connection against the caps; its refusal if it is over one (then it
+    /// was counted nowhere). Counted connections are uncounted when they close.
+    func admitConnection(_ channel: any Channel) -> ConnectionRefusal? {
+        guard limiter.isActive else { return nil }
+        let peer = channel.remoteAddress?.ipAddress
+        let trusted = peer.flatMap(IPAddress.parse).map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
+        let client = trusted ? nil : peer
+        if let refusal = limiter.open(client: client) { return refusal }
+        let limiter = self.limiter
+        channel.closeFuture.whenComplete { _ in limiter.close(client: client) }
+        return nil
     }
 
     var snapshot: RoutingSnapshot { current.withLockedValue { $0 } }
@@ -133,6 +151,10 @@ public final class ProxyServer: Sendable {
                     }
                     let sync = channel.pipeline.syncOperations
                     try tls?.addHandlers(to: sync, observer: shared.observer, logger: logger)
+                    if let refusal = shared.admitConnection(channel) {
+                        shared.observer.clientConnectionRefused(refusal)
+                        return try sync.addHandler(RefusedConnectionHandler())
+                    }
                     try sync.addHandler(ProxyServerHandler(shared: shared, connector: pool))
                 }
             }

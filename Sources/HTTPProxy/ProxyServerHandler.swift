@@ -52,7 +52,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         self.eventLoop = context.eventLoop
-        machine.connectionStarted(remoteAddress: context.channel.remoteAddress, now: context.eventLoop.now)
+        machine.connectionStarted(remoteAddress: context.channel.remoteAddress, clientID: connector.newClient(), now: context.eventLoop.now)
         shared.observer.clientConnectionOpened()
         armTimer(at: now + shared.timeouts.idle)
     }
@@ -72,6 +72,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
         run(machine.clientClosed())
+        connector.clientClosed(machine.clientID)
         shared.observer.clientConnectionClosed()
         context.fireChannelInactive()
     }
@@ -163,6 +164,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             // them. The flush may fail at once and end the exchange (then: round again).
             if !inReadBurst, case .forwarding(_, let upstream) = machine.state { upstream.flush() }
         } while pumpAgain && context != nil && !machine.isClosed
+        machine.headPending(reader.holdsUnparsedRequest, now: now)
         noteHeldRead()
         armEagerDeadline()
     }
@@ -179,7 +181,10 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard context != nil else {
             if case .closeUpstream(let connection) = action { connection.close() }
             if case .discard(let verdict) = action { Self.discard(verdict) }
-            if case .drop(let exchange) = action { exchange.endLease() }
+            if case .drop(let exchange) = action {
+                exchange.leaveInFlight()
+                exchange.endLease()
+            }
             return
         }
         run(action)
@@ -242,12 +247,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 guard handler.context != nil else { return }
                 handler.deliver(handler.machine.answered(result, for: exchange))
             }
-        case .connect(let exchange, let address, let pooled):
-            if pooled, let connection = connector.takeIdle(address) {
+        case .connect(let exchange, let route, let principal, let pooled):
+            let address = route.upstream
+            if pooled, let principal, let connection = connector.takeIdle(address, for: principal) {
                 return run(machine.connected(.success(connection), for: exchange, now: now))
             }
             let bound = NIOLoopBound((self, exchange), eventLoop: context.eventLoop)
-            connector.connect(address).whenComplete { result in
+            connector.connect(address, for: principal).whenComplete { result in
                 let (handler, exchange) = bound.value
                 let connection = result.map { $0.value }
                 guard handler.context != nil else {
@@ -305,6 +311,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .discard(let verdict):
             Self.discard(verdict)
         case .drop(let exchange):
+            exchange.leaveInFlight()
             exchange.endLease()
         }
     }
@@ -337,7 +344,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private func record(_ exchange: ExchangeContext, aborted: Bool) {
-        // The exchange ended without becoming a tunnel.
+        exchange.leaveInFlight()
+        // The exchange ended without becoming a tunnel (an upgrade took its lease first).
         exchange.endLease()
         shared.observer.exchangeCompleted(exchange.record(aborted: aborted, client: machine.peerString, now: now))
     }

@@ -1,3 +1,5 @@
+import GatewayConfig
+import Synchronization
 import NIOCore
 
 #if canImport(Glibc)
@@ -97,9 +99,16 @@ public final class ProxyRoute: Sendable {
     public let stripPrefix: Bool
     /// The `Host` the upstream receives instead of the client's (`X-Forwarded-Host` keeps it).
     public let upstreamHost: String?
+    /// Which requests an upstream connection may carry over its life.
+    public let upstreamReuse: GatewayConfiguration.UpstreamReuse
+    /// Forwarded requests not yet answered, per instance, beyond which the next is refused 503
+    /// at once (0: no bound).
+    public let maxInFlight: Int
+    private let inFlight = Atomic<Int>(0)
 
     public init(name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamAddress, requestGuard: any RequestGuard = PublicGuard(),
-                maxBodyBytes: Int = 0, allowTrace: Bool = false, stripPrefix: Bool = false, upstreamHost: String? = nil) {
+                maxBodyBytes: Int = 0, allowTrace: Bool = false, stripPrefix: Bool = false, upstreamHost: String? = nil,
+                upstreamReuse: GatewayConfiguration.UpstreamReuse = .principal, maxInFlight: Int = 0) {
         self.name = name
         self.host = host
         self.pathPrefix = pathPrefix
@@ -109,7 +118,20 @@ public final class ProxyRoute: Sendable {
         self.allowTrace = allowTrace
         self.stripPrefix = stripPrefix
         self.upstreamHost = upstreamHost
+        self.upstreamReuse = upstreamReuse
+        self.maxInFlight = maxInFlight
     }
+
+    /// Takes one of the route's `maxInFlight` places; false when all are taken. Every place
+    /// taken is given back with `leaveInFlight()`.
+    func enterInFlight() -> Bool {
+        let now = inFlight.wrappingAdd(1, ordering: .relaxed).newValue
+        guard now > maxInFlight else { return true }
+        inFlight.wrappingSubtract(1, ordering: .relaxed)
+        return false
+    }
+
+    func leaveInFlight() { inFlight.wrappingSubtract(1, ordering: .relaxed) }
 
     /// Whether `path` (canonical) is under this route's prefix, on a segment boundary:
     /// `/api` matches `/api` and `/api/x`, not `/apix`.

@@ -12,8 +12,9 @@ protocol UpstreamConnectionOwner: AnyObject {
 }
 
 /// One keep-alive connection to an upstream, owned by its event loop's pool while idle and by
-/// one client exchange while busy. Reads are gated on the client's writability (back-pressure
-/// from client to upstream).
+/// one client exchange while busy, serving one principal (`UpstreamPrincipal`) for its whole
+/// life. Reads are gated on the client's writability (back-pressure from client to upstream).
+/// An idle connection that receives a byte closes: it belongs to no request.
 ///
 /// It speaks HTTP/1.1 itself, with the wire engine: responses are read by a `ResponseReader`
 /// straight from the received bytes, and requests are written as bytes (`writeHead`,
@@ -24,14 +25,21 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = ByteBuffer
 
     let address: UpstreamAddress
+    /// Whose requests it carries; nil: one request only.
+    let principal: UpstreamPrincipal?
     private(set) var context: ChannelHandlerContext?
     private var readPending = false
     private(set) var isActive = true
     /// Served at least one exchange before (a reused connection may have been closed by the
     /// upstream in the meantime: the retry rule depends on it).
     var reused = false
-    /// Set while idle in the pool.
+    /// Set while idle in the pool (and only then), with the pool's stamp of that release.
     var idleSince: NIODeadline? = nil
+    var idleStamp: UInt64 = 0
+    /// False once what the app sent left the connection's framing in doubt (bytes behind a
+    /// complete response, a bodyless response announcing a body): it serves no further request.
+    var reusable: Bool { !bytesBehindResponse && !reader.framingInDoubt }
+    private var bytesBehindResponse = false
     weak var pool: UpstreamPool?
     var owner: (any UpstreamConnectionOwner)? {
         didSet { if owner != nil, readPending { readPending = false; context?.read() } }
@@ -41,8 +49,9 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     /// The request being written has a chunked body (its head says `Transfer-Encoding: chunked`).
     private var chunkedRequest = false
 
-    init(address: UpstreamAddress) {
+    init(address: UpstreamAddress, principal: UpstreamPrincipal? = nil) {
         self.address = address
+        self.principal = principal
     }
 
     var channel: (any Channel)? { context?.channel }
@@ -61,7 +70,7 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
             while let owner, let part = try reader.next() {
                 // Bytes behind a complete response belong to no request: never reuse this
                 // connection (the pool closes it when the exchange gives it back).
-                if case .end = part, reader.hasUnreadBytes { isActive = false }
+                if case .end = part, reader.hasUnreadBytes { bytesBehindResponse = true }
                 owner.upstreamRead(part)
             }
         } catch {

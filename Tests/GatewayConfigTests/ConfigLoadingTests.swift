@@ -104,8 +104,43 @@ struct ConfigLoadingTests {
         BadCase(name: "bad sentinel address", yaml: "store:\n  redis_url: \"redis://m/0\"\n  sentinel: { master_name: m, addresses: [\"10.0.0.1\"] }\n" + minimal, path: "store.sentinel.addresses[0]", line: 3, column: 43, message: "host:port of a sentinel"),
         BadCase(name: "CA file for an http:// upstream", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_ca_file: /ca.pem\n", path: "routes[0].upstream_ca_file", line: 4, column: 23, message: "only to an https:// upstream"),
         BadCase(name: "skip-verify beside a CA file", yaml: "routes:\n  - name: a\n    upstream: \"https://x\"\n    upstream_ca_file: /ca.pem\n    upstream_insecure_skip_verify: true\n", path: "routes[0].upstream_insecure_skip_verify", line: 5, column: 36, message: "contradicts"),
+        BadCase(name: "bad upstream_reuse", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_reuse: pooled\n", path: "routes[0].upstream_reuse", line: 4, column: 21, message: "principal | shared | none"),
+        BadCase(name: "negative max_in_flight", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    max_in_flight: -1\n", path: "routes[0].max_in_flight", line: 4, column: 20, message: "must be between 0 and"),
+        BadCase(name: "negative connection cap", yaml: "server:\n  limits:\n    max_connections_per_client: -5\n" + minimal, path: "server.limits.max_connections_per_client", line: 3, column: 33, message: "must be between 0 and"),
+        BadCase(name: "bad request_head", yaml: "server:\n  timeouts:\n    request_head: soon\n" + minimal, path: "server.timeouts.request_head", line: 3, column: 19, message: "not a duration"),
         BadCase(name: "bad access_log", yaml: "server:\n  access_log: verbose\n" + minimal, path: "server.access_log", line: 2, column: 15, message: "text | json | off"),
     ]
+
+    @Test("upstream reuse is principal by default; shared, none, max_in_flight, request_head and the connection caps parse")
+    func reuseAndBounds() throws {
+        let yaml = """
+            server:
+              timeouts: { request_head: 5s }
+              limits: { max_connections: 10000, max_connections_per_client: 64 }
+            routes:
+              - name: a
+                upstream: "http://127.0.0.1:1"
+                auth: public
+              - name: b
+                path_prefix: /b
+                upstream: "http://127.0.0.1:2"
+                auth: public
+                upstream_reuse: shared
+                max_in_flight: 200
+              - name: c
+                path_prefix: /c
+                upstream: "http://127.0.0.1:3"
+                auth: public
+                upstream_reuse: none
+            """
+        let c = try #require(GatewayConfiguration.parse(yaml: yaml).configuration)
+        #expect(c.server.timeouts.requestHead == .seconds(5))
+        #expect(GatewayConfiguration().server.timeouts.requestHead == .seconds(30))
+        #expect(c.server.limits.maxConnections == 10000)
+        #expect(c.server.limits.maxConnectionsPerClient == 64)
+        #expect(c.routes.map(\.upstreamReuse) == [.principal, .shared, .none])
+        #expect(c.routes.map(\.maxInFlight) == [0, 200, 0])
+    }
 
     @Test("https upstreams, TLS, rediss:// and sentinels parse; skipping verification is a loud warning")
     func tlsKeys() throws {

@@ -24,11 +24,24 @@ final class RawClient: @unchecked Sendable {
 
     enum Failure: Error { case connect(Int32), timeout, closed, malformed(String) }
 
-    init(port: Int, timeoutSeconds: Int = 10) throws {
+    /// `source`: the loopback address to connect from (another client, as the gateway sees it).
+    init(port: Int, timeoutSeconds: Int = 10, source: String? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        if let source {
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            local.sin_addr.s_addr = inet_addr(source)
+            let bound = withUnsafePointer(to: &local) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+            if bound != 0 {
+                let e = errno
+                close(fd)
+                fd = -1
+                throw Failure.connect(e)
+            }
+        }
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_port = in_port_t(UInt16(port).bigEndian)
@@ -43,6 +56,12 @@ final class RawClient: @unchecked Sendable {
     }
 
     deinit { if fd >= 0 { close(fd) } }
+
+    /// Closes the socket now (a client that goes away).
+    func closeNow() {
+        if fd >= 0 { close(fd) }
+        fd = -1
+    }
 
     func send(_ text: String) throws { try send(Array(text.utf8)) }
 

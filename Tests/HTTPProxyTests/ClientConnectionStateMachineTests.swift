@@ -18,7 +18,7 @@ struct ClientConnectionStateMachineTests {
         let snapshot = RoutingSnapshot(routes: routes, identityHeaders: [], trustedProxies: [])
         let configuration = ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: Self.timeouts)
         var m = Machine(shared: ProxyShared(snapshot: snapshot, configuration: configuration, observer: SilentProxyObserver()), seed: 7)
-        m.connectionStarted(remoteAddress: try? SocketAddress(ipAddress: "192.0.2.1", port: 9), now: Self.t0)
+        m.connectionStarted(remoteAddress: try? SocketAddress(ipAddress: "192.0.2.1", port: 9), clientID: 7, now: Self.t0)
         return m
     }
 
@@ -60,7 +60,7 @@ struct ClientConnectionStateMachineTests {
         guard case .closeUpstream = m.connected(.success(connection), for: first, now: Self.t0) else { Issue.record("a stale connection used"); return }
         guard case .none = m.answered(.success(.error(.ok, "x")), for: first) else { Issue.record("a stale answer applied"); return }
         // The current exchange still gets its own.
-        guard case .connect(let x, _, pooled: true) = m.verdict(.success(.forward), for: second, now: Self.t0) else { Issue.record("no connect"); return }
+        guard case .connect(let x, _, _, pooled: true) = m.verdict(.success(.forward), for: second, now: Self.t0) else { Issue.record("no connect"); return }
         #expect(x === second)
     }
 
@@ -73,7 +73,7 @@ struct ClientConnectionStateMachineTests {
         reused.reused = true
         guard case .startForwarding(_, _, let body) = m.connected(.success(reused), for: x, now: Self.t0) else { Issue.record("not forwarded"); return }
         #expect(body.count == 1, "the request's end, buffered while connecting")
-        guard case .connect(_, _, pooled: false) = m.upstreamClosed(nil) else { Issue.record("not retried"); return }
+        guard case .connect(_, _, _, pooled: false) = m.upstreamClosed(nil) else { Issue.record("not retried"); return }
         guard case .startForwarding = m.connected(.success(UpstreamConnection(address: reused.address)), for: x, now: Self.t0) else {
             Issue.record("retry not forwarded"); return
         }

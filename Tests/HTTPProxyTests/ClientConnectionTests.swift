@@ -22,26 +22,35 @@ final class EmbeddedConnector: UpstreamConnector {
 
     init(loop: EmbeddedEventLoop) { self.loop = loop }
 
-    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
-        while let connection = idle.popLast() {
-            if connection.isActive { return connection }
-        }
-        return nil
+    private var clients: UInt64 = 0
+    /// The client connections that closed.
+    private(set) var closedClients: [UInt64] = []
+
+    func takeIdle(_ address: UpstreamAddress, for principal: UpstreamPrincipal) -> UpstreamConnection? {
+        guard let index = idle.lastIndex(where: { $0.principal == principal && $0.isActive }) else { return nil }
+        return idle.remove(at: index)
     }
 
-    func connect(_ address: UpstreamAddress) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
+    func connect(_ address: UpstreamAddress, for principal: UpstreamPrincipal?) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
         let promise = loop.makePromise(of: NIOLoopBound<UpstreamConnection>.self)
         if manual {
             pending.append(promise)
         } else {
-            promise.succeed(open())
+            promise.succeed(open(for: principal))
         }
         return promise.futureResult
     }
 
-    func open() -> NIOLoopBound<UpstreamConnection> {
+    func newClient() -> UInt64 {
+        clients += 1
+        return clients
+    }
+
+    func clientClosed(_ id: UInt64) { closedClients.append(id) }
+
+    func open(for principal: UpstreamPrincipal? = .anyone) -> NIOLoopBound<UpstreamConnection> {
         let channel = EmbeddedChannel(loop: loop)
-        let connection = UpstreamConnection(address: UpstreamAddress(host: "127.0.0.1", port: 1))
+        let connection = UpstreamConnection(address: UpstreamAddress(host: "127.0.0.1", port: 1), principal: principal)
         if opened.isEmpty, let after = closeOnFlush {
             let closer = CloseOnFlush()
             closer.armed = true
@@ -55,6 +64,7 @@ final class EmbeddedConnector: UpstreamConnector {
     }
 
     func release(_ connection: UpstreamConnection) {
+        guard connection.isActive, connection.reusable, connection.principal != nil else { return connection.close() }
         connection.owner = nil
         connection.reused = true
         idle.append(connection)
@@ -118,11 +128,12 @@ struct ClientConnectionTests {
     static let timeouts = ProxyConfiguration.Timeouts(upstreamConnect: .seconds(1), upstreamResponse: .seconds(5), idle: .seconds(30),
                                                       requestBody: .seconds(10))
 
-    /// `outbound`: a handler between the proxy and the client's socket.
+    /// `outbound`: a handler between the proxy and the client's socket; `reuse`: the route's
+    /// `upstream_reuse` (`shared` sends requests with a body on kept connections too).
     func makeFixture(_ requestGuard: any RequestGuard = ScriptedGuard { _, _ in .verdict(.forward) },
-                     outbound: (any ChannelOutboundHandler & Sendable)? = nil) throws -> Fixture {
+                     outbound: (any ChannelOutboundHandler & Sendable)? = nil, reuse: GatewayConfiguration.UpstreamReuse = .principal) throws -> Fixture {
         let client = EmbeddedChannel()
-        let routes = [ProxyRoute(name: "r", upstream: UpstreamAddress(host: "127.0.0.1", port: 1), requestGuard: requestGuard)]
+        let routes = [ProxyRoute(name: "r", upstream: UpstreamAddress(host: "127.0.0.1", port: 1), requestGuard: requestGuard, upstreamReuse: reuse)]
         let snapshot = RoutingSnapshot(routes: routes, identityHeaders: ["X-Auth-User"], trustedProxies: [])
         let configuration = ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: Self.timeouts)
         let observer = RecordingObserver()
@@ -153,7 +164,7 @@ struct ClientConnectionTests {
         used.responseStarted = true; used.framing = .chunked; used.upstreamKeepAlive = false; used.status = 200; used.bytesSent = 9
         used.retried = true; used.forwarded = true; used.bodyBytes = 3; used.maxBodyBytes = 4
         used.snapshot = RoutingSnapshot(routes: [], identityHeaders: [], trustedProxies: []); used.tunnel = TunnelLease()
-        used.user = "u"; used.upstreamStart = .now(); used.upstreamNanoseconds = 5
+        used.user = "u"; used.inFlight = true; used.upstreamStart = .now(); used.upstreamNanoseconds = 5
         var head = HeadParser(kind: .request, maxHeadBytes: 1024, maxFields: 10)
         var bytes = ByteBuffer(string: "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         let wire = try #require(try head.parse(&bytes))
@@ -221,9 +232,9 @@ struct ClientConnectionTests {
         #expect(try f.clientOutput().hasPrefix("HTTP/1.1 502 Bad Gateway\r\n"))
     }
 
-    @Test("a request with a body is never retried: 502")
+    @Test("a request with a body is never retried (shared: it went out on a kept connection): 502")
     func noRetryWithBody() throws {
-        let f = try makeFixture()
+        let f = try makeFixture(reuse: .shared)
         try f.poolOneConnection()
         try f.send("PUT /two HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\n\r\nabc")
         #expect(try f.upstreamOutput(0).hasSuffix("\r\n\r\nabc"))
@@ -375,9 +386,9 @@ struct ClientConnectionReentrancyTests {
         #expect(leases.ended == 1)
     }
 
-    @Test("a pipelined request behind one whose reused connection fails at its first flush is still served")
+    @Test("a pipelined request behind one whose reused connection fails at its first flush is still served (shared)")
     func pumpAfterFailedFlush() throws {
-        let f = try ClientConnectionTests().makeFixture()
+        let f = try ClientConnectionTests().makeFixture(reuse: .shared)
         f.connector.closeOnFlush = 1  // connection 0: its 2nd flush fails (the app reset it while idle)
         try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\nPOST /2 HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\nHost: app\r\n\r\n")
         try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -422,4 +433,42 @@ final class StallWrites: ChannelOutboundHandler, @unchecked Sendable {
         if let promise { promises.append(promise) }
     }
     func flush(context: ChannelHandlerContext) {}
+}
+
+@Suite("Client connection: upstream connections bound to one principal")
+struct PrincipalBindingTests {
+    @Test("principal: an anonymous client's GETs share one kept connection; a request with a body gets its own, told Connection: close, closed after; the client's close is reported")
+    func bodyGetsItsOwnConnection() throws {
+        let f = try ClientConnectionTests().makeFixture()
+        try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\n")
+        #expect(!(try f.upstreamOutput(0)).lowercased().contains("connection: close"))
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        try f.send("POST /2 HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\n\r\nabc")
+        try #require(f.connector.opened.count == 2, "a body never goes out on a kept connection")
+        let post = try f.upstreamOutput(1)
+        #expect(post.contains("\r\nConnection: close\r\n"))
+        #expect(post.hasSuffix("\r\n\r\nabc"))
+        try f.answer(1, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        #expect(!f.connector.opened[1].isActive, "closed after its one request")
+        try f.send("GET /3 HTTP/1.1\r\nHost: app\r\n\r\n")
+        #expect(f.connector.opened.count == 2, "the GET takes the client's kept connection")
+        #expect(try f.upstreamOutput(0).hasPrefix("GET /3 "))
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        try f.client.close().wait()
+        #expect(f.connector.closedClients == [1])
+    }
+
+    @Test("principal: two users on one loop never take each other's kept connection")
+    func usersDoNotShare() throws {
+        let f = try ClientConnectionTests().makeFixture(ScriptedGuard { request, _ in
+            .verdict(.forward(addHeaders: [], user: request.firstValue(named: "x-user")))
+        })
+        for (index, user) in ["alice", "bob", "alice"].enumerated() {
+            try f.send("GET /\(index) HTTP/1.1\r\nHost: app\r\nX-User: \(user)\r\n\r\n")
+            try f.answer(user == "alice" ? 0 : 1, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        }
+        #expect(f.connector.opened.count == 2)
+        #expect(f.connector.opened.map { $0.isActive } == [true, true])
+        #expect(try f.upstreamOutput(1).hasPrefix("GET /1 "), "bob's request went out on a connection of its own")
+    }
 }

@@ -1,3 +1,4 @@
+import GatewayConfig
 import NIOCore
 import NIOHTTP1
 import Testing
@@ -18,6 +19,42 @@ struct ExchangeRulesTests {
     ] as [(String, HTTPMethod, Int, Bool, HTTPVersion, ExchangeRules.ResponseFraming)])
     func framing(name: String, method: HTTPMethod, status: Int, hasLength: Bool, version: HTTPVersion, expected: ExchangeRules.ResponseFraming) {
         #expect(ExchangeRules.responseFraming(requestMethod: method, status: status, hasContentLength: hasLength, clientVersion: version) == expected, "\(name)")
+    }
+
+    @Test("an upstream connection serves one principal: the user, an anonymous client's own connection, anyone, or one request", arguments: [
+        ("principal, signed in", GatewayConfiguration.UpstreamReuse.principal, "alice" as String?, false, false, UpstreamPrincipal?.some(.user("alice"))),
+        ("principal, anonymous", .principal, nil, false, false, .client(7)),
+        ("principal, signed in, with a body (CL.0)", .principal, "alice", true, false, nil),
+        ("principal, anonymous, with a body (CL.0)", .principal, nil, true, false, nil),
+        ("principal, anonymous through a trusted proxy", .principal, nil, false, true, nil),
+        ("principal, signed in through a trusted proxy", .principal, "alice", false, true, .user("alice")),
+        ("shared, signed in", .shared, "alice", false, false, .anyone),
+        ("shared, anonymous with a body", .shared, nil, true, true, .anyone),
+        ("none, signed in", .none, "alice", false, false, nil),
+        ("none, anonymous", .none, nil, false, false, nil),
+    ] as [(String, GatewayConfiguration.UpstreamReuse, String?, Bool, Bool, UpstreamPrincipal?)])
+    func principal(name: String, reuse: GatewayConfiguration.UpstreamReuse, user: String?, hasBody: Bool, viaProxy: Bool, expected: UpstreamPrincipal?) {
+        #expect(ExchangeRules.upstreamPrincipal(reuse: reuse, user: user, client: 7, hasBody: hasBody, viaTrustedProxy: viaProxy) == expected, "\(name)")
+    }
+
+    @Test("a response without a body by its method or status that announces one leaves its connection in doubt", arguments: [
+        ("HEAD with a length", HTTPMethod.HEAD, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n", true),
+        ("HEAD with length 0", .HEAD, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false),
+        ("HEAD, chunked", .HEAD, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", true),
+        ("HEAD without framing", .HEAD, "HTTP/1.1 200 OK\r\n\r\n", false),
+        ("204 with a length", .GET, "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", true),
+        ("204 bare", .GET, "HTTP/1.1 204 No Content\r\n\r\n", false),
+        ("304 chunked", .GET, "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n", true),
+        ("304 with a length", .GET, "HTTP/1.1 304 Not Modified\r\nContent-Length: 40\r\n\r\n", true),
+        ("100 with a length", .POST, "HTTP/1.1 100 Continue\r\nContent-Length: 3\r\n\r\n", true),
+        ("200 with a length", .GET, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n", false),
+        ("200 chunked", .GET, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", false),
+    ] as [(String, HTTPMethod, String, Bool)])
+    func unsentBody(name: String, method: HTTPMethod, raw: String, expected: Bool) throws {
+        var parser = HeadParser(kind: .response, maxHeadBytes: 8192, maxFields: 100)
+        var buffer = ByteBuffer(string: raw)
+        let head = try #require(try parser.parse(&buffer))
+        #expect(MessageFraming.declaresUnsentBody(head, requestMethod: method) == expected, "\(name)")
     }
 
     @Test("upstream keep-alive", arguments: [

@@ -89,4 +89,16 @@ extension MessageFraming {
         if fields.encodings > 0 { return .chunked }
         return fields.length.map { .contentLength($0) } ?? .untilClose
     }
+
+    /// Whether a response that has no body by its request's method or its status (HEAD, 1xx,
+    /// 204, 304) declares one all the same (a non-zero `Content-Length`, or `Transfer-Encoding`).
+    /// It is framed as bodyless, but an app that sends the body it announced puts bytes on the
+    /// connection behind the response, where the next request's answer is expected: such a
+    /// connection is never used again.
+    static func declaresUnsentBody(_ head: borrowing WireHead, requestMethod: HTTPMethod) -> Bool {
+        let status = head.status
+        guard requestMethod == .HEAD || (100..<200).contains(status) || status == 204 || status == 304,
+              let fields = try? FramingFields(head) else { return false }
+        return fields.encodings > 0 || (fields.length ?? 0) > 0
+    }
 }

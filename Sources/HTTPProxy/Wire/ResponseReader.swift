@@ -43,6 +43,10 @@ struct ResponseReader {
     /// Bytes received and not yet read (after a response, bytes that belong to none).
     var hasUnreadBytes: Bool { buffer.readableBytes > 0 }
 
+    /// A response so far announced a body its request's method or status says it has not
+    /// (`MessageFraming.declaresUnsentBody`): what follows it on the connection is in doubt.
+    private(set) var framingInDoubt = false
+
     /// The next part from what has arrived; nil while more bytes are needed (or after a 101).
     mutating func next() throws(WireError) -> Part? {
         switch state {
@@ -69,10 +73,12 @@ struct ResponseReader {
                 // Interim: its framing fields are checked too (llhttp does), then the final
                 // response follows.
                 _ = try MessageFraming.response(head, requestMethod: method)
+                if MessageFraming.declaresUnsentBody(head, requestMethod: method) { framingInDoubt = true }
                 return .head(head)
             }
             outstanding.removeFirst()
             state = .body(BodyDecoder(try MessageFraming.response(head, requestMethod: method), maxFields: parser.maxFields))
+            if MessageFraming.declaresUnsentBody(head, requestMethod: method) { framingInDoubt = true }
             return .head(head)
         }
     }

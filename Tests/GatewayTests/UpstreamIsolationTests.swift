@@ -1,0 +1,141 @@
+import GatewayConfig
+import HTTPProxy
+import NIOCore
+import NIOPosix
+import TestSupport
+import Testing
+
+/// Users never mix (issue 23): an app's framing mistake on a kept-alive upstream connection
+/// reaches only the principal who caused it. Two clients on **one event loop** (so they share
+/// its one pool), a `MisbehavingUpstream` that leaves bytes on its connection, and the second
+/// client must never receive a byte of the first's.
+@Suite("Upstream connections and users (raw bytes)", .serialized)
+struct UpstreamIsolationTests {
+    /// Admits a request as the user its `X-Test-User` names (a session, as far as the proxy can
+    /// tell), or anonymously without one.
+    struct HeaderGuard: RequestGuard {
+        func admit(_ request: GuardRequest, on eventLoop: any EventLoop) -> GuardDecision {
+            guard let user = request.firstValue(named: "x-test-user") else { return .verdict(.forward) }
+            return .verdict(.forward(addHeaders: [("X-Auth-User", user)], user: user))
+        }
+    }
+
+    struct Shape: CustomTestStringConvertible, Sendable {
+        let name: String
+        /// What the first client (alice, or anonymous) sends.
+        let first: String
+        let firstIsHead: Bool
+        /// Whether `shared` mode still lets the second client see the first's bytes.
+        let leaksWhenShared: Bool
+        var testDescription: String { name }
+    }
+
+    static let shapes: [Shape] = [
+        Shape(name: "a late extra response", first: "GET /late-extra HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n",
+              firstIsHead: false, leaksWhenShared: true),
+        Shape(name: "a late HEAD body", first: "HEAD /head HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n",
+              firstIsHead: true, leaksWhenShared: false),
+        Shape(name: "a late 204 body", first: "GET /no-content HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n",
+              firstIsHead: false, leaksWhenShared: false),
+        Shape(name: "a late 304 body", first: "GET /not-modified HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n",
+              firstIsHead: false, leaksWhenShared: false),
+        Shape(name: "a body longer than its Content-Length", first: "GET /over-long HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n",
+              firstIsHead: false, leaksWhenShared: false),
+        Shape(name: "an anonymous body the app does not read (CL.0)",
+              first: "POST /static/x HTTP/1.1\r\nHost: a\r\nContent-Length: 45\r\n\r\nGET /forged?to=attacker HTTP/1.1\r\nX-Swallow: ",
+              firstIsHead: false, leaksWhenShared: true),
+        Shape(name: "an anonymous body the app does not read, spelling out a whole request as admin (CL.0)",
+              first: "POST /static/x HTTP/1.1\r\nHost: a\r\nContent-Length: \(forged.utf8.count)\r\n\r\n\(forged)",
+              firstIsHead: false, leaksWhenShared: true),
+    ]
+
+    /// A request the attacker writes whole, identity included, as a body.
+    static let forged = "GET /forged-admin HTTP/1.1\r\nHost: a\r\nX-Auth-User: admin\r\n\r\n"
+
+    struct Outcome {
+        /// What the second client (admin) received as the answer to its `GET /b`.
+        let second: RawClient.Response?
+        /// Every request line the app parsed with admin's identity.
+        let adminLines: [String]
+    }
+
+    /// alice (or an anonymous client) sends `shape.first` on one connection and reads its answer;
+    /// then admin sends `GET /b` on another connection of the same event loop.
+    static func run(_ shape: Shape, reuse: GatewayConfiguration.UpstreamReuse) async throws -> Outcome {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let app = try await MisbehavingUpstream.start(group: MultiThreadedEventLoopGroup.singleton)
+        let h = try await ProxyHarness.start(upstreamPort: app.port, group: group) { address in
+            [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)]
+        }
+        let port = h.port
+        let second = try await blocking { () -> RawClient.Response? in
+            let first = try RawClient(port: port, timeoutSeconds: 5)
+            try first.send(shape.first)
+            _ = try first.readResponse(head: shape.firstIsHead)
+            let admin = try RawClient(port: port, timeoutSeconds: 5)
+            try admin.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: admin\r\n\r\n")
+            return try? admin.readResponse()
+        }
+        let adminLines = app.requests.filter { $0.user == "admin" }.map { $0.line }
+        await h.stop()
+        await app.close()
+        try await group.shutdownGracefully()
+        return Outcome(second: second, adminLines: adminLines)
+    }
+
+    @Test("principal (the default): the second user gets their own answer, never a byte of the first's", arguments: shapes)
+    func principal(_ shape: Shape) async throws {
+        let outcome = try await Self.run(shape, reuse: .principal)
+        let second = try #require(outcome.second)
+        #expect(second.status == 200)
+        #expect(second.text == "line=GET /b HTTP/1.1;user=admin")
+        #expect(!second.text.contains("alice"))
+        #expect(outcome.adminLines == ["GET /b HTTP/1.1"], "the app ran only admin's own request as admin")
+    }
+
+    @Test("none: every request has a connection of its own", arguments: shapes)
+    func none(_ shape: Shape) async throws {
+        let outcome = try await Self.run(shape, reuse: .none)
+        #expect(outcome.second?.text == "line=GET /b HTTP/1.1;user=admin")
+        #expect(outcome.adminLines == ["GET /b HTTP/1.1"])
+    }
+
+    @Test("principal: anonymous requests through a trusted proxy (whose connection carries many clients) each get a connection of their own")
+    func anonymousThroughProxy() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let app = try await MisbehavingUpstream.start(group: MultiThreadedEventLoopGroup.singleton)
+        let h = try await ProxyHarness.start(trustedProxies: [CIDR.parse("127.0.0.1/32")!], upstreamPort: app.port, group: group) { address in
+            [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard())]
+        }
+        let port = h.port
+        let second = try await blocking { () -> RawClient.Response in
+            // One front-proxy connection: anonymous user X's request, then anonymous user Y's.
+            let front = try RawClient(port: port, timeoutSeconds: 5)
+            try front.send("GET /late-extra HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n")
+            _ = try front.readResponse()
+            try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.2\r\n\r\n")
+            return try front.readResponse()
+        }
+        await h.stop()
+        await app.close()
+        try await group.shutdownGracefully()
+        #expect(second.text == "line=GET /b HTTP/1.1;user=-")
+    }
+
+    /// What `shared` still lets through, written down: a connection is not reused after a
+    /// response whose framing is in doubt (a bodyless response announcing a body, bytes right
+    /// behind a response), but bytes an app sends late after a well-framed response, and a body
+    /// it never read, reach whoever takes the connection next.
+    @Test("shared: what it stops and what it still lets through", arguments: shapes)
+    func shared(_ shape: Shape) async throws {
+        let outcome = try await Self.run(shape, reuse: .shared)
+        let leaked = outcome.second?.text.contains("alice") == true || outcome.adminLines.contains { $0.contains("/forged") }
+        #expect(leaked == shape.leaksWhenShared)
+    }
+
+    @Test("a body spelling out a whole request never runs, in principal and none modes", arguments: [GatewayConfiguration.UpstreamReuse.principal, .none])
+    func forgedRequestInABody(reuse: GatewayConfiguration.UpstreamReuse) async throws {
+        let outcome = try await Self.run(Self.shapes.last!, reuse: reuse)
+        #expect(!outcome.adminLines.contains { $0.contains("/forged") })
+    }
+}
