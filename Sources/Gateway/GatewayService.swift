@@ -119,7 +119,7 @@ public final class GatewayService: Service, Sendable {
             ProxyRoute(name: "auth", host: host, pathPrefix: c.server.authPrefix + "/", upstream: UpstreamAddress(host: "127.0.0.1", port: 9),
                        requestGuard: endpoints)
         }
-        return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all, identityPrefix: c.identity.headerPrefix,
+        return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all + c.identity.stripHeaders, identityPrefix: c.identity.headerPrefix,
                                trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName],
                                origins: origins(c))
     }

@@ -317,7 +317,7 @@ extension GatewayConfiguration {
     }
 
     private mutating func readIdentity(_ r: ConfigReader, _ root: ConfigReader.Section) {
-        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "links", "link_url", "link_lookup_url"]) else { return }
+        guard let s = r.section(root.values["identity"], path: "identity", keys: ["assertion", "headers", "header_prefix", "strip_headers", "links", "link_url", "link_lookup_url"]) else { return }
         if let v = r.string(s, "link_url") {
             let isPath = v.hasPrefix("/") && !v.hasPrefix("//") && !v.contains("\\") && v.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f })
             if isPath || Self.isWebURL(v) { identity.linkURL = v }
@@ -338,6 +338,9 @@ extension GatewayConfiguration {
             // A prefix of a header name: a token, and long enough not to swallow ordinary headers.
             if v.isEmpty || (Self.isToken(v) && v.count >= 3) { identity.headerPrefix = v }
             else { r.report(s.child("header_prefix"), r.mark(s, "header_prefix"), "'\(v)' is not a header-name prefix like X-Auth- (at least 3 characters; empty turns it off)") }
+        }
+        if let v = r.list(s, "strip_headers", what: "a header name (X-Legacy-User)", parse: { Self.isToken($0) ? $0 : nil }) {
+            identity.stripHeaders = v
         }
         if let a = r.section(s.values["assertion"], path: s.child("assertion"), keys: ["enabled", "key_file", "ttl"]) {
             if let v = r.bool(a, "enabled") { identity.assertion.enabled = v }

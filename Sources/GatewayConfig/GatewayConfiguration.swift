@@ -204,6 +204,11 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Every client header under this prefix is removed (any case, `_` or `-`), not only the
         /// configured names. Empty: only the configured names.
         public var headerPrefix = "X-Auth-"
+        /// More header names removed from every client request on every route, like the
+        /// identity headers (any case, `_` or `-`), beside the names other authenticating proxies
+        /// set, which are always removed (`Remote-User`, …; the README's table). For an app that
+        /// trusts a header of its own (`X-Legacy-Login`). Default: none.
+        public var stripHeaders: [String] = []
         /// The bearer secret of `POST/DELETE /_auth/links` (nil: no links API).
         public var linksSecretFile: SecretReference? = nil
         /// Where a route with `require_link` sends an unlinked user: the app's page that checks

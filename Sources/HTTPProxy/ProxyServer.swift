@@ -50,7 +50,9 @@ public final class RoutingSnapshot: Sendable {
     let origins: OriginPolicy
 
     /// - Parameters:
-    ///   - identityHeaders: header names removed from every client request, in any spelling.
+    ///   - identityHeaders: header names removed from every client request, in any spelling
+    ///     (the gateway's own and `identity.strip_headers`); the names other authenticating
+    ///     proxies set (`Remote-User`, …) are always removed besides.
     ///   - identityPrefix: every client header under this prefix is removed too (`X-Auth-`).
     ///   - trustedProxies: peers whose `X-Forwarded-*` and `X-Request-Id` are kept.
     ///   - hiddenCookies: cookie names removed from every `Cookie` header sent upstream and

@@ -72,7 +72,8 @@ enum RequestRejection: Error, Equatable {
 /// A class: one per routing snapshot, read by every request (a struct of five arrays was copied,
 /// and each retained, on every request).
 final class RequestHeaderRules: Sendable {
-    /// Identity header names, lower-case with `_` folded to `-`.
+    /// Identity header names, lower-case with `_` folded to `-`: the configured ones, then
+    /// `foreignIdentityNames`.
     let strippedNames: [String]
     /// Every client header whose name starts with this (folded like `strippedNames`) is removed:
     /// `x-auth-` by default, so an identity header the gateway does not set (`X-Auth-Role`)
@@ -86,7 +87,7 @@ final class RequestHeaderRules: Sendable {
     private let maxIdentityNameLength: Int
 
     init(identityHeaders: [String], identityPrefix: String = "", hiddenCookies: [String] = []) {
-        self.strippedNames = identityHeaders.map(HeaderName.normalize)
+        self.strippedNames = (identityHeaders + Self.foreignIdentityNames).map(HeaderName.normalize)
         self.strippedPrefix = HeaderName.normalize(identityPrefix)
         self.hiddenCookies = hiddenCookies
         self.hiddenCookieMarkers = hiddenCookies.map { $0 + "=" }
@@ -268,6 +269,24 @@ final class RequestHeaderRules: Sendable {
         /// never interpreted, always removed, because CGI-style apps read it as the real one.
         case lookalike
     }
+
+    /// Identity headers other authenticating proxies set and apps trust, removed from every
+    /// client request on every route (public ones too) whatever `identity.*` says: an app moved
+    /// behind SessionGate from one of those proxies still believes them, and a client could
+    /// otherwise send `Remote-User: admin`. Authelia sends `Remote-User`, `-Groups`, `-Email` and
+    /// `-Name`; Authentik's outposts send the user's `X-authentik-*` headers (not the `-meta-`
+    /// ones, which name the outpost); Apache front ends pass `REMOTE_USER` on as `X-Remote-User`
+    /// (and siblings); Grafana's auth proxy mode reads `X-WEBAUTH-USER` by default. oauth2-proxy's `X-Forwarded-User`, `-Email`, `-Groups` and
+    /// `-Preferred-Username` are not listed: the whole `X-Forwarded-*` family is removed from
+    /// every peer, trusted or not (`forwardingPrefixes`). The README's "What the proxy does to
+    /// every request" shows this table; `identity.strip_headers` adds names.
+    static let foreignIdentityNames = [
+        "remote-user", "remote-groups", "remote-email", "remote-name",
+        "x-authentik-username", "x-authentik-groups", "x-authentik-entitlements", "x-authentik-email", "x-authentik-name",
+        "x-authentik-uid", "x-authentik-jwt",
+        "x-remote-user", "x-remote-groups", "x-remote-email", "x-remote-name",
+        "x-webauth-user",
+    ]
 
     /// Forwarding headers outside `X-Forwarded-*` and `X-Original-*`: only `server.trusted_proxies`
     /// may send them, and even theirs are removed (the proxy writes its own `X-Forwarded-For`,

@@ -36,6 +36,8 @@ struct ConfigLoadingTests {
         #expect(config.store.timeout == defaults.store.timeout)
         #expect(config.store.localCacheTTL == defaults.store.localCacheTTL)
         #expect(config.identity.headers == defaults.identity.headers)
+        #expect(config.identity.headerPrefix == defaults.identity.headerPrefix)
+        #expect(config.identity.stripHeaders == defaults.identity.stripHeaders)
         defaults.apple = GatewayConfiguration.Apple()
         #expect(config.apple?.revalidateAfter == defaults.apple?.revalidateAfter)
         #expect(config.apple?.outageGrace == defaults.apple?.outageGrace)
@@ -93,6 +95,9 @@ struct ConfigLoadingTests {
         BadCase(name: "duplicate key", yaml: "server:\n  listen: \"0.0.0.0:1\"\n  listen: \"0.0.0.0:2\"\n" + minimal, path: "", line: nil, column: nil, message: "duplicate key 'listen'"),
         BadCase(name: "YAML syntax error", yaml: "server:\n  listen: [\n", path: "", line: 3, column: 1, message: "YAML syntax"),
         BadCase(name: "identity headers that collide", yaml: "identity:\n  headers:\n    email: X_Auth_User\n" + minimal, path: "identity.headers", line: 3, column: 5, message: "same name"),
+        BadCase(name: "strip_headers naming no header", yaml: "identity:\n  strip_headers: [X-Legacy-User, \"X Legacy\"]\n" + minimal, path: "identity.strip_headers[1]", line: 2, column: 34, message: "not a header name"),
+        BadCase(name: "strip_headers with an empty name", yaml: "identity:\n  strip_headers: [\"\"]\n" + minimal, path: "identity.strip_headers[0]", line: 2, column: 19, message: "not a header name"),
+        BadCase(name: "strip_headers not a list", yaml: "identity:\n  strip_headers: X-Legacy-User\n" + minimal, path: "identity.strip_headers", line: 2, column: 18, message: "expected a list"),
         BadCase(name: "TLS without its key", yaml: "server:\n  tls: { certificate_file: a }\n" + minimal, path: "server.tls.private_key_file", line: 2, column: 8, message: "is required"),
         BadCase(name: "redirect listener without TLS", yaml: "server:\n  redirect_http_listen: \"0.0.0.0:80\"\n" + minimal, path: "server.redirect_http_listen", line: 2, column: 3, message: "needs server.tls"),
         BadCase(name: "redirect listener on the public port", yaml: "server:\n  listen: \"0.0.0.0:8443\"\n  tls: { certificate_file: a, private_key_file: b }\n  redirect_http_listen: \"127.0.0.1:8443\"\n" + minimal, path: "server.redirect_http_listen", line: 2, column: 3, message: "is also server.listen"),
@@ -212,6 +217,17 @@ struct ConfigLoadingTests {
         let paths = Set(result.errors.map(\.path))
         #expect(paths.isSuperset(of: ["server.lisen", "server.admin_listen", "store.timeout", "routes[0].upstrem", "routes[0].upstream"]))
         #expect(result.configuration == nil)
+    }
+
+    @Test("identity.strip_headers: none by default; header names kept as written", arguments: [
+        ("", [String]()),
+        ("identity:\n  strip_headers: []\n", []),
+        ("identity:\n  strip_headers: [X-Legacy-User, x_employee_id, \"X-Dept\"]\n", ["X-Legacy-User", "x_employee_id", "X-Dept"]),
+    ])
+    func stripHeaders(yaml: String, expected: [String]) throws {
+        let result = GatewayConfiguration.parse(yaml: yaml + Self.minimal)
+        #expect(result.errors == [], "\(result.errors)")
+        #expect(try #require(result.configuration).identity.stripHeaders == expected)
     }
 
     @Test("warnings do not fail loading")

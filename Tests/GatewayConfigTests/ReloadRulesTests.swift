@@ -53,6 +53,7 @@ struct ReloadRulesTests {
           sentinel: { master_name: "mymaster", addresses: ["10.0.0.1:26379"] }
         identity:
           header_prefix: "X-Auth-"
+          strip_headers: []
           assertion:
             enabled: true
             key_file: "/etc/sessiongate/assertion.pem"
@@ -135,6 +136,7 @@ struct ReloadRulesTests {
         "idle_timeout: 12h": "idle_timeout: 1h",
         "absolute_timeout: 30d": "absolute_timeout: 7d",
         #"header_prefix: "X-Auth-""#: #"header_prefix: "X-Gw-""#,
+        "strip_headers: []": #"strip_headers: ["X-Legacy-User"]"#,
         "ttl: 60s": "ttl: 120s",
         #"user: "X-Auth-User""#: #"user: "X-User""#,
         "users: []": #"users: ["someone"]"#,

@@ -1,4 +1,5 @@
 import Foundation
+import GatewayConfig
 import HTTPProxy
 import NIOCore
 import TestSupport
@@ -148,6 +149,20 @@ struct EdgeHardeningTests {
         let seen = h.upstream.stats.withLockedValue { $0.lastHeaders }
         #expect(!seen.contains { $0.value.contains("spoofed") }, "\(seen.filter { $0.value.contains("spoofed") }.map(\.name))")
         #expect(seen["x-forwarded-for"] == ["127.0.0.1"])
+    }
+
+    @Test("other proxies' identity headers never reach the app on a public route, from any peer", arguments: [false, true])
+    func foreignIdentityHeaders(trusted: Bool) async throws {
+        let h = try await ProxyHarness.start(trustedProxies: trusted ? CIDR.loopback : [])
+        defer { Task { await h.stop() } }
+        let spoofed = ["Remote_User", "remote-user", "REMOTE-GROUPS", "Remote-Email", "Remote_Name", "X-Remote-User", "x_remote_user",
+                       "X-authentik-username", "X_AUTHENTIK_GROUPS", "X-WEBAUTH-USER", "X-Forwarded-User", "X-Forwarded-Preferred-Username"]
+        let raw = "GET /echo HTTP/1.1\r\nHost: a\r\n" + spoofed.map { "\($0): admin\r\n" }.joined() + "Remote-Users: kept\r\n\r\n"
+        let response = try await h.request(raw)
+        #expect(response.status == 200)
+        let seen = h.upstream.stats.withLockedValue { $0.lastHeaders }
+        #expect(!seen.contains { $0.value == "admin" }, "\(seen.filter { $0.value == "admin" }.map(\.name))")
+        #expect(seen["remote-users"] == ["kept"], "a name that only resembles one passes")
     }
 
     @Test("ambiguous upstream framing is answered 502, never relayed", arguments: [

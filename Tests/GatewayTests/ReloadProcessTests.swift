@@ -26,6 +26,7 @@ struct ReloadProcessTests {
         var absolute = "30d"
         var headers: [String: String] = [:]
         var headerPrefix = "X-Auth-"
+        var stripHeaders: [String] = []
         var assertionTTL = "60s"
         var staffUsers: [String] = []
         var extraRoute = false
@@ -63,6 +64,7 @@ struct ReloadProcessTests {
               key_prefix: "\(s.keyPrefix)"
             identity:
               header_prefix: "\(s.headerPrefix)"
+              strip_headers: \(list(s.stripHeaders))
               assertion:
                 enabled: true
                 key_file: "\(directory)/assertion.pem"
@@ -133,7 +135,7 @@ struct ReloadProcessTests {
             return (response.status, upstream.stats.withLockedValue { $0.lastHeaders })
         }
         let spoofs = [("X-Auth-User", "admin"), ("X-User", "admin"), ("X-Auth-Email", "evil@example.com"), ("X-Mail", "evil@example.com"),
-                      ("X_Auth_User", "admin"), ("X-Gw-Role", "admin")]
+                      ("X_Auth_User", "admin"), ("X-Gw-Role", "admin"), ("X-Legacy-User", "admin"), ("Remote_User", "admin")]
 
         // Before: the default names, spoofs stripped under them.
         var (status, seen) = try await upstreamHeaders("/api/who", spoofs)
@@ -142,6 +144,8 @@ struct ReloadProcessTests {
         #expect(seen["X-Auth-Email"] == ["alice@example.org"])
         #expect(seen["X-User"] == ["admin"], "not yet an identity header")
         #expect(seen["X-Gw-Role"] == ["admin"], "not yet under the identity prefix")
+        #expect(seen["X-Legacy-User"] == ["admin"], "not yet in identity.strip_headers")
+        #expect(seen["Remote_User"].isEmpty && seen["Remote-User"].isEmpty, "another proxy's identity header: always removed")
         let firstAssertion = try #require(seen.first(name: "X-Auth-Assertion"))
         let firstClaims = Self.claims(firstAssertion)
         #expect((firstClaims["exp"] as? Int).map { $0 - (firstClaims["iat"] as? Int ?? 0) } == 60)
@@ -161,6 +165,7 @@ struct ReloadProcessTests {
         settings.headers = ["user": "X-User", "email": "X-Mail", "email_verified": "X-Mail-Verified", "private_email": "X-Mail-Private",
                             "email_forwarding": "X-Mail-Forwarding", "name": "X-Name", "real_user_status": "X-Real", "assertion": "X-Proof"]
         settings.trustedProxies = ["127.0.0.1/32"]
+        settings.stripHeaders = ["X-Legacy-User"]
         settings.redirectHosts = ["docs.example.com"]
         settings.origins = ["https://other.example.com"]
         settings.maxBodyBytes = 10
@@ -180,6 +185,8 @@ struct ReloadProcessTests {
         #expect(seen["X-Name"] == ["Alice%20A"], "\(seen)")
         #expect(seen["X-Auth-User"].isEmpty && seen["X_Auth_User"].isEmpty && seen["X-Auth-Email"].isEmpty, "old names: stripped (identity prefix)")
         #expect(seen["X-Auth-Assertion"].isEmpty)
+        #expect(seen["X-Legacy-User"].isEmpty, "identity.strip_headers applies at once")
+        #expect(seen["Remote_User"].isEmpty && seen["Remote-User"].isEmpty)
         let assertion = try #require(seen.first(name: "X-Proof"))
         let claims = Self.claims(assertion)
         #expect((claims["exp"] as? Int).map { $0 - (claims["iat"] as? Int ?? 0) } == 120)

@@ -78,6 +78,27 @@ struct SignInTests {
         #expect(browser.cookies["__Host-sessiongate"] != cookieBefore, "a new login issues a new session id")
     }
 
+    @Test("other proxies' identity headers and identity.strip_headers never reach the app, signed in or not, on every kind of route")
+    func foreignIdentityHeaders() async throws {
+        let h = try await SignInHarness.start { $0.identity.stripHeaders = ["X-Legacy-User"] }
+        defer { Task { await h.stop() } }
+        let sub = h.simulator.createUser()
+        let signedIn = TestBrowser(gatewayOrigin: h.origin)
+        _ = try await signedIn.signIn(from: "/dashboard", as: sub)
+        let anonymous = TestBrowser(gatewayOrigin: h.origin)
+        let spoofs = [("Remote-User", "admin"), ("remote_user", "admin"), ("Remote-Groups", "admin"), ("X-Remote-User", "admin"),
+                      ("X-WEBAUTH-USER", "admin"), ("X-Legacy-User", "admin"), ("x_legacy_user", "admin")]
+        for (path, browser, who) in [("/dashboard", signedIn, "signed in"), ("/maybe/x", signedIn, "signed in"), ("/public/x", signedIn, "signed in"),
+                                     ("/maybe/x", anonymous, "anonymous"), ("/public/x", anonymous, "anonymous")] {
+            let response = try await browser.request(path, headers: [("accept", "text/html"), ("X-Legacy-Users", "kept")] + spoofs)
+            #expect(response.status == 200, "\(path), \(who)")
+            let seen = h.upstream.stats.withLockedValue { $0.lastHeaders }
+            #expect(!seen.contains { $0.value == "admin" }, "\(path), \(who): \(seen.filter { $0.value == "admin" }.map(\.name))")
+            #expect(seen["X-Legacy-Users"] == ["kept"], "\(path), \(who): only the names listed are removed")
+            #expect(seen["X-Auth-User"] == (who == "signed in" && path != "/public/x" ? [sub] : []), "\(path), \(who)")
+        }
+    }
+
     @Test("native sign-in and bearer access")
     func nativeSignIn() async throws {
         let h = try await SignInHarness.start()

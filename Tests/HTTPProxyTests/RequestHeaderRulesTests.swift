@@ -54,6 +54,53 @@ struct RequestHeaderRulesTests {
         #expect(!inbound.upstreamHeaders.contains { $0.value == "mallory" })
     }
 
+    @Test("other proxies' identity headers are removed in every spelling, from trusted peers too", arguments: [
+        "Remote-User", "remote-user", "REMOTE-USER", "Remote_User", "REMOTE_USER", "remote_user", "Remote-Groups", "remote_groups",
+        "Remote-Email", "Remote-Name", "X-Remote-User", "x-remote-user", "X_Remote_User", "X-Remote-Groups", "X-Remote-Email",
+        "X-Remote-Name", "X-authentik-username", "X-Authentik-Groups", "X_AUTHENTIK_EMAIL", "X-authentik-uid", "X-authentik-jwt",
+        "X-authentik-entitlements", "X-authentik-name", "X-WEBAUTH-USER", "x_webauth_user",
+        // oauth2-proxy's: removed as part of X-Forwarded-*.
+        "X-Forwarded-User", "X-Forwarded-Email", "X-Forwarded-Groups", "X-Forwarded-Preferred-Username", "x_forwarded_user",
+    ])
+    func foreignIdentityStripped(name: String) throws {
+        // No configured identity names and no prefix: the family does not depend on `identity.*`.
+        let bare = RequestHeaderRules(identityHeaders: [])
+        for trusted in [false, true] {
+            let inbound = try bare.inspect(head([("Host", "a"), (name, "admin"), ("Accept", "*/*")]), peerTrusted: trusted).get()
+            #expect(!inbound.upstreamHeaders.contains { $0.value == "admin" }, "\(name), trusted: \(trusted)")
+            #expect(inbound.upstreamHeaders["Accept"] == ["*/*"])
+        }
+    }
+
+    @Test("every name in the always-removed table is removed, as written and in its '_' spelling")
+    func foreignIdentityTable() throws {
+        let bare = RequestHeaderRules(identityHeaders: [])
+        for name in RequestHeaderRules.foreignIdentityNames {
+            for spelling in [name, name.uppercased().replacingOccurrences(of: "-", with: "_")] {
+                let inbound = try bare.inspect(head([("Host", "a"), (spelling, "admin")]), peerTrusted: true).get()
+                #expect(inbound.upstreamHeaders.map(\.name) == ["Host"], "\(spelling)")
+            }
+        }
+    }
+
+    @Test("names that only resemble an identity header pass", arguments: [
+        "Remote-Users", "Remote", "Remote-Addr", "X-Remote-Username", "X-Remote", "X-Authentik", "X-WebAuth", "Remote-User-Agent",
+    ])
+    func lookalikeIdentityPasses(name: String) throws {
+        let inbound = try RequestHeaderRules(identityHeaders: []).inspect(head([("Host", "a"), (name, "kept")]), peerTrusted: false).get()
+        #expect(inbound.upstreamHeaders[name] == ["kept"])
+    }
+
+    @Test("names added by identity.strip_headers are removed like identity headers", arguments: [
+        "X-Legacy-User", "x-legacy-user", "X_LEGACY_USER", "X-Employee-Id", "x_employee-id",
+    ])
+    func configuredStripNames(name: String) throws {
+        let rules = RequestHeaderRules(identityHeaders: ["X-Auth-User", "X-Legacy-User", "X_Employee_ID"])
+        let inbound = try rules.inspect(head([("Host", "a"), (name, "admin"), ("X-Legacy-Users", "kept")]), peerTrusted: true).get()
+        #expect(!inbound.upstreamHeaders.contains { $0.value == "admin" }, "\(name)")
+        #expect(inbound.upstreamHeaders["X-Legacy-Users"] == ["kept"])
+    }
+
     @Test("hop-by-hop headers and those named in Connection are removed")
     func hopByHop() throws {
         let inbound = try rules.inspect(head([
