@@ -92,29 +92,6 @@ extension AuthEndpointGuard {
     }
 }
 
-/// Events per key in fixed one-minute windows (`apple.exchanges_per_minute`): pure; the
-/// process keeps one behind a lock (`AuthCore.exchanges`).
-struct RateWindows: Sendable {
-    static let window: Int64 = 60_000
-    /// Keys kept before windows that ended are swept.
-    static let sweepAt = 100_000
-    private(set) var windows: [String: (start: Int64, count: Int)] = [:]
-
-    /// Counts one event for `key` at `t`: nil when it is within `limit` per minute, else the
-    /// seconds until the key's window ends (the event is not counted).
-    mutating func admit(_ key: String, now t: Int64, limit: Int) -> Int? {
-        guard limit > 0 else { return nil }
-        if let w = windows[key], t - w.start < Self.window, t >= w.start {
-            guard w.count < limit else { return Int((w.start + Self.window - t + 999) / 1000) }
-            windows[key] = (w.start, w.count + 1)
-            return nil
-        }
-        if windows.count >= Self.sweepAt { windows = windows.filter { t - $0.value.start < Self.window } }
-        windows[key] = (t, 1)
-        return nil
-    }
-}
-
 extension AuthEndpointGuard {
     /// One more code exchange for `key` in this flow, or `throttled`.
     func checkRate(_ flow: SignInFlow, key: String) throws(SignInFailure) {

@@ -64,17 +64,54 @@ struct SignInRulesTests {
         #expect(outcome.signInFailure == failure)
     }
 
-    @Test("rate windows: the limit per key per minute, then the seconds left; windows restart")
-    func rateWindows() {
-        var w = RateWindows()
-        for _ in 0..<3 { #expect(w.admit("a", now: 1000, limit: 3) == nil) }
-        #expect(w.admit("a", now: 1000, limit: 3) == 60, "refused: the window ends in 60 s")
-        #expect(w.admit("a", now: 31_500, limit: 3) == 30)
-        #expect(w.admit("b", now: 31_500, limit: 3) == nil, "keys are independent")
-        #expect(w.admit("a", now: 61_000, limit: 3) == nil, "a new window")
-        #expect(w.admit("a", now: 0, limit: 3) == nil, "a clock that went back starts a new window")
-        #expect(w.admit("c", now: 0, limit: 0) == nil, "0: no limit")
-        #expect(w.windows["c"] == nil, "and nothing kept")
+    /// One event for a rate window: its key, time (ms), limit and window (ms).
+    struct RateEvent: Sendable {
+        var key: String, t: Int64, limit: Int, window: Int64 = RateWindows.minute
+        init(_ key: String, _ t: Int64, limit: Int, window: Int64 = RateWindows.minute) {
+            (self.key, self.t, self.limit, self.window) = (key, t, limit, window)
+        }
+    }
+
+    /// A named sequence of events and what `admit` answers each (nil: admitted; else the
+    /// seconds until it may be).
+    struct RateCase: CustomTestStringConvertible, Sendable {
+        var name: String
+        var capacity = 100_000
+        var events: [RateEvent]
+        var answers: [Int?]
+        /// Keys the table holds after the last event.
+        var kept: Int
+        var testDescription: String { name }
+    }
+
+    static let rateCases: [RateCase] = [
+        RateCase(name: "the limit per key per minute, then the seconds left",
+                 events: [.init("a", 1000, limit: 3), .init("a", 1000, limit: 3), .init("a", 1000, limit: 3), .init("a", 1000, limit: 3), .init("a", 31_500, limit: 3)],
+                 answers: [nil, nil, nil, 60, 30], kept: 1),
+        RateCase(name: "keys are independent", events: [.init("a", 0, limit: 1), .init("a", 0, limit: 1), .init("b", 0, limit: 1)], answers: [nil, 60, nil], kept: 2),
+        RateCase(name: "a window ends after its minute", events: [.init("a", 0, limit: 1), .init("a", 59_999, limit: 1), .init("a", 60_000, limit: 1)],
+                 answers: [nil, 1, nil], kept: 1),
+        RateCase(name: "a clock that went back starts a new window", events: [.init("a", 61_000, limit: 1), .init("a", 0, limit: 1)], answers: [nil, nil], kept: 1),
+        RateCase(name: "0: no limit", events: [.init("c", 0, limit: 0), .init("c", 0, limit: 0), .init("c", 0, limit: 0)], answers: [nil, nil, nil], kept: 0),
+        RateCase(name: "a window of its own length",
+                 events: [.init("g", 0, limit: 2, window: 600_000), .init("g", 0, limit: 2, window: 600_000), .init("g", 0, limit: 2, window: 600_000),
+                          .init("g", 599_500, limit: 2, window: 600_000), .init("g", 600_000, limit: 2, window: 600_000)],
+                 answers: [nil, nil, 600, 1, nil], kept: 1),
+        RateCase(name: "a full table refuses a new key until a window ends; known keys still count", capacity: 2,
+                 events: [.init("a", 0, limit: 5), .init("b", 10_000, limit: 5), .init("c", 20_000, limit: 5), .init("a", 20_000, limit: 5),
+                          .init("c", 60_000, limit: 5)],
+                 answers: [nil, nil, 40, nil, nil], kept: 2),
+        RateCase(name: "a full table is swept at most once a second", capacity: 1,
+                 events: [.init("a", 0, limit: 5), .init("b", 60_000, limit: 5), .init("c", 60_500, limit: 5), .init("c", 120_000, limit: 5)],
+                 answers: [nil, nil, 60, nil], kept: 1),
+    ]
+
+    @Test("rate windows: fixed windows per key, a bounded table", arguments: rateCases)
+    func rateWindows(_ c: RateCase) {
+        var w = RateWindows(capacity: c.capacity)
+        let answers = c.events.map { w.admit($0.key, now: $0.t, limit: $0.limit, window: $0.window) }
+        #expect(answers == c.answers)
+        #expect(w.windows.count == c.kept)
     }
 
     @Test("the client behind trusted proxies: the nearest untrusted X-Forwarded-For hop, else the peer", arguments: [
