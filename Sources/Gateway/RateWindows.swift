@@ -1,6 +1,6 @@
-/// Events per key in fixed windows (`apple.exchanges_per_minute`): pure; the process keeps one
-/// behind a lock (`AuthCore.exchanges`). Per instance, in memory: the limit bounds what one
-/// process does, and costs no store call.
+/// Events per key in fixed windows: pure; the process keeps one behind a lock for each limit
+/// family (`AuthCore.exchanges`, `AuthCore.anonymousWrites`). Per instance, in memory: the
+/// limits bound what one process does, and cost no store call.
 ///
 /// The table holds at most `capacity` keys: a key that is new when the table is full is
 /// refused until a window ends (windows that ended are swept, at most once a second, so a full

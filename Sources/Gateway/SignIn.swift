@@ -102,3 +102,26 @@ extension AuthEndpointGuard {
         }
     }
 }
+
+extension AuthEndpointGuard {
+    /// One more anonymous store write of `kind` (a login state, a native nonce) for `client`
+    /// (`ClientAddress`), or the failure that refuses it before anything is written. Refusals
+    /// are counted (`sessiongate_sign_in_starts_total`) and logged at debug only: a flood must
+    /// not become a flood of log lines.
+    func checkWrite(_ kind: AnonymousWrites.Kind, client: String) throws(SignInFailure) {
+        let (t, perClient, perInstance) = (auth.now(), auth.loginsPerMinute, auth.maxPendingLogins)
+        let key = ClientAddress.limitKey(client)
+        switch auth.core.anonymousWrites.withLockedValue({ $0.admit(kind, client: key, now: t, perClient: perClient, perInstance: perInstance) }) {
+        case .admitted:
+            return
+        case .throttled(let wait):
+            auth.metrics.recordSignInStart(kind, outcome: .throttled)
+            auth.logger.debug("sign-in starts over apple.logins_per_minute for a client: refused", metadata: ["endpoint": "\(kind.rawValue)"])
+            throw .throttled(retryAfter: wait)
+        case .busy(let wait):
+            auth.metrics.recordSignInStart(kind, outcome: .busy)
+            auth.logger.debug("sign-in starts over apple.max_pending_logins: refused", metadata: ["endpoint": "\(kind.rawValue)"])
+            throw .busy(retryAfter: wait)
+        }
+    }
+}

@@ -43,6 +43,7 @@ struct SignInRulesTests {
         (.appleMisconfigured, 502, .appleMisconfigured, "apple_misconfigured"),
         (.storeUnavailable, 503, .storeUnavailable, "store_unavailable"),
         (.throttled(retryAfter: 7), 429, .throttled, "too_many_requests"),
+        (.busy(retryAfter: 540), 503, .throttled, "temporarily_unavailable"),
         (.nonce("x"), 400, .rejected, "invalid_nonce"),
     ] as [(SignInFailure, Int, SignInOutcome, String)])
     func failures(failure: SignInFailure, status: Int, outcome: SignInOutcome, code: String) {
@@ -52,7 +53,20 @@ struct SignInRulesTests {
         #expect(failure.json.status == failure.status)
         let page = failure.page(startAgain: "/_auth/sign-in?rd=%2F", clearing: ("set-cookie", "x=; Max-Age=0"))
         #expect(page.status == failure.status && page.headers.contains { $0.0 == "set-cookie" })
-        if case .throttled = failure { #expect(failure.json.headers.contains { $0 == ("retry-after", "7") }) }
+        let retryAfter: Int? = switch failure {
+        case .throttled(let seconds), .busy(let seconds): seconds
+        default: nil
+        }
+        if let retryAfter {
+            #expect(failure.json.headers.contains { $0 == ("retry-after", String(retryAfter)) })
+            #expect(page.headers.contains { $0 == ("retry-after", String(retryAfter)) })
+        }
+        #expect(!failure.page(startAgain: "/").headers.contains { $0.0 == "set-cookie" }, "a page that clears nothing")
+    }
+
+    @Test("a wait reads as a person says it", arguments: [(1, "1 second"), (45, "45 seconds"), (60, "1 minute"), (61, "2 minutes"), (600, "10 minutes")])
+    func wait(seconds: Int, text: String) {
+        #expect(SignInFailure.wait(seconds) == text)
     }
 
     @Test("Apple's answer to a code exchange maps to one failure", arguments: [
@@ -112,6 +126,54 @@ struct SignInRulesTests {
         let answers = c.events.map { w.admit($0.key, now: $0.t, limit: $0.limit, window: $0.window) }
         #expect(answers == c.answers)
         #expect(w.windows.count == c.kept)
+    }
+
+    /// A named sequence of anonymous writes (all at `t`, ms) under the two limits, and the
+    /// verdict on each.
+    struct WriteCase: CustomTestStringConvertible, Sendable {
+        var name: String
+        var perClient: Int
+        var perInstance: Int
+        var events: [(AnonymousWrites.Kind, String, Int64)]
+        var verdicts: [AnonymousWrites.Verdict]
+        var testDescription: String { name }
+    }
+
+    static let writeCases: [WriteCase] = [
+        WriteCase(name: "a client over its limit is throttled; another client goes on", perClient: 2, perInstance: 100,
+                  events: [(.login, "a", 0), (.login, "a", 0), (.login, "a", 30_000), (.login, "b", 30_000)],
+                  verdicts: [.admitted, .admitted, .throttled(retryAfter: 30), .admitted]),
+        WriteCase(name: "logins and nonces are counted apart", perClient: 1, perInstance: 100,
+                  events: [(.login, "a", 0), (.nativeNonce, "a", 0), (.nativeNonce, "a", 0)],
+                  verdicts: [.admitted, .admitted, .throttled(retryAfter: 60)]),
+        WriteCase(name: "the instance cap refuses every client until its 10-minute window ends", perClient: 100, perInstance: 3,
+                  events: [(.login, "a", 0), (.nativeNonce, "b", 0), (.login, "c", 0), (.login, "d", 1000), (.nativeNonce, "a", 599_000), (.login, "d", 600_000)],
+                  verdicts: [.admitted, .admitted, .admitted, .busy(retryAfter: 599), .busy(retryAfter: 1), .admitted]),
+        WriteCase(name: "a throttled client spends nothing of the cap", perClient: 1, perInstance: 2,
+                  events: [(.login, "a", 0), (.login, "a", 0), (.login, "a", 0), (.login, "a", 0), (.login, "b", 0), (.login, "c", 0)],
+                  verdicts: [.admitted, .throttled(retryAfter: 60), .throttled(retryAfter: 60), .throttled(retryAfter: 60), .admitted, .busy(retryAfter: 600)]),
+        WriteCase(name: "0: no limit, no cap", perClient: 0, perInstance: 0,
+                  events: Array(repeating: (.login, "a", 0), count: 5), verdicts: Array(repeating: .admitted, count: 5)),
+    ]
+
+    @Test("anonymous writes: a limit per client and a cap per instance", arguments: writeCases)
+    func anonymousWrites(_ c: WriteCase) {
+        var w = AnonymousWrites()
+        let verdicts = c.events.map { w.admit($0.0, client: $0.1, now: $0.2, perClient: c.perClient, perInstance: c.perInstance) }
+        #expect(verdicts == c.verdicts)
+    }
+
+    @Test("the key a per-client limit counts: IPv4 as it is, IPv6 by its /64", arguments: [
+        ("203.0.113.9", "203.0.113.9"),
+        ("::ffff:203.0.113.9", "203.0.113.9"),  // a dual-stack listener's IPv4 client
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2::99", "2001:db8:1:2::/64"),
+        ("2001:db8:1:3::99", "2001:db8:1:3::/64"),
+        ("::1", "0:0:0:0::/64"),
+        ("unknown", "unknown"),
+    ])
+    func limitKey(address: String, key: String) {
+        #expect(ClientAddress.limitKey(address) == key)
     }
 
     @Test("the client behind trusted proxies: the nearest untrusted X-Forwarded-For hop, else the peer", arguments: [
