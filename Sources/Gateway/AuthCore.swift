@@ -42,6 +42,9 @@ final class AuthCore: Sendable {
     let events: AppEvents?
     /// Code exchanges per key in the current minute (`apple.exchanges_per_minute`).
     let exchanges = NIOLockedValueBox(RateWindows())
+    /// Login states and native nonces written, per client and for the instance
+    /// (`apple.logins_per_minute`, `apple.max_pending_logins`).
+    let anonymousWrites = NIOLockedValueBox(AnonymousWrites())
     /// Session lifetimes of the running configuration, for checks outside a request.
     let times: NIOLockedValueBox<SessionTimes>
     /// Where background checks (tunnels after an invalidation) run.

@@ -67,6 +67,9 @@ final class Authenticator: Sendable {
     let nativeNonceRequired: Bool
     /// `apple.exchanges_per_minute` (0: none).
     let exchangesPerMinute: Int
+    /// `apple.logins_per_minute` and `apple.max_pending_logins` (0: none).
+    let loginsPerMinute: Int
+    let maxPendingLogins: Int
     /// `identity.link_url`: where `require_link` routes send an unlinked user.
     let linkURL: String?
 
@@ -102,6 +105,8 @@ final class Authenticator: Sendable {
         afterLogout = PostLogoutPolicy(c.routes, signIn: c.server.authPrefix + "/sign-in?message=signed_out")
         nativeNonceRequired = c.apple?.nativeNonce == .required
         exchangesPerMinute = c.apple?.exchangesPerMinute ?? 0
+        loginsPerMinute = c.apple?.loginsPerMinute ?? 0
+        maxPendingLogins = c.apple?.maxPendingLogins ?? 0
         linkURL = c.identity.linkURL
     }
 

@@ -15,3 +15,19 @@ enum ClientAddress {
         return peer
     }
 }
+
+extension ClientAddress {
+    /// The key a per-client limit counts under: an IPv4 address as it is (an IPv4-mapped IPv6
+    /// address as its IPv4 form), an IPv6 address by its /64 — one subscriber's network, in
+    /// which every address is theirs to use.
+    static func limitKey(_ address: String) -> String {
+        guard let ip = IPAddress.parse(address) else { return address }
+        let b = ip.bytes
+        if b[0..<10].allSatisfy({ $0 == 0 }), b[10] == 0xff, b[11] == 0xff {
+            return b[12...].map { String($0) }.joined(separator: ".")
+        }
+        guard ip.isV6 else { return address }
+        let groups = stride(from: 0, to: 8, by: 2).map { String(UInt16(b[$0]) << 8 | UInt16(b[$0 + 1]), radix: 16) }
+        return groups.joined(separator: ":") + "::/64"
+    }
+}

@@ -55,6 +55,13 @@ public final class GatewayMetrics: Sendable {
         var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable", "link_required"][rawValue] }
     }
 
+    /// How a request to start a sign-in (`GET /login`, `POST /native/nonce`) ended: its state
+    /// written, or refused before any write (`AnonymousWrites`), or the store did not answer.
+    enum SignInStartOutcome: String, CaseIterable {
+        case ok, throttled, busy
+        case storeUnavailable = "store_unavailable"
+    }
+
     static let latencyBuckets: [Duration] = [
         .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
         .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250),
@@ -79,6 +86,7 @@ public final class GatewayMetrics: Sendable {
         registry.makeGauge(descriptor: Self.name("build_info", help: "Version of this binary and the Swift compiler that built it (always 1)."),
                            labels: [("version", BuildInfo.version), ("swift", BuildInfo.swift)]).set(Double(1))
         for flow in [SignInFlow.web, .native] { for outcome in SignInOutcome.allCases { recordSignIn(flow: flow.rawValue, outcome: outcome.rawValue, count: false) } }
+        for kind in AnonymousWrites.Kind.allCases { for outcome in SignInStartOutcome.allCases { recordSignInStart(kind, outcome: outcome, count: false) } }
         for endpoint in Self.appleEndpoints {
             for outcome in Self.appleOutcomes { _ = counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]) }
             _ = appleLatency(endpoint)
@@ -232,6 +240,15 @@ public final class GatewayMetrics: Sendable {
     /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
     func recordSignIn(flow: String, outcome: String, count: Bool = true) {
         let c = counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)])
+        if count { c.increment() }
+    }
+
+    /// Sign-in starts by endpoint (`login`, `native_nonce`) and outcome: `throttled` is one
+    /// client over `apple.logins_per_minute` (429), `busy` the instance over
+    /// `apple.max_pending_logins` (503).
+    func recordSignInStart(_ endpoint: AnonymousWrites.Kind, outcome: SignInStartOutcome, count: Bool = true) {
+        let c = counter("sign_in_starts", help: "Requests that start a sign-in (a login state or a native nonce written), by endpoint and outcome.",
+                        labels: [("endpoint", endpoint.rawValue), ("outcome", outcome.rawValue)])
         if count { c.increment() }
     }
 

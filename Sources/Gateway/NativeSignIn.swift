@@ -9,13 +9,11 @@ import Sessions
 /// The native flow (apple-sign-in.md §7): an app posts what AuthenticationServices gave it, and
 /// gets a session token. Optionally with a server nonce from `/native/nonce`.
 extension AuthEndpointGuard {
-    /// How long an issued native nonce may wait for its sign-in (milliseconds).
-    static let nonceLifetime: Int64 = 600_000
-
     /// `POST /native/nonce` (`{client_id?}`) → `{nonce, nonce_sha256, expires_at}`: a single-use
     /// nonce the app hashes into `ASAuthorizationAppleIDRequest.nonce`; `/native` takes it back.
-    /// Bound to the app's client id when one is named.
-    func issueNonce(body: ByteBuffer, on loop: any EventLoop) async -> LocalResponse {
+    /// Bound to the app's client id when one is named. Anonymous: within
+    /// `apple.logins_per_minute` for `client` and `apple.max_pending_logins` for the instance.
+    func issueNonce(body: ByteBuffer, client: String, on loop: any EventLoop) async -> LocalResponse {
         guard let apple = auth.apple else { return Self.notConfigured() }
         var clientID: String? = nil
         if body.readableBytes > 0 {
@@ -29,13 +27,16 @@ extension AuthEndpointGuard {
                 clientID = id
             }
         }
+        do { try checkWrite(.nativeNonce, client: client) } catch { return error.json }
         let nonce = Self.randomToken()
         do {
-            try await auth.store(on: loop).putNonce(sha256Hex(nonce), clientID: clientID ?? "", ttl: Self.nonceLifetime)
+            try await auth.store(on: loop).putNonce(sha256Hex(nonce), clientID: clientID ?? "", ttl: AnonymousWrites.lifetime)
         } catch {
+            auth.metrics.recordSignInStart(.nativeNonce, outcome: .storeUnavailable)
             return SignInFailure.storeUnavailable.json
         }
-        return AuthResponses.json(.ok, ["nonce": nonce, "nonce_sha256": sha256Hex(nonce), "expires_at": Self.iso8601(auth.now() + Self.nonceLifetime)])
+        auth.metrics.recordSignInStart(.nativeNonce, outcome: .ok)
+        return AuthResponses.json(.ok, ["nonce": nonce, "nonce_sha256": sha256Hex(nonce), "expires_at": Self.iso8601(auth.now() + AnonymousWrites.lifetime)])
     }
 
     /// `{identity_token, authorization_code, nonce?, user?}` → `{token, expires_at, user}`.

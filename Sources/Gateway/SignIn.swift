@@ -92,29 +92,6 @@ extension AuthEndpointGuard {
     }
 }
 
-/// Events per key in fixed one-minute windows (`apple.exchanges_per_minute`): pure; the
-/// process keeps one behind a lock (`AuthCore.exchanges`).
-struct RateWindows: Sendable {
-    static let window: Int64 = 60_000
-    /// Keys kept before windows that ended are swept.
-    static let sweepAt = 100_000
-    private(set) var windows: [String: (start: Int64, count: Int)] = [:]
-
-    /// Counts one event for `key` at `t`: nil when it is within `limit` per minute, else the
-    /// seconds until the key's window ends (the event is not counted).
-    mutating func admit(_ key: String, now t: Int64, limit: Int) -> Int? {
-        guard limit > 0 else { return nil }
-        if let w = windows[key], t - w.start < Self.window, t >= w.start {
-            guard w.count < limit else { return Int((w.start + Self.window - t + 999) / 1000) }
-            windows[key] = (w.start, w.count + 1)
-            return nil
-        }
-        if windows.count >= Self.sweepAt { windows = windows.filter { t - $0.value.start < Self.window } }
-        windows[key] = (t, 1)
-        return nil
-    }
-}
-
 extension AuthEndpointGuard {
     /// One more code exchange for `key` in this flow, or `throttled`.
     func checkRate(_ flow: SignInFlow, key: String) throws(SignInFailure) {
@@ -122,6 +99,29 @@ extension AuthEndpointGuard {
         if let wait = auth.core.exchanges.withLockedValue({ $0.admit(flow.rawValue + " " + key, now: t, limit: limit) }) {
             auth.logger.notice("sign-in exchanges over apple.exchanges_per_minute: refused", metadata: ["flow": "\(flow.rawValue)"])
             throw .throttled(retryAfter: wait)
+        }
+    }
+}
+
+extension AuthEndpointGuard {
+    /// One more anonymous store write of `kind` (a login state, a native nonce) for `client`
+    /// (`ClientAddress`), or the failure that refuses it before anything is written. Refusals
+    /// are counted (`sessiongate_sign_in_starts_total`) and logged at debug only: a flood must
+    /// not become a flood of log lines.
+    func checkWrite(_ kind: AnonymousWrites.Kind, client: String) throws(SignInFailure) {
+        let (t, perClient, perInstance) = (auth.now(), auth.loginsPerMinute, auth.maxPendingLogins)
+        let key = ClientAddress.limitKey(client)
+        switch auth.core.anonymousWrites.withLockedValue({ $0.admit(kind, client: key, now: t, perClient: perClient, perInstance: perInstance) }) {
+        case .admitted:
+            return
+        case .throttled(let wait):
+            auth.metrics.recordSignInStart(kind, outcome: .throttled)
+            auth.logger.debug("sign-in starts over apple.logins_per_minute for a client: refused", metadata: ["endpoint": "\(kind.rawValue)"])
+            throw .throttled(retryAfter: wait)
+        case .busy(let wait):
+            auth.metrics.recordSignInStart(kind, outcome: .busy)
+            auth.logger.debug("sign-in starts over apple.max_pending_logins: refused", metadata: ["endpoint": "\(kind.rawValue)"])
+            throw .busy(retryAfter: wait)
         }
     }
 }

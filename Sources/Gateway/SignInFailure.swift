@@ -42,8 +42,12 @@ enum SignInFailure: Error, Equatable {
     /// The session store did not answer in time.
     case storeUnavailable
     /// Too many code exchanges for this user (native) or client address (web) in this minute
-    /// (`apple.exchanges_per_minute`).
+    /// (`apple.exchanges_per_minute`), or sign-ins started from this client address
+    /// (`apple.logins_per_minute`).
     case throttled(retryAfter: Int)
+    /// This instance holds as many sign-ins in progress as `apple.max_pending_logins` allows:
+    /// no new one starts, whoever asks, until its window ends.
+    case busy(retryAfter: Int)
     /// A native nonce was required and missing, unknown, used or another client's.
     case nonce(String)
 
@@ -56,6 +60,7 @@ enum SignInFailure: Error, Equatable {
         case .appleUnavailable, .appleMisconfigured: .badGateway
         case .storeUnavailable: .serviceUnavailable
         case .throttled: .tooManyRequests
+        case .busy: .serviceUnavailable
         }
     }
 
@@ -66,7 +71,7 @@ enum SignInFailure: Error, Equatable {
         case .appleUnavailable: .appleUnavailable
         case .appleMisconfigured: .appleMisconfigured
         case .storeUnavailable: .storeUnavailable
-        case .throttled: .throttled
+        case .throttled, .busy: .throttled
         }
     }
 
@@ -81,6 +86,8 @@ enum SignInFailure: Error, Equatable {
         case .appleMisconfigured: "apple_misconfigured"
         case .storeUnavailable: "store_unavailable"
         case .throttled: "too_many_requests"
+        // RFC 6749 §4.1.2.1: the server is temporarily overloaded.
+        case .busy: "temporarily_unavailable"
         case .nonce: "invalid_nonce"
         }
     }
@@ -100,7 +107,8 @@ enum SignInFailure: Error, Equatable {
         case .appleUnavailable: "Apple could not be reached. Please try again in a moment."
         case .appleMisconfigured: "Sign in with Apple is misconfigured on this site; the operators have been alerted."
         case .storeUnavailable: "Your sign-in could not be completed just now. Please try again."
-        case .throttled(let seconds): "Too many sign-ins just now. Please try again in \(seconds) seconds."
+        case .throttled(let seconds): "Too many sign-ins just now. Please try again in \(Self.wait(seconds))."
+        case .busy(let seconds): "Too many sign-ins are in progress on this site just now. Please try again in \(Self.wait(seconds))."
         case .nonce(let reason): reason
         }
     }
@@ -108,20 +116,29 @@ enum SignInFailure: Error, Equatable {
     private var title: String {
         switch self {
         case .loginExpired: "Sign in expired"
-        case .storeUnavailable, .appleUnavailable, .throttled: "Sign in is unavailable"
+        case .storeUnavailable, .appleUnavailable, .throttled, .busy: "Sign in is unavailable"
         case .identityToken(let r) where r.isTransient: "Sign in is unavailable"
         default: "Sign in failed"
         }
     }
 
     private var headers: [(String, String)] {
-        if case .throttled(let seconds) = self { return [("retry-after", String(seconds))] }
-        return []
+        switch self {
+        case .throttled(let seconds), .busy(let seconds): [("retry-after", String(seconds))]
+        default: []
+        }
+    }
+
+    /// "45 seconds", "1 minute", "10 minutes": a wait as a person reads it.
+    static func wait(_ seconds: Int) -> String {
+        guard seconds >= 60 else { return seconds == 1 ? "1 second" : "\(seconds) seconds" }
+        let minutes = (seconds + 59) / 60
+        return minutes == 1 ? "1 minute" : "\(minutes) minutes"
     }
 
     /// The web flow's page: what happened, and a link to start again from `signIn`.
-    func page(startAgain signIn: String, clearing cookie: (String, String)) -> LocalResponse {
-        AuthResponses.html(status, AuthPages.message(title: title, detail: detail, action: ("Start again", signIn)), headers: [cookie] + headers)
+    func page(startAgain signIn: String, clearing cookie: (String, String)? = nil) -> LocalResponse {
+        AuthResponses.html(status, AuthPages.message(title: title, detail: detail, action: ("Start again", signIn)), headers: (cookie.map { [$0] } ?? []) + headers)
     }
 
     /// The native flow's JSON answer.

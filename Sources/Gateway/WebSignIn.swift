@@ -9,14 +9,20 @@ import Sessions
 extension AuthEndpointGuard {
     /// Stores state and nonce server-side (10 minutes, single use), binds them to this browser
     /// with the pre-auth cookie, and sends the browser to Apple with `response_mode=form_post`.
-    func login(rd: String?, head: HTTPRequestHead, on loop: any EventLoop) -> GuardDecision {
+    /// Anonymous: within `apple.logins_per_minute` for `client` and `apple.max_pending_logins`
+    /// for the instance, else a page saying when to try again, and nothing written.
+    func login(rd: String?, head: HTTPRequestHead, client: String, on loop: any EventLoop) -> GuardDecision {
         guard let apple = auth.apple else { return .verdict(.respond(Self.notConfigured())) }
         let returnTo = rd.flatMap(auth.returnPolicy.validate) ?? "/"
+        do { try checkWrite(.login, client: client) } catch {
+            return .verdict(.respond(error.page(startAgain: auth.signInPath(rd: returnTo))))
+        }
         let state = Self.randomToken()
         let nonce = Self.randomToken()
         let binding = Self.randomToken()
         let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.key)
-        let future = auth.withDeadline(auth.store.putLogin(state: state, login, ttl: 600_000, on: loop), on: loop).map { _ -> Verdict in
+        let future = auth.withDeadline(auth.store.putLogin(state: state, login, ttl: AnonymousWrites.lifetime, on: loop), on: loop).map { _ -> Verdict in
+            auth.metrics.recordSignInStart(.login, outcome: .ok)
             let query = FormBody.encode([
                 ("client_id", apple.webClientID), ("redirect_uri", auth.callbackURL),
                 ("response_type", "code id_token"), ("response_mode", "form_post"), ("scope", auth.scopes.joined(separator: " ")),
@@ -28,8 +34,9 @@ extension AuthEndpointGuard {
                 ("set-cookie", "\(auth.loginCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=600"),
                 auth.clearCookie(auth.cookieName),
             ]))
-        }.recover { _ in
-            .respond(AuthResponses.html(.serviceUnavailable, AuthPages.message(
+        }.recover { _ -> Verdict in
+            auth.metrics.recordSignInStart(.login, outcome: .storeUnavailable)
+            return .respond(AuthResponses.html(.serviceUnavailable, AuthPages.message(
                 title: "Sign in is unavailable", detail: "The gateway could not start your sign-in just now. Please try again in a moment.",
                 action: ("Try again", auth.signInPath(rd: returnTo)))))
         }
@@ -68,7 +75,7 @@ extension AuthEndpointGuard {
                 do { early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code) } catch { throw SignInFailure.identityToken(error) }
                 if let name { try await storeCall { try await auth.store(on: loop).saveProfile(UserProfile(sub: early.subject, name: name)) } }
             }
-            try checkRate(.web, key: client)
+            try checkRate(.web, key: ClientAddress.limitKey(client))
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
             await arriveByTransfer(identity, on: loop)
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get() }

@@ -154,6 +154,7 @@ extension GatewayConfiguration {
         guard root.values["apple"] != nil, let s = r.section(root.values["apple"], path: "apple", keys: [
             "team_id", "client_ids", "key_id", "private_key_file", "base_url", "scopes",
             "revalidate_after", "revalidate_grace", "outage_grace", "timeout", "clock_skew", "native_nonce", "exchanges_per_minute",
+            "logins_per_minute", "max_pending_logins",
         ]) else { return }
         var apple = Apple()
         func required(_ key: String) -> String? {
@@ -205,6 +206,8 @@ extension GatewayConfiguration {
         if let v = r.duration(s, "timeout") { apple.timeout = v }
         if let v = r.enumeration(s, "native_nonce", as: NativeNonce.self) { apple.nativeNonce = v }
         if let v = r.int(s, "exchanges_per_minute", range: 0...100_000) { apple.exchangesPerMinute = v }
+        if let v = r.int(s, "logins_per_minute", range: 0...100_000) { apple.loginsPerMinute = v }
+        if let v = r.int(s, "max_pending_logins", range: 0...10_000_000) { apple.maxPendingLogins = v }
         if let v = r.duration(s, "clock_skew", atLeast: .zero) {
             apple.clockSkew = v
             if v > .seconds(300) {

@@ -130,6 +130,12 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Code exchanges per minute per user (native) or client address (web), per instance;
         /// 0: no limit.
         public var exchangesPerMinute = 30
+        /// Login states (`/login`) and native nonces (`/native/nonce`) per minute per client
+        /// address (an IPv6 client: its /64), each endpoint counted apart, per instance; 0: no limit.
+        public var loginsPerMinute = 60
+        /// Login states and native nonces one instance writes per 10 minutes (their lifetime), all
+        /// clients together; at most twice this many are outstanding from it. 0: no cap.
+        public var maxPendingLogins = 10_000
         public init() {}
     }
 

@@ -42,6 +42,9 @@ struct ConfigLoadingTests {
         #expect(config.apple?.revalidateAfter == defaults.apple?.revalidateAfter)
         #expect(config.apple?.outageGrace == defaults.apple?.outageGrace)
         #expect(config.apple?.baseURL == defaults.apple?.baseURL)
+        #expect(config.apple?.exchangesPerMinute == defaults.apple?.exchangesPerMinute)
+        #expect(config.apple?.loginsPerMinute == defaults.apple?.loginsPerMinute)
+        #expect(config.apple?.maxPendingLogins == defaults.apple?.maxPendingLogins)
     }
 
     @Test("a minimal file takes every default")
@@ -91,6 +94,8 @@ struct ConfigLoadingTests {
         BadCase(name: "apple without required keys", yaml: "apple:\n  scopes: [name]\n" + minimal, path: "apple.team_id", line: 2, column: 3, message: "is required"),
         BadCase(name: "bad team id", yaml: "apple:\n  team_id: abc\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n" + minimal, path: "apple.team_id", line: 2, column: 12, message: "Team ID"),
         BadCase(name: "bad apple scope", yaml: "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n  scopes: [phone]\n" + minimal, path: "apple.scopes[0]", line: 6, column: 12, message: "scope"),
+        BadCase(name: "negative logins per minute", yaml: "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n  logins_per_minute: -1\n" + minimal, path: "apple.logins_per_minute", line: 6, column: 22, message: "must be between 0 and"),
+        BadCase(name: "pending logins not a number", yaml: "apple:\n  team_id: ABCDE12345\n  key_id: KEY1234567\n  client_ids: [a.b]\n  private_key_file: /k.p8\n  max_pending_logins: lots\n" + minimal, path: "apple.max_pending_logins", line: 6, column: 23, message: "whole number"),
         BadCase(name: "idle longer than absolute", yaml: "session:\n  idle_timeout: 40d\n" + minimal, path: "session.idle_timeout", line: 2, column: 17, message: "longer than"),
         BadCase(name: "duplicate key", yaml: "server:\n  listen: \"0.0.0.0:1\"\n  listen: \"0.0.0.0:2\"\n" + minimal, path: "", line: nil, column: nil, message: "duplicate key 'listen'"),
         BadCase(name: "YAML syntax error", yaml: "server:\n  listen: [\n", path: "", line: 3, column: 1, message: "YAML syntax"),

@@ -39,6 +39,9 @@ struct ReloadRulesTests {
           revalidate_grace: 1h
           outage_grace: 72h
           timeout: 5s
+          exchanges_per_minute: 30
+          logins_per_minute: 60
+          max_pending_logins: 10000
         session:
           cookie_name: "__Host-sessiongate"
           secret_file: "/etc/sessiongate/session.key"
@@ -134,6 +137,9 @@ struct ReloadRulesTests {
         "max_body_bytes: 0": "max_body_bytes: 10",
         #"scopes: ["name", "email"]"#: #"scopes: ["email"]"#,
         "idle_timeout: 12h": "idle_timeout: 1h",
+        "exchanges_per_minute: 30": "exchanges_per_minute: 10",
+        "logins_per_minute: 60": "logins_per_minute: 20",
+        "max_pending_logins: 10000": "max_pending_logins: 50000",
         "absolute_timeout: 30d": "absolute_timeout: 7d",
         #"header_prefix: "X-Auth-""#: #"header_prefix: "X-Gw-""#,
         "strip_headers: []": #"strip_headers: ["X-Legacy-User"]"#,

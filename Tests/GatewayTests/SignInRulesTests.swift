@@ -43,6 +43,7 @@ struct SignInRulesTests {
         (.appleMisconfigured, 502, .appleMisconfigured, "apple_misconfigured"),
         (.storeUnavailable, 503, .storeUnavailable, "store_unavailable"),
         (.throttled(retryAfter: 7), 429, .throttled, "too_many_requests"),
+        (.busy(retryAfter: 540), 503, .throttled, "temporarily_unavailable"),
         (.nonce("x"), 400, .rejected, "invalid_nonce"),
     ] as [(SignInFailure, Int, SignInOutcome, String)])
     func failures(failure: SignInFailure, status: Int, outcome: SignInOutcome, code: String) {
@@ -52,7 +53,20 @@ struct SignInRulesTests {
         #expect(failure.json.status == failure.status)
         let page = failure.page(startAgain: "/_auth/sign-in?rd=%2F", clearing: ("set-cookie", "x=; Max-Age=0"))
         #expect(page.status == failure.status && page.headers.contains { $0.0 == "set-cookie" })
-        if case .throttled = failure { #expect(failure.json.headers.contains { $0 == ("retry-after", "7") }) }
+        let retryAfter: Int? = switch failure {
+        case .throttled(let seconds), .busy(let seconds): seconds
+        default: nil
+        }
+        if let retryAfter {
+            #expect(failure.json.headers.contains { $0 == ("retry-after", String(retryAfter)) })
+            #expect(page.headers.contains { $0 == ("retry-after", String(retryAfter)) })
+        }
+        #expect(!failure.page(startAgain: "/").headers.contains { $0.0 == "set-cookie" }, "a page that clears nothing")
+    }
+
+    @Test("a wait reads as a person says it", arguments: [(1, "1 second"), (45, "45 seconds"), (60, "1 minute"), (61, "2 minutes"), (600, "10 minutes")])
+    func wait(seconds: Int, text: String) {
+        #expect(SignInFailure.wait(seconds) == text)
     }
 
     @Test("Apple's answer to a code exchange maps to one failure", arguments: [
@@ -64,17 +78,102 @@ struct SignInRulesTests {
         #expect(outcome.signInFailure == failure)
     }
 
-    @Test("rate windows: the limit per key per minute, then the seconds left; windows restart")
-    func rateWindows() {
-        var w = RateWindows()
-        for _ in 0..<3 { #expect(w.admit("a", now: 1000, limit: 3) == nil) }
-        #expect(w.admit("a", now: 1000, limit: 3) == 60, "refused: the window ends in 60 s")
-        #expect(w.admit("a", now: 31_500, limit: 3) == 30)
-        #expect(w.admit("b", now: 31_500, limit: 3) == nil, "keys are independent")
-        #expect(w.admit("a", now: 61_000, limit: 3) == nil, "a new window")
-        #expect(w.admit("a", now: 0, limit: 3) == nil, "a clock that went back starts a new window")
-        #expect(w.admit("c", now: 0, limit: 0) == nil, "0: no limit")
-        #expect(w.windows["c"] == nil, "and nothing kept")
+    /// One event for a rate window: its key, time (ms), limit and window (ms).
+    struct RateEvent: Sendable {
+        var key: String, t: Int64, limit: Int, window: Int64 = RateWindows.minute
+        init(_ key: String, _ t: Int64, limit: Int, window: Int64 = RateWindows.minute) {
+            (self.key, self.t, self.limit, self.window) = (key, t, limit, window)
+        }
+    }
+
+    /// A named sequence of events and what `admit` answers each (nil: admitted; else the
+    /// seconds until it may be).
+    struct RateCase: CustomTestStringConvertible, Sendable {
+        var name: String
+        var capacity = 100_000
+        var events: [RateEvent]
+        var answers: [Int?]
+        /// Keys the table holds after the last event.
+        var kept: Int
+        var testDescription: String { name }
+    }
+
+    static let rateCases: [RateCase] = [
+        RateCase(name: "the limit per key per minute, then the seconds left",
+                 events: [.init("a", 1000, limit: 3), .init("a", 1000, limit: 3), .init("a", 1000, limit: 3), .init("a", 1000, limit: 3), .init("a", 31_500, limit: 3)],
+                 answers: [nil, nil, nil, 60, 30], kept: 1),
+        RateCase(name: "keys are independent", events: [.init("a", 0, limit: 1), .init("a", 0, limit: 1), .init("b", 0, limit: 1)], answers: [nil, 60, nil], kept: 2),
+        RateCase(name: "a window ends after its minute", events: [.init("a", 0, limit: 1), .init("a", 59_999, limit: 1), .init("a", 60_000, limit: 1)],
+                 answers: [nil, 1, nil], kept: 1),
+        RateCase(name: "a clock that went back starts a new window", events: [.init("a", 61_000, limit: 1), .init("a", 0, limit: 1)], answers: [nil, nil], kept: 1),
+        RateCase(name: "0: no limit", events: [.init("c", 0, limit: 0), .init("c", 0, limit: 0), .init("c", 0, limit: 0)], answers: [nil, nil, nil], kept: 0),
+        RateCase(name: "a window of its own length",
+                 events: [.init("g", 0, limit: 2, window: 600_000), .init("g", 0, limit: 2, window: 600_000), .init("g", 0, limit: 2, window: 600_000),
+                          .init("g", 599_500, limit: 2, window: 600_000), .init("g", 600_000, limit: 2, window: 600_000)],
+                 answers: [nil, nil, 600, 1, nil], kept: 1),
+        RateCase(name: "a full table refuses a new key until a window ends; known keys still count", capacity: 2,
+                 events: [.init("a", 0, limit: 5), .init("b", 10_000, limit: 5), .init("c", 20_000, limit: 5), .init("a", 20_000, limit: 5),
+                          .init("c", 60_000, limit: 5)],
+                 answers: [nil, nil, 40, nil, nil], kept: 2),
+        RateCase(name: "a full table is swept at most once a second", capacity: 1,
+                 events: [.init("a", 0, limit: 5), .init("b", 60_000, limit: 5), .init("c", 60_500, limit: 5), .init("c", 120_000, limit: 5)],
+                 answers: [nil, nil, 60, nil], kept: 1),
+    ]
+
+    @Test("rate windows: fixed windows per key, a bounded table", arguments: rateCases)
+    func rateWindows(_ c: RateCase) {
+        var w = RateWindows(capacity: c.capacity)
+        let answers = c.events.map { w.admit($0.key, now: $0.t, limit: $0.limit, window: $0.window) }
+        #expect(answers == c.answers)
+        #expect(w.windows.count == c.kept)
+    }
+
+    /// A named sequence of anonymous writes (all at `t`, ms) under the two limits, and the
+    /// verdict on each.
+    struct WriteCase: CustomTestStringConvertible, Sendable {
+        var name: String
+        var perClient: Int
+        var perInstance: Int
+        var events: [(AnonymousWrites.Kind, String, Int64)]
+        var verdicts: [AnonymousWrites.Verdict]
+        var testDescription: String { name }
+    }
+
+    static let writeCases: [WriteCase] = [
+        WriteCase(name: "a client over its limit is throttled; another client goes on", perClient: 2, perInstance: 100,
+                  events: [(.login, "a", 0), (.login, "a", 0), (.login, "a", 30_000), (.login, "b", 30_000)],
+                  verdicts: [.admitted, .admitted, .throttled(retryAfter: 30), .admitted]),
+        WriteCase(name: "logins and nonces are counted apart", perClient: 1, perInstance: 100,
+                  events: [(.login, "a", 0), (.nativeNonce, "a", 0), (.nativeNonce, "a", 0)],
+                  verdicts: [.admitted, .admitted, .throttled(retryAfter: 60)]),
+        WriteCase(name: "the instance cap refuses every client until its 10-minute window ends", perClient: 100, perInstance: 3,
+                  events: [(.login, "a", 0), (.nativeNonce, "b", 0), (.login, "c", 0), (.login, "d", 1000), (.nativeNonce, "a", 599_000), (.login, "d", 600_000)],
+                  verdicts: [.admitted, .admitted, .admitted, .busy(retryAfter: 599), .busy(retryAfter: 1), .admitted]),
+        WriteCase(name: "a throttled client spends nothing of the cap", perClient: 1, perInstance: 2,
+                  events: [(.login, "a", 0), (.login, "a", 0), (.login, "a", 0), (.login, "a", 0), (.login, "b", 0), (.login, "c", 0)],
+                  verdicts: [.admitted, .throttled(retryAfter: 60), .throttled(retryAfter: 60), .throttled(retryAfter: 60), .admitted, .busy(retryAfter: 600)]),
+        WriteCase(name: "0: no limit, no cap", perClient: 0, perInstance: 0,
+                  events: Array(repeating: (.login, "a", 0), count: 5), verdicts: Array(repeating: .admitted, count: 5)),
+    ]
+
+    @Test("anonymous writes: a limit per client and a cap per instance", arguments: writeCases)
+    func anonymousWrites(_ c: WriteCase) {
+        var w = AnonymousWrites()
+        let verdicts = c.events.map { w.admit($0.0, client: $0.1, now: $0.2, perClient: c.perClient, perInstance: c.perInstance) }
+        #expect(verdicts == c.verdicts)
+    }
+
+    @Test("the key a per-client limit counts: IPv4 as it is, IPv6 by its /64", arguments: [
+        ("203.0.113.9", "203.0.113.9"),
+        ("::ffff:203.0.113.9", "203.0.113.9"),  // a dual-stack listener's IPv4 client
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2::99", "2001:db8:1:2::/64"),
+        ("2001:db8:1:3::99", "2001:db8:1:3::/64"),
+        ("::1", "0:0:0:0::/64"),
+        ("unknown", "unknown"),
+    ])
+    func limitKey(address: String, key: String) {
+        #expect(ClientAddress.limitKey(address) == key)
     }
 
     @Test("the client behind trusted proxies: the nearest untrusted X-Forwarded-For hop, else the peer", arguments: [
