@@ -35,6 +35,9 @@ struct LinkLookup: Sendable {
         request.headers.add(name: "content-type", value: "application/json")
         request.headers.add(name: "authorization", value: "Bearer " + secret)
         request.headers.add(name: "user-agent", value: "sessiongate-link-lookup")
+        // Each user's lookup on a connection of its own: the answer names no sub, so an answer an
+        // app sent late on a kept connection would be taken for the next user's (sign-ins are rare).
+        request.headers.add(name: "connection", value: "close")
         let body = (try? JSONSerialization.data(withJSONObject: ["sub": identity.subject, "email": email], options: [.sortedKeys])) ?? Data()
         request.body = .bytes(ByteBuffer(bytes: body))
         do {
