@@ -260,12 +260,35 @@ struct ClientConnectionStateMachine {
         return respond(response, exchange)
     }
 
-    /// The client half-closed after sending: answer what it asked, then close.
+    /// The client's FIN: a half-close, or a close (with half-closure allowed, both arrive so).
+    /// Nothing more comes than what the reader holds: a complete request is answered, then the
+    /// connection closes; one cut short ends now (`readerDrained`).
     mutating func clientInputClosed() -> Action {
         inputClosed = true
         current?.keepAlive = false
-        if case .idle = state { return closeNow() }
-        return .none
+        return readerDrained()
+    }
+
+    /// The reader has handed in every complete part it holds (the handler asks after each pump).
+    /// After the client's FIN that is all there will be (`ExchangeRules.onClientInputEnd`):
+    /// between requests the connection closes; a request cut short is aborted as the client's.
+    mutating func readerDrained() -> Action {
+        guard inputClosed, acceptsParts else { return .none }
+        let (phase, exchange, _) = parts
+        switch ExchangeRules.onClientInputEnd(phase: phase, requestEnded: exchange?.requestEnded ?? true) {
+        case .carryOn: return .none
+        case .close: return closeNow()
+        case .abortRequest: return clientAbandoned()
+        }
+    }
+
+    /// The client left in the middle of a request: nothing can be answered. The exchange is
+    /// recorded as aborted, with `ExchangeRecord.clientClosedRequest` (499) when no response had
+    /// begun, and the upstream connection serving it, if any, is closed.
+    mutating func clientAbandoned() -> Action {
+        if let x = current, !x.responseStarted { x.status = ExchangeRecord.clientClosedRequest }
+        buffered.removeAll()
+        return abort(failure: nil)
     }
 
     /// The server drains: finish the exchange in flight, then close.
@@ -281,7 +304,9 @@ struct ClientConnectionStateMachine {
         state = .closed
         buffered.removeAll()
         switch before {
-        case .forwarding(let x, let upstream): return .abort(x, upstream: upstream, failure: nil)
+        case .forwarding(let x, let upstream):
+            if !x.responseStarted { x.status = ExchangeRecord.clientClosedRequest }
+            return .abort(x, upstream: upstream, failure: nil)
         case .connecting(let x), .awaitingVerdict(let x), .collecting(let x, _), .answering(let x):
             return .drop(x)
         case .idle, .closed:

@@ -101,4 +101,26 @@ enum ExchangeRules {
     static func clientKeepsAlive(requested: Bool, requestComplete: Bool, quiescing: Bool, inputClosed: Bool) -> Bool {
         requested && requestComplete && !quiescing && !inputClosed
     }
+
+    /// What the end of the client's input (its FIN) does to the exchange in flight, once every
+    /// complete part the client sent before it was handed in.
+    enum InputEndAction: Equatable {
+        /// Nothing now: the request in flight is complete and is answered (or the connection is
+        /// closing already).
+        case carryOn
+        /// Between requests: close.
+        case close
+        /// The request was cut short, its head or body incomplete: it can never be answered.
+        /// It ends now as the client's abort, and the upstream request it started with it —
+        /// not at the idle timeout, logged as the app's 504.
+        case abortRequest
+    }
+
+    static func onClientInputEnd(phase: Phase, requestEnded: Bool) -> InputEndAction {
+        switch phase {
+        case .idle: return .close
+        case .closed: return .carryOn
+        case .awaitingVerdict, .collecting, .connecting, .forwarding: return requestEnded ? .carryOn : .abortRequest
+        }
+    }
 }

@@ -159,6 +159,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             } catch {
                 run(machine.requestUnreadable(error, now: now))
             }
+            // After the client's FIN, a request the reader could not complete never will be.
+            run(machine.readerDrained())
             // Parts handed on outside a client read burst: channelReadComplete will not flush
             // them. The flush may fail at once and end the exchange (then: round again).
             if !inReadBurst, case .forwarding(_, let upstream) = machine.state { upstream.flush() }

@@ -77,6 +77,20 @@ struct ExchangeRulesTests {
         #expect(ExchangeRules.onDecoderError(phase: phase, responseStarted: started) == expected, "\(name)")
     }
 
+    @Test("the client's input ends (its FIN, everything complete before it handed in)", arguments: [
+        ("between requests", ExchangeRules.Phase.idle, false, ExchangeRules.InputEndAction.close),
+        ("a request cut short while the verdict is pending", .awaitingVerdict, false, .abortRequest),
+        ("a body cut short for a local endpoint", .collecting, false, .abortRequest),
+        ("a body cut short while connecting upstream", .connecting, false, .abortRequest),
+        ("a body cut short while forwarding it", .forwarding, false, .abortRequest),
+        ("a complete request awaiting its verdict", .awaitingVerdict, true, .carryOn),
+        ("a complete request being answered", .forwarding, true, .carryOn),
+        ("closing already", .closed, false, .carryOn),
+    ] as [(String, ExchangeRules.Phase, Bool, ExchangeRules.InputEndAction)])
+    func clientInputEnd(_ name: String, phase: ExchangeRules.Phase, ended: Bool, expected: ExchangeRules.InputEndAction) {
+        #expect(ExchangeRules.onClientInputEnd(phase: phase, requestEnded: ended) == expected, "\(name)")
+    }
+
     @Test("a response status is relayed only within 100–599", arguments: [
         (100, true), (101, true), (200, true), (599, true), (99, false), (600, false), (999, false),
     ])

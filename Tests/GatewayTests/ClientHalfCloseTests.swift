@@ -1,0 +1,61 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import HTTPProxy
+import NIOConcurrencyHelpers
+import TestSupport
+import Testing
+
+/// Every exchange the proxy reports, in order.
+final class RecordedExchanges: ProxyObserver {
+    let records = NIOLockedValueBox<[ExchangeRecord]>([])
+    var wantsRequestDetails: Bool { false }
+    func exchangeCompleted(_ record: ExchangeRecord) { records.withLockedValue { $0.append(record) } }
+    func upstreamFailed(_ kind: UpstreamErrorKind, route: String) {}
+    func clientConnectionOpened() {}
+    func clientConnectionClosed() {}
+    func upstreamConnectionOpened() {}
+    func upstreamConnectionClosed() {}
+}
+
+/// A client that goes away, or half-closes, before it is done (issue 23 §3): on raw sockets
+/// against a real proxy, what the app sees, what the client gets and what is logged.
+@Suite("Client half-close and departure (raw sockets)", .serialized, .timeLimit(.minutes(3)))
+struct ClientHalfCloseTests {
+    /// Far above the bounds the tests check: what only ends at a timeout fails them.
+    static let longTimeouts = ProxyConfiguration.Timeouts(upstreamConnect: .seconds(2), upstreamResponse: .seconds(30), idle: .seconds(30),
+                                                          requestBody: .seconds(30))
+
+    @Test("a client gone inside a request body: the app's connection closes at once, the log says the client aborted (499), no 504", arguments: [
+        ("half-close", true), ("full close", false),
+    ])
+    func goneMidBody(_ name: String, halfClose: Bool) async throws {
+        let app = try RawListener()
+        let exchanges = RecordedExchanges()
+        let h = try await ProxyHarness.start(timeouts: Self.longTimeouts, upstreamPort: app.port, observer: exchanges)
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (appSawClose, seconds, answered) = try await blocking { () -> (Bool, Double, Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 10)
+            try client.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789")
+            // The app's side reads with a 3 s receive timeout: the upper bound of every wait below.
+            let upstream = try app.accept(timeoutSeconds: 3)
+            _ = try upstream.readUntil("\r\n\r\n")
+            _ = try upstream.read(count: 10)
+            if halfClose { shutdown(client.fd, Int32(SHUT_WR)) } else { client.disconnect() }
+            let start = Date()
+            let closed = upstream.waitForClose()
+            let seconds = Date().timeIntervalSince(start)
+            // Nothing can be answered to a request that never arrived whole.
+            let answered = halfClose && (try? client.readResponse()) != nil
+            return (closed, seconds, answered)
+        }
+        #expect(appSawClose, "\(name): the truncated request stays open at the app")
+        #expect(seconds < 2, "\(name): \(seconds) s")
+        #expect(!answered, "\(name)")
+        let records = exchanges.records.withLockedValue { $0 }
+        #expect(records.map(\.status) == [ExchangeRecord.clientClosedRequest], "\(name)")
+        #expect(records.map(\.aborted) == [true], "\(name)")
+    }
+}
