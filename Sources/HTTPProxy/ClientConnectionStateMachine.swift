@@ -261,11 +261,14 @@ struct ClientConnectionStateMachine {
     }
 
     /// The client's FIN: a half-close, or a close (with half-closure allowed, both arrive so).
-    /// Nothing more comes than what the reader holds: a complete request is answered, then the
-    /// connection closes; one cut short ends now (`readerDrained`).
-    mutating func clientInputClosed() -> Action {
+    /// Nothing more comes than what the reader holds (`unparsedBytes`: bytes of requests behind
+    /// the current one). Every request complete before the FIN is answered, in order, as nginx
+    /// does; the connection closes once the reader is drained (`readerDrained`), and a request
+    /// cut short ends then. With nothing behind it, the current request is the last: its
+    /// response says `Connection: close`.
+    mutating func clientInputClosed(unparsedBytes: Bool) -> Action {
         inputClosed = true
-        current?.keepAlive = false
+        if !unparsedBytes { current?.keepAlive = false }
         return readerDrained()
     }
 
@@ -470,7 +473,7 @@ struct ClientConnectionStateMachine {
     }
 
     func keepsAlive(_ x: ExchangeContext, requestComplete: Bool) -> Bool {
-        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing, inputClosed: inputClosed)
+        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing)
     }
 
     mutating func abort(failure: UpstreamErrorKind?) -> Action {

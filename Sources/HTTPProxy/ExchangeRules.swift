@@ -97,9 +97,11 @@ enum ExchangeRules {
         start + allowance + held + .seconds(Int64(bytesReceived / bodyBytesPerSecond))
     }
 
-    /// Whether the client connection stays open for another request after this exchange.
-    static func clientKeepsAlive(requested: Bool, requestComplete: Bool, quiescing: Bool, inputClosed: Bool) -> Bool {
-        requested && requestComplete && !quiescing && !inputClosed
+    /// Whether the client connection stays open for another request after this exchange. After
+    /// the client's FIN too: requests pipelined before it are still to be answered, and the
+    /// connection closes when none is left (`onClientInputEnd`).
+    static func clientKeepsAlive(requested: Bool, requestComplete: Bool, quiescing: Bool) -> Bool {
+        requested && requestComplete && !quiescing
     }
 
     /// What the end of the client's input (its FIN) does to the exchange in flight, once every

@@ -111,7 +111,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         if let event = event as? ChannelEvent, event == .inputClosed {
             if lingering { return context.close(promise: nil) }  // the client is done too
-            return run(machine.clientInputClosed())
+            return run(machine.clientInputClosed(unparsedBytes: reader.holdsUnparsedRequest))
         }
         context.fireUserInboundEventTriggered(event)
     }

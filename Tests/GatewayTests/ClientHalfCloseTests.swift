@@ -58,4 +58,34 @@ struct ClientHalfCloseTests {
         #expect(records.map(\.status) == [ExchangeRecord.clientClosedRequest], "\(name)")
         #expect(records.map(\.aborted) == [true], "\(name)")
     }
+
+    static let get1 = "GET /echo/1 HTTP/1.1\r\nHost: a\r\n\r\n"
+    static let get3 = "GET /echo/3 HTTP/1.1\r\nHost: a\r\n\r\n"
+
+    @Test("every request complete before the client's FIN is answered, in order; then the connection closes", arguments: [
+        ("three GETs", get1 + "GET /echo/2 HTTP/1.1\r\nHost: a\r\n\r\n" + get3, ["/echo/1", "/echo/2", "/echo/3"]),
+        ("a POST with a body in the middle", get1 + "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello" + get3,
+         ["/echo/1", "/upload", "/echo/3"]),
+        ("a GET, then half a head", get1 + "GET /echo/2 HTTP/1.1\r\nHo", ["/echo/1"]),
+        ("a GET, then a POST cut short in its body", get1 + "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc", ["/echo/1"]),
+    ])
+    func finAfterPipelined(_ name: String, raw: String, answered: [String]) async throws {
+        let h = try await ProxyHarness.start(timeouts: Self.longTimeouts)
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (responses, closed) = try await blocking { () -> ([RawClient.Response], Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 3)
+            try client.send(raw)
+            shutdown(client.fd, Int32(SHUT_WR))
+            var responses: [RawClient.Response] = []
+            while responses.count < answered.count, let response = try? client.readResponse() { responses.append(response) }
+            return (responses, client.waitForClose())
+        }
+        #expect(responses.map(\.status) == answered.map { _ in 200 }, "\(name)")
+        #expect(zip(responses, answered).allSatisfy { response, path in
+            path == "/upload" ? response.text.hasPrefix("n=5") : response.text.hasPrefix("GET \(path) ")
+        }, "\(name): \(responses.map(\.text))")
+        #expect(closed, "\(name): closed after the last answer, not at a timeout")
+        #expect(h.upstream.stats.withLockedValue { $0.completed } == answered, "\(name)")
+    }
 }

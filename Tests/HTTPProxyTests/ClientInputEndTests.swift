@@ -43,7 +43,7 @@ struct ClientInputEndMachineTests {
     func finMidBody(stage: String) throws {
         var m = base.machine()
         let (x, upstream) = try postMidBody(&m, stage: stage)
-        guard case .abort(let aborted?, let closing, failure: nil) = m.clientInputClosed() else {
+        guard case .abort(let aborted?, let closing, failure: nil) = m.clientInputClosed(unparsedBytes: false) else {
             Issue.record("\(stage): the truncated request is left open")
             return
         }
@@ -60,17 +60,34 @@ struct ClientInputEndMachineTests {
     func finAfterCompleteRequest() throws {
         var m = base.machine()
         let x = try base.admitted(&m)
-        guard case .none = m.clientInputClosed() else { Issue.record("a complete request is not aborted"); return }
+        guard case .none = m.clientInputClosed(unparsedBytes: false) else { Issue.record("a complete request is not aborted"); return }
         guard case .respond(_, _, _, _, .close) = m.verdict(.success(.respond(.error(.forbidden, "no"))), for: x, now: t0) else {
             Issue.record("answered, then closed")
             return
         }
     }
 
+    @Test("the FIN behind pipelined requests: each is answered and keeps the connection; once the reader is drained, it closes")
+    func finBehindPipelined() throws {
+        var m = base.machine()
+        let first = try base.admitted(&m, "/1")
+        guard case .none = m.clientInputClosed(unparsedBytes: true) else { Issue.record("the request behind it is still to come"); return }
+        guard case .respond(_, _, _, _, .nextRequest) = m.verdict(.success(.respond(.error(.forbidden, "no"))), for: first, now: t0) else {
+            Issue.record("closed before the pipelined request")
+            return
+        }
+        let second = try base.admitted(&m, "/2")
+        guard case .respond(_, _, _, _, .nextRequest) = m.verdict(.success(.respond(.error(.forbidden, "no"))), for: second, now: t0) else {
+            Issue.record("the last request is answered like any other")
+            return
+        }
+        guard case .close(upstream: nil) = m.readerDrained() else { Issue.record("nothing left: not closed"); return }
+    }
+
     @Test("the FIN between requests closes the connection")
     func finBetweenRequests() {
         var m = base.machine()
-        guard case .close(upstream: nil) = m.clientInputClosed() else { Issue.record("not closed"); return }
+        guard case .close(upstream: nil) = m.clientInputClosed(unparsedBytes: false) else { Issue.record("not closed"); return }
     }
 
     @Test("the client resets inside a request body before any response: recorded as the client's abort (499)")
@@ -111,5 +128,21 @@ struct ClientInputEndHandlerTests {
         #expect(f.observer.records.map(\.status) == [ExchangeRecord.clientClosedRequest])
         box.promise?.succeed(.forward)
         #expect(f.connector.opened.isEmpty)
+    }
+
+    @Test("requests pipelined before the client's FIN are all answered, in order; then the connection closes")
+    func finBehindPipelined() throws {
+        let f = try ClientConnectionTests().makeFixture()
+        try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\nGET /2 HTTP/1.1\r\nHost: app\r\n\r\nGET /3 HTTP/1.1\r\nHost: app\r\n\r\n")
+        f.client.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        for i in 1...3 {
+            #expect(try f.upstreamOutput(0).hasPrefix("GET /\(i) "), "request \(i) reaches the app")
+            try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n\(i)")
+        }
+        let text = try f.clientOutput()
+        #expect(text.components(separatedBy: "HTTP/1.1 200 OK\r\n").count == 4, "three answers: \(text)")
+        #expect(text.hasSuffix("\r\n\r\n3"))
+        f.loop.run()
+        #expect(!f.client.isActive, "closed once the last is answered")
     }
 }
