@@ -458,8 +458,8 @@ struct ClientConnectionStateMachine {
         x.status = Int(response.status.code)
         x.responseStarted = true
         x.bytesSent = response.body.readableBytes
-        let bytes = HTTPWire.localResponse(response, requestID: x.requestID, keepAlive: x.keepAlive, headRequest: x.method == .HEAD,
-                                           allocator: allocator)
+        let bytes = HTTPWire.localResponse(response, requestID: x.requestID, keepAlive: x.keepAlive, clientVersion: x.clientVersion,
+                                           headRequest: x.method == .HEAD, allocator: allocator)
         responseDeadline = nil
         bodyStart = nil
         buffered.removeAll()

@@ -125,4 +125,20 @@ enum ExchangeRules {
         case .awaitingVerdict, .collecting, .connecting, .forwarding: return requestEnded ? .carryOn : .abortRequest
         }
     }
+
+    /// What a response head tells the client in `Connection`, for the gateway's own responses
+    /// and relayed ones alike.
+    enum ConnectionField: Equatable {
+        /// Nothing: HTTP/1.1 keeps the connection by default.
+        case none
+        /// The gateway closes the connection after this response.
+        case close
+        /// An HTTP/1.0 client assumes close unless told otherwise (RFC 9112 §9.3, appendix C.2.2).
+        case keepAlive
+    }
+
+    static func connectionField(keepAlive: Bool, clientVersion: HTTPVersion) -> ConnectionField {
+        guard keepAlive else { return .close }
+        return clientVersion.minor == 0 ? .keepAlive : .none
+    }
 }

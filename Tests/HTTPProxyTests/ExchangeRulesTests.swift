@@ -91,6 +91,16 @@ struct ExchangeRulesTests {
         #expect(ExchangeRules.onClientInputEnd(phase: phase, requestEnded: ended) == expected, "\(name)")
     }
 
+    @Test("the Connection field of a response head to the client", arguments: [
+        ("HTTP/1.1, kept", true, HTTPVersion.http1_1, ExchangeRules.ConnectionField.none),
+        ("HTTP/1.1, closed", false, .http1_1, .close),
+        ("HTTP/1.0 that asked for keep-alive, kept", true, .http1_0, .keepAlive),
+        ("HTTP/1.0, closed", false, .http1_0, .close),
+    ] as [(String, Bool, HTTPVersion, ExchangeRules.ConnectionField)])
+    func connectionField(_ name: String, keepAlive: Bool, version: HTTPVersion, expected: ExchangeRules.ConnectionField) {
+        #expect(ExchangeRules.connectionField(keepAlive: keepAlive, clientVersion: version) == expected, "\(name)")
+    }
+
     @Test("a response status is relayed only within 100–599", arguments: [
         (100, true), (101, true), (200, true), (599, true), (99, false), (600, false), (999, false),
     ])
