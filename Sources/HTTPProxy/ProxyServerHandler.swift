@@ -402,7 +402,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         record(exchange, aborted: false)
         timer?.cancel()
         timer = nil
-        Upgrade.splice(client: context, upstream: connection, upstreamChannel: upstreamChannel, clientBytes: reader.takeRemaining(), tunnel: tunnel)
+        Upgrade.splice(client: context, upstream: connection, upstreamChannel: upstreamChannel, clientBytes: reader.takeRemaining(),
+                       clientInputClosed: machine.inputClosed, tunnel: tunnel)
     }
 
     // MARK: the timer

@@ -88,4 +88,21 @@ struct ClientHalfCloseTests {
         #expect(closed, "\(name): closed after the last answer, not at a timeout")
         #expect(h.upstream.stats.withLockedValue { $0.completed } == answered, "\(name)")
     }
+
+    @Test("a WebSocket handshake followed at once by the client's FIN: the tunnel passes the FIN on to the app, and closes")
+    func finBeforeTunnel() async throws {
+        let h = try await ProxyHarness.start(timeouts: Self.longTimeouts)
+        defer { Task { await h.stop() } }
+        let port = h.port
+        let (status, closed) = try await blocking { () -> (Int, Bool) in
+            let client = try RawClient(port: port, timeoutSeconds: 3)
+            try client.send("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            shutdown(client.fd, Int32(SHUT_WR))
+            let status = try client.readResponse().status
+            // The app (which closes on its peer's FIN) ends the tunnel: not an open half forever.
+            return (status, client.waitForClose())
+        }
+        #expect(status == 101)
+        #expect(closed)
+    }
 }
