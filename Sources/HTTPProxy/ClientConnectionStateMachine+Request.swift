@@ -28,7 +28,7 @@ extension ClientConnectionStateMachine {
         }
         x.requestHasBody = inbound.framing != .none
         x.requestChunked = inbound.framing == .chunked
-        x.keepAlive = inbound.keepAlive && !quiescing && !inputClosed && !inbound.isWebSocketUpgrade
+        x.keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
         x.isWebSocket = inbound.isWebSocketUpgrade
         if let id = inbound.requestID { x.requestID = id }
         if shared.observer.wantsRequestDetails { x.userAgent = head.firstValue(named: "user-agent") }

@@ -57,7 +57,7 @@ extension ClientConnectionStateMachine {
         x.upstreamKeepAlive = ExchangeRules.upstreamKeepsAlive(version: wire.version, connectionTokens: head.connectionTokens)
         x.framing = ExchangeRules.responseFraming(requestMethod: x.method, status: status, hasContentLength: head.hasContentLength,
                                                   clientVersion: x.clientVersion)
-        if x.framing == .untilClose || quiescing || inputClosed { x.keepAlive = false }
+        if x.framing == .untilClose || quiescing { x.keepAlive = false }
         var buffer = allocator.buffer(capacity: wire.bytes.readableBytes + 96)
         head.write(rules: x.snapshot?.rules,
                    .init(requestID: x.requestID, chunked: x.framing == .chunked, keepAlive: x.keepAlive, clientVersion: x.clientVersion),

@@ -278,12 +278,38 @@ struct ClientConnectionStateMachine {
         return respond(response, exchange)
     }
 
-    /// The client half-closed after sending: answer what it asked, then close.
-    mutating func clientInputClosed() -> Action {
+    /// The client's FIN: a half-close, or a close (with half-closure allowed, both arrive so).
+    /// Nothing more comes than what the reader holds (`unparsedBytes`: bytes of requests behind
+    /// the current one). Every request complete before the FIN is answered, in order, as nginx
+    /// does; the connection closes once the reader is drained (`readerDrained`), and a request
+    /// cut short ends then. With nothing behind it, the current request is the last: its
+    /// response says `Connection: close`.
+    mutating func clientInputClosed(unparsedBytes: Bool) -> Action {
         inputClosed = true
-        current?.keepAlive = false
-        if case .idle = state { return closeNow() }
-        return .none
+        if !unparsedBytes { current?.keepAlive = false }
+        return readerDrained()
+    }
+
+    /// The reader has handed in every complete part it holds (the handler asks after each pump).
+    /// After the client's FIN that is all there will be (`ExchangeRules.onClientInputEnd`):
+    /// between requests the connection closes; a request cut short is aborted as the client's.
+    mutating func readerDrained() -> Action {
+        guard inputClosed, acceptsParts else { return .none }
+        let (phase, exchange, _) = parts
+        switch ExchangeRules.onClientInputEnd(phase: phase, requestEnded: exchange?.requestEnded ?? true) {
+        case .carryOn: return .none
+        case .close: return closeNow()
+        case .abortRequest: return clientAbandoned()
+        }
+    }
+
+    /// The client left in the middle of a request: nothing can be answered. The exchange is
+    /// recorded as aborted, with `ExchangeRecord.clientClosedRequest` (499) when no response had
+    /// begun, and the upstream connection serving it, if any, is closed.
+    mutating func clientAbandoned() -> Action {
+        if let x = current, !x.responseStarted { x.status = ExchangeRecord.clientClosedRequest }
+        buffered.removeAll()
+        return abort(failure: nil)
     }
 
     /// The server drains: finish the exchange in flight, then close.
@@ -299,7 +325,9 @@ struct ClientConnectionStateMachine {
         state = .closed
         buffered.removeAll()
         switch before {
-        case .forwarding(let x, let upstream): return .abort(x, upstream: upstream, failure: nil)
+        case .forwarding(let x, let upstream):
+            if !x.responseStarted { x.status = ExchangeRecord.clientClosedRequest }
+            return .abort(x, upstream: upstream, failure: nil)
         case .connecting(let x), .awaitingVerdict(let x), .collecting(let x, _), .answering(let x):
             return .drop(x)
         case .idle, .closed:
@@ -466,8 +494,8 @@ struct ClientConnectionStateMachine {
         x.status = Int(response.status.code)
         x.responseStarted = true
         x.bytesSent = response.body.readableBytes
-        let bytes = HTTPWire.localResponse(response, requestID: x.requestID, keepAlive: x.keepAlive, headRequest: x.method == .HEAD,
-                                           allocator: allocator)
+        let bytes = HTTPWire.localResponse(response, requestID: x.requestID, keepAlive: x.keepAlive, clientVersion: x.clientVersion,
+                                           headRequest: x.method == .HEAD, allocator: allocator)
         responseDeadline = nil
         bodyStart = nil
         buffered.removeAll()
@@ -481,7 +509,7 @@ struct ClientConnectionStateMachine {
     }
 
     func keepsAlive(_ x: ExchangeContext, requestComplete: Bool) -> Bool {
-        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing, inputClosed: inputClosed)
+        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing)
     }
 
     mutating func abort(failure: UpstreamErrorKind?) -> Action {

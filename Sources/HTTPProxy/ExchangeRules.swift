@@ -119,8 +119,48 @@ enum ExchangeRules {
         start + allowance + held + .seconds(Int64(bytesReceived / bodyBytesPerSecond))
     }
 
-    /// Whether the client connection stays open for another request after this exchange.
-    static func clientKeepsAlive(requested: Bool, requestComplete: Bool, quiescing: Bool, inputClosed: Bool) -> Bool {
-        requested && requestComplete && !quiescing && !inputClosed
+    /// Whether the client connection stays open for another request after this exchange. After
+    /// the client's FIN too: requests pipelined before it are still to be answered, and the
+    /// connection closes when none is left (`onClientInputEnd`).
+    static func clientKeepsAlive(requested: Bool, requestComplete: Bool, quiescing: Bool) -> Bool {
+        requested && requestComplete && !quiescing
+    }
+
+    /// What the end of the client's input (its FIN) does to the exchange in flight, once every
+    /// complete part the client sent before it was handed in.
+    enum InputEndAction: Equatable {
+        /// Nothing now: the request in flight is complete and is answered (or the connection is
+        /// closing already).
+        case carryOn
+        /// Between requests: close.
+        case close
+        /// The request was cut short, its head or body incomplete: it can never be answered.
+        /// It ends now as the client's abort, and the upstream request it started with it —
+        /// not at the idle timeout, logged as the app's 504.
+        case abortRequest
+    }
+
+    static func onClientInputEnd(phase: Phase, requestEnded: Bool) -> InputEndAction {
+        switch phase {
+        case .idle: return .close
+        case .closed: return .carryOn
+        case .awaitingVerdict, .collecting, .connecting, .forwarding: return requestEnded ? .carryOn : .abortRequest
+        }
+    }
+
+    /// What a response head tells the client in `Connection`, for the gateway's own responses
+    /// and relayed ones alike.
+    enum ConnectionField: Equatable {
+        /// Nothing: HTTP/1.1 keeps the connection by default.
+        case none
+        /// The gateway closes the connection after this response.
+        case close
+        /// An HTTP/1.0 client assumes close unless told otherwise (RFC 9112 §9.3, appendix C.2.2).
+        case keepAlive
+    }
+
+    static func connectionField(keepAlive: Bool, clientVersion: HTTPVersion) -> ConnectionField {
+        guard keepAlive else { return .close }
+        return clientVersion.minor == 0 ? .keepAlive : .none
     }
 }

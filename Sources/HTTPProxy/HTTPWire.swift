@@ -28,8 +28,19 @@ public enum HTTPWire {
         !value.utf8.contains { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7f }
     }
 
+    /// The `Connection` field a response head carries (`ExchangeRules.connectionField`).
+    @inline(__always)
+    static func writeConnection(_ field: ExchangeRules.ConnectionField, into buffer: inout ByteBuffer) {
+        switch field {
+        case .none: break
+        case .close: buffer.writeStaticString("connection: close\r\n")
+        case .keepAlive: buffer.writeStaticString("connection: keep-alive\r\n")
+        }
+    }
+
     /// A complete response the gateway answers itself, as bytes.
-    static func localResponse(_ response: LocalResponse, requestID: String?, keepAlive: Bool, headRequest: Bool, allocator: ByteBufferAllocator) -> ByteBuffer {
+    static func localResponse(_ response: LocalResponse, requestID: String?, keepAlive: Bool, clientVersion: HTTPVersion, headRequest: Bool,
+                              allocator: ByteBufferAllocator) -> ByteBuffer {
         var buffer = allocator.buffer(capacity: 256 + response.body.readableBytes)
         writeStatusLine(response.status, into: &buffer)
         for (name, value) in response.headers where isSafeValue(value) && isSafeValue(name) {
@@ -37,7 +48,7 @@ public enum HTTPWire {
         }
         if let requestID { writeHeader("x-request-id", requestID, into: &buffer) }
         writeHeader("content-length", String(response.body.readableBytes), into: &buffer)
-        if !keepAlive { buffer.writeStaticString("connection: close\r\n") }
+        writeConnection(ExchangeRules.connectionField(keepAlive: keepAlive, clientVersion: clientVersion), into: &buffer)
         buffer.writeStaticString("\r\n")
         if !headRequest {
             var body = response.body

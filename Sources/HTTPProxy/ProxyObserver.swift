@@ -19,9 +19,15 @@ public enum UpstreamErrorKind: String, Sendable, CaseIterable {
 
 /// One completed (or abandoned) exchange, for the access log and metrics.
 public struct ExchangeRecord: Sendable {
+    /// The status of an exchange the client abandoned before any response byte (it closed or
+    /// reset its connection, or its request ended short): nginx's 499, "client closed request".
+    /// No client ever receives it.
+    public static let clientClosedRequest = 499
+
     public var method: String
     /// The canonical path, or the raw target when it could not be parsed.
     public var path: String
+    /// The status sent, or `clientClosedRequest` (499) when the client left before any was.
     public var status: Int
     public var route: String?
     public var upstream: UpstreamAddress?

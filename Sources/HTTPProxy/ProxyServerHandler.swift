@@ -112,7 +112,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         }
         if let event = event as? ChannelEvent, event == .inputClosed {
             if lingering { return context.close(promise: nil) }  // the client is done too
-            return run(machine.clientInputClosed())
+            return run(machine.clientInputClosed(unparsedBytes: reader.holdsUnparsedRequest))
         }
         context.fireUserInboundEventTriggered(event)
     }
@@ -160,6 +160,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             } catch {
                 run(machine.requestUnreadable(error, now: now))
             }
+            // After the client's FIN, a request the reader could not complete never will be.
+            run(machine.readerDrained())
             // Parts handed on outside a client read burst: channelReadComplete will not flush
             // them. The flush may fail at once and end the exchange (then: round again).
             if !inReadBurst, case .forwarding(_, let upstream) = machine.state { upstream.flush() }
@@ -408,7 +410,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         record(exchange, aborted: false)
         timer?.cancel()
         timer = nil
-        Upgrade.splice(client: context, upstream: connection, upstreamChannel: upstreamChannel, clientBytes: reader.takeRemaining(), tunnel: tunnel)
+        Upgrade.splice(client: context, upstream: connection, upstreamChannel: upstreamChannel, clientBytes: reader.takeRemaining(),
+                       clientInputClosed: machine.inputClosed, tunnel: tunnel)
     }
 
     // MARK: the timer

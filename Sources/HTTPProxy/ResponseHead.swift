@@ -57,11 +57,7 @@ struct ResponseHead {
         }
         if !hasRequestID, let id = additions.requestID { HTTPWire.writeHeader("x-request-id", id, into: &buffer) }
         if additions.chunked { buffer.writeStaticString("transfer-encoding: chunked\r\n") }
-        if !additions.keepAlive {
-            buffer.writeStaticString("connection: close\r\n")
-        } else if additions.clientVersion.minor == 0 {
-            buffer.writeStaticString("connection: keep-alive\r\n")
-        }
+        HTTPWire.writeConnection(ExchangeRules.connectionField(keepAlive: additions.keepAlive, clientVersion: additions.clientVersion), into: &buffer)
         buffer.writeStaticString("\r\n")
     }
 

@@ -6,9 +6,11 @@ import NIOCore
 enum Upgrade {
     /// Splices the client connection (whose proxy handler is `context`'s) to the upstream one.
     /// `clientBytes`: what the client sent behind its handshake. The upstream's early bytes went
-    /// to the client with the 101. On failure both connections close and the lease ends.
+    /// to the client with the 101. `clientInputClosed`: the client's FIN came before the tunnel
+    /// (the glue will never see it), so it is passed on to the app now. On failure both
+    /// connections close and the lease ends.
     static func splice(client context: ChannelHandlerContext, upstream connection: UpstreamConnection, upstreamChannel: any Channel,
-                       clientBytes: ByteBuffer, tunnel: TunnelLease?) {
+                       clientBytes: ByteBuffer, clientInputClosed: Bool, tunnel: TunnelLease?) {
         connection.owner = nil
         connection.pool = nil
         let (clientGlue, upstreamGlue) = GlueHandler.pair()
@@ -20,6 +22,7 @@ enum Upgrade {
             try down.addHandler(clientGlue)
             let clientChannel = context.channel
             if clientBytes.readableBytes > 0 { upstreamChannel.writeAndFlush(clientBytes, promise: nil) }
+            if clientInputClosed { upstreamChannel.close(mode: .output, promise: nil) }
             _ = down.removeHandler(context: context)
             // The proxy handler held back the client's read while the handshake was in flight:
             // the glue takes over reading on both sides from here.

@@ -95,7 +95,7 @@ struct OverloadTests {
             let other = try RawClient(port: port, source: "127.0.0.2")
             try other.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             #expect(try other.readResponse().status == 200, "another address has places of its own")
-            held[0].closeNow()
+            held[0].disconnect()
             // The gateway learns of the close asynchronously: the first connection after it
             // that is not refused shows the place came back (bounded).
             var served = false

@@ -25,6 +25,7 @@ struct ProxyHarness {
         origins: OriginPolicy = .sameHost,
         upstreamTLS: Bool = false,
         group: MultiThreadedEventLoopGroup = .singleton,
+        observer: any ProxyObserver = SilentProxyObserver(),
         routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil
     ) async throws -> ProxyHarness {
         let upstream = try await TestUpstream.start(tls: upstreamTLS ? try Self.upstreamCertificate.server : nil)
@@ -40,7 +41,7 @@ struct ProxyHarness {
                                        hiddenCookies: hiddenCookies, origins: origins)
         let proxy = ProxyServer(
             configuration: ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: timeouts, limits: limits),
-            routing: snapshot, group: group, logger: Logger(label: "test"))
+            routing: snapshot, group: group, observer: observer, logger: Logger(label: "test"))
         try await proxy.start()
         return ProxyHarness(proxy: proxy, upstream: upstream)
     }

@@ -55,11 +55,20 @@ final class RawClient: @unchecked Sendable {
         }
     }
 
+    /// The accepted end of a connection (`RawListener`), with the same receive timeout.
+    init(adopting fd: Int32, timeoutSeconds: Int = 10) {
+        self.fd = fd
+        var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    }
+
     deinit { if fd >= 0 { close(fd) } }
 
-    /// Closes the socket now (a client that goes away).
-    func closeNow() {
-        if fd >= 0 { close(fd) }
+    /// Closes the socket now, both ways (the peer sees a FIN).
+    func disconnect() {
+        guard fd >= 0 else { return }
+        close(fd)
         fd = -1
     }
 
@@ -148,6 +157,17 @@ final class RawClient: @unchecked Sendable {
             buffer = []
         }
         return response
+    }
+
+    /// Everything up to and including `marker` (e.g. the end of a head).
+    func readUntil(_ marker: String) throws -> [UInt8] {
+        let needle = Array(marker.utf8)
+        while true {
+            if buffer.count >= needle.count, let start = (0...(buffer.count - needle.count)).first(where: { buffer[$0..<$0 + needle.count].elementsEqual(needle) }) {
+                return try readExactly(start + needle.count)
+            }
+            guard try fill() else { throw Failure.closed }
+        }
     }
 
     /// Bytes already received and not yet consumed, plus whatever arrives until `count`.

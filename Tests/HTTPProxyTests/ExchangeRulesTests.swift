@@ -114,6 +114,30 @@ struct ExchangeRulesTests {
         #expect(ExchangeRules.onDecoderError(phase: phase, responseStarted: started) == expected, "\(name)")
     }
 
+    @Test("the client's input ends (its FIN, everything complete before it handed in)", arguments: [
+        ("between requests", ExchangeRules.Phase.idle, false, ExchangeRules.InputEndAction.close),
+        ("a request cut short while the verdict is pending", .awaitingVerdict, false, .abortRequest),
+        ("a body cut short for a local endpoint", .collecting, false, .abortRequest),
+        ("a body cut short while connecting upstream", .connecting, false, .abortRequest),
+        ("a body cut short while forwarding it", .forwarding, false, .abortRequest),
+        ("a complete request awaiting its verdict", .awaitingVerdict, true, .carryOn),
+        ("a complete request being answered", .forwarding, true, .carryOn),
+        ("closing already", .closed, false, .carryOn),
+    ] as [(String, ExchangeRules.Phase, Bool, ExchangeRules.InputEndAction)])
+    func clientInputEnd(_ name: String, phase: ExchangeRules.Phase, ended: Bool, expected: ExchangeRules.InputEndAction) {
+        #expect(ExchangeRules.onClientInputEnd(phase: phase, requestEnded: ended) == expected, "\(name)")
+    }
+
+    @Test("the Connection field of a response head to the client", arguments: [
+        ("HTTP/1.1, kept", true, HTTPVersion.http1_1, ExchangeRules.ConnectionField.none),
+        ("HTTP/1.1, closed", false, .http1_1, .close),
+        ("HTTP/1.0 that asked for keep-alive, kept", true, .http1_0, .keepAlive),
+        ("HTTP/1.0, closed", false, .http1_0, .close),
+    ] as [(String, Bool, HTTPVersion, ExchangeRules.ConnectionField)])
+    func connectionField(_ name: String, keepAlive: Bool, version: HTTPVersion, expected: ExchangeRules.ConnectionField) {
+        #expect(ExchangeRules.connectionField(keepAlive: keepAlive, clientVersion: version) == expected, "\(name)")
+    }
+
     @Test("a response status is relayed only within 100–599", arguments: [
         (100, true), (101, true), (200, true), (599, true), (99, false), (600, false), (999, false),
     ])
@@ -130,10 +154,10 @@ struct ExchangeRulesTests {
     }
 
     @Test("client keep-alive after an exchange", arguments: [
-        (true, true, false, false, true), (false, true, false, false, false), (true, false, false, false, false),
-        (true, true, true, false, false), (true, true, false, true, false),
+        ("asked, complete", true, true, false, true), ("not asked", false, true, false, false), ("body not read to its end", true, false, false, false),
+        ("draining", true, true, true, false),
     ])
-    func clientKeepAlive(requested: Bool, complete: Bool, quiescing: Bool, inputClosed: Bool, expected: Bool) {
-        #expect(ExchangeRules.clientKeepsAlive(requested: requested, requestComplete: complete, quiescing: quiescing, inputClosed: inputClosed) == expected)
+    func clientKeepAlive(_ name: String, requested: Bool, complete: Bool, quiescing: Bool, expected: Bool) {
+        #expect(ExchangeRules.clientKeepsAlive(requested: requested, requestComplete: complete, quiescing: quiescing) == expected, "\(name)")
     }
 }
