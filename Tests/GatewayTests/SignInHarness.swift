@@ -272,14 +272,23 @@ final class TestBrowser: @unchecked Sendable {
     }
 }
 
-/// The wall clock plus an offset tests move forward (Unix milliseconds).
+/// The wall clock plus an offset tests move forward (Unix milliseconds), or, once frozen, a
+/// fixed instant that only `advance` moves (for a test whose windows must not end while a loaded
+/// machine runs it slowly).
 final class TestClock: Sendable {
     private let offset = NIOLockedValueBox<Int64>(0)
+    private let frozen = NIOLockedValueBox<Int64?>(nil)
     init() {}
     var now: @Sendable () -> Int64 {
-        { [offset] in SessionClock.now() + offset.withLockedValue { $0 } } 
+        { [offset, frozen] in frozen.withLockedValue { $0 } ?? SessionClock.now() + offset.withLockedValue { $0 } }
     }
     func advance(by duration: Duration) {
         offset.withLockedValue { $0 += duration.components.seconds * 1000 }
+        frozen.withLockedValue { if let t = $0 { $0 = t + duration.components.seconds * 1000 } }
+    }
+    /// Stops the clock where it is.
+    func freeze() {
+        let t = now()
+        frozen.withLockedValue { $0 = t }
     }
 }
