@@ -458,6 +458,20 @@ struct PrincipalBindingTests {
         #expect(f.connector.closedClients == [1])
     }
 
+    @Test("any byte on an idle kept connection closes it (shared mode too): the next request opens a fresh one")
+    func idleBytesClose() throws {
+        let f = try ClientConnectionTests().makeFixture(reuse: .shared)
+        try f.send("GET /1 HTTP/1.1\r\nHost: app\r\n\r\n")
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        #expect(f.connector.opened[0].isActive, "kept after a well-framed response")
+        // The app speaks while nobody asked: a second response, sent late.
+        try f.answer(0, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nlate!")
+        #expect(!f.connector.opened[0].isActive)
+        try f.send("GET /2 HTTP/1.1\r\nHost: app\r\n\r\n")
+        #expect(f.connector.opened.count == 2)
+        #expect(try f.upstreamOutput(1).hasPrefix("GET /2 "))
+    }
+
     @Test("principal: two users on one loop never take each other's kept connection")
     func usersDoNotShare() throws {
         let f = try ClientConnectionTests().makeFixture(ScriptedGuard { request, _ in
