@@ -95,11 +95,14 @@ final class UpstreamPool: UpstreamConnector {
 
     /// An idle pooled connection of `principal`, if one is alive.
     func takeIdle(_ address: UpstreamAddress, for principal: UpstreamPrincipal) -> UpstreamConnection? {
+        // An emptied list stays (with its storage) for the principal's next release: a user's
+        // requests take and give back the same connection, and removing and re-adding the entry
+        // each time cost an allocation and two more hashes per request. The sweep drops lists
+        // that stay empty.
         let key = Key(address: address, principal: principal)
         while let connection = idle[key]?.popLast() {
             idleCount -= 1
             connection.idleSince = nil
-            if idle[key]?.isEmpty == true { forgetKey(key) }
             if connection.isActive { return connection }
         }
         return nil
@@ -188,7 +191,8 @@ final class UpstreamPool: UpstreamConnector {
         }
         let key = Key(address: connection.address, principal: principal)
         let cap = principal == .anyone ? limits.perSharedUpstream : limits.perPrincipal
-        guard (idle[key]?.count ?? 0) < cap else {
+        let kept = idle[key]?.count
+        guard (kept ?? 0) < cap else {
             connection.close()
             return
         }
@@ -197,9 +201,9 @@ final class UpstreamPool: UpstreamConnector {
         connection.idleSince = .now()
         stamps &+= 1
         connection.idleStamp = stamps
+        if kept == nil, case .client(let id) = principal { clientKeys[id, default: []].insert(key) }
         idle[key, default: []].append(connection)
         idleCount += 1
-        if case .client(let id) = principal { clientKeys[id, default: []].insert(key) }
         released.append((connection, stamps))
         while idleCount > limits.total, let oldest = released.popFirst() {
             guard oldest.connection.idleStamp == oldest.stamp, oldest.connection.idleSince != nil else { continue }
@@ -217,11 +221,10 @@ final class UpstreamPool: UpstreamConnector {
     func remove(_ connection: UpstreamConnection) {
         guard connection.idleSince != nil, let principal = connection.principal else { return }
         let key = Key(address: connection.address, principal: principal)
-        guard var list = idle[key], let index = list.firstIndex(where: { $0 === connection }) else { return }
-        list.remove(at: index)
+        guard let index = idle[key]?.firstIndex(where: { $0 === connection }) else { return }
+        idle[key]?.remove(at: index)
         idleCount -= 1
         connection.idleSince = nil
-        if list.isEmpty { forgetKey(key) } else { idle[key] = list }
     }
 
     func clientClosed(_ id: UInt64) {
@@ -276,6 +279,7 @@ final class UpstreamPool: UpstreamConnector {
             remove(connection)
             connection.close()
         }
-        if idleCount > 0 { scheduleSweep() }
+        for (key, list) in idle where list.isEmpty { forgetKey(key) }
+        if !idle.isEmpty { scheduleSweep() }
     }
 }
