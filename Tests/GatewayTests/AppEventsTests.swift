@@ -138,8 +138,11 @@ struct AppEventsTests {
         defer { Task { await receiver.stop() } }
         let h = try await Self.start(receiver, store: .redis)
         defer { Task { await h.stop() } }
-        // The test drives the outbox's passes itself: its timer would race them.
+        // The test drives the outbox's passes itself: its timer would race them. The session
+        // clock stands still, so that no backoff runs out while a loaded machine signs the three
+        // users in (a full parallel run took longer than the first backoff, and a job was due).
         h.service.authenticator.core.outbox.stop()
+        h.clock.freeze()
         receiver.setDown(true)
         var subs: [String] = []
         for _ in 0..<3 {

@@ -99,7 +99,7 @@ struct OverloadTests {
             // The gateway learns of the close asynchronously: the first connection after it
             // that is not refused shows the place came back (bounded).
             var served = false
-            for _ in 0..<50 where !served {
+            for _ in 0..<250 where !served {
                 let again = try RawClient(port: port)
                 try? again.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
                 served = (try? again.readResponse().status) == 200
