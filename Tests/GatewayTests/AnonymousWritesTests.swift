@@ -86,7 +86,10 @@ struct AnonymousWritesTests {
         // over a minute once beside a release build, and the window rolled over).
         h.clock.freeze()
         let limit = GatewayConfiguration.Apple().loginsPerMinute
-        let requests = 2500  // of each endpoint: 5000 in all
+        // Ten times the limit of each endpoint: enough to show the bound, light enough not to
+        // starve the suites that share the process's event loops (5,000 did, once: Apple
+        // exchanges of other suites timed out behind it).
+        let requests = 600
         let flood = try await Self.flood(port: h.gatewayPort, source: "127.0.0.2", count: requests)
         #expect(flood.unexpected.isEmpty, "\(flood.unexpected.prefix(5))")
         // One window per endpoint, `limit` writes in each.
@@ -118,12 +121,12 @@ struct AnonymousWritesTests {
         defer { Task { await h.stop() } }
         let b = TestBrowser(gatewayOrigin: h.origin)
         _ = try await b.signIn(from: "/x", as: h.simulator.createUser())  // one login of the 100
-        let botnet = (0..<1000).map { "198.51.\($0 / 250).\($0 % 250 + 1)" }
-        let flood = try await Self.flood(port: h.gatewayPort, source: "127.0.0.2", count: 1000, forwardedFor: botnet)
+        let botnet = (0..<500).map { "198.51.\($0 / 250).\($0 % 250 + 1)" }
+        let flood = try await Self.flood(port: h.gatewayPort, source: "127.0.0.2", count: 500, forwardedFor: botnet)
         #expect(flood.unexpected.isEmpty, "\(flood.unexpected.prefix(5))")
         let admitted = (flood.statuses["login"]?[302] ?? 0) + (flood.statuses["native_nonce"]?[200] ?? 0)
         #expect(admitted == 99, "the cap less the real login: \(flood.statuses)")
-        #expect(flood.statuses["login"]?[503] ?? 0 > 900 && flood.statuses["native_nonce"]?[503] ?? 0 > 900, "\(flood.statuses)")
+        #expect(flood.statuses["login"]?[503] ?? 0 > 400 && flood.statuses["native_nonce"]?[503] ?? 0 > 400, "\(flood.statuses)")
         #expect(flood.retryAfters.allSatisfy { (500...600).contains($0) }, "until the 10-minute window ends: \(flood.retryAfters)")
         #expect(flood.refusedBodies["native_nonce"]?.contains("\"temporarily_unavailable\"") == true)
         let keys = try await Self.storedKeys(h)

@@ -19,8 +19,8 @@ struct OverloadTests {
         typealias InboundIn = ByteBuffer
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 
-        static func start() async throws -> any Channel {
-            try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        static func start(group: any EventLoopGroup) async throws -> any Channel {
+            try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 4096)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(SilentUpstream()) }
@@ -115,20 +115,28 @@ struct OverloadTests {
         getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
         limit.rlim_cur = limit.rlim_max
         setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-        let silent = try await SilentUpstream.start()
-        defer { silent.close(promise: nil) }
+        // The flood runs on event loops of its own: on the process's shared ones it held up
+        // every other suite running beside it (their Apple calls timed out).
+        let loops = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let silent = try await SilentUpstream.start(group: loops)
         let slowPort = silent.localAddress!.port!
         var limits = GatewayConfiguration.Limits()
         limits.maxConnectionsPerClient = 200
         let h = try await ProxyHarness.start(
-            timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(30)), limits: limits
+            timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(30)), limits: limits, group: loops
         ) { address in
             [
                 ProxyRoute(name: "slow", pathPrefix: "/slow", upstream: UpstreamAddress(host: "127.0.0.1", port: slowPort), maxInFlight: 50),
                 ProxyRoute(name: "app", pathPrefix: "/", upstream: address),
             ]
         }
-        defer { Task { await h.stop() } }
+        defer {
+            Task {
+                await h.stop()
+                try? await silent.close()
+                try? await loops.shutdownGracefully()
+            }
+        }
         let port = h.port
         let flood = Int(min(2000, (limit.rlim_cur - 200) / 2))
         let result = try await blocking { () -> (refused: Int, shed: Int, timedOut: Int, normal: Int, normalSeconds: Double) in
