@@ -29,10 +29,13 @@ struct OverloadTests {
         }
     }
 
+    /// request_head of one second, an idle timeout (20 s) far beyond it.
+    static let headInOneSecond = ProxyConfiguration.Timeouts(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(20),
+                                                             requestHead: .seconds(1))
+
     @Test("150 clients trickling header lines, one every 0.3 s, are each answered 408 at request_head and closed, though each line is activity")
     func trickledHeads() async throws {
-        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(20),
-                                                             requestHead: .seconds(1)))
+        let h = try await ProxyHarness.start(timeouts: Self.headInOneSecond)
         defer { Task { await h.stop() } }
         let port = h.port
         let (statuses, elapsed) = try await blocking { () -> ([Int], Double) in
@@ -56,8 +59,7 @@ struct OverloadTests {
 
     @Test("a head that arrives within request_head is served, however long the connection was idle before")
     func headInTime() async throws {
-        let h = try await ProxyHarness.start(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(20),
-                                                             requestHead: .seconds(1)))
+        let h = try await ProxyHarness.start(timeouts: Self.headInOneSecond)
         defer { Task { await h.stop() } }
         let port = h.port
         let statuses = try await blocking { () -> [Int] in
