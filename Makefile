@@ -25,10 +25,11 @@ release:
 
 ## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket), then
 ## the real-browser sign-in (headless Chromium; screenshots in .build/browser-test/).
-# The load suites (thousands of connections, sign-in floods) run after the rest, alone: beside
-# the parallel suites they starved the event loops those share, and Apple calls of unrelated
-# sign-ins ran past their 5 s timeout.
-LOAD_SUITES := OverloadTests|AnonymousWritesTests
+# The heavy suites — the load tests (thousands of connections, sign-in floods) and the wire
+# engine's differential fuzzers (two CPU-bound minutes) — run after the rest, without them: in
+# fresh clones' full runs they starved the suites beside them, whose Apple calls (key fetches,
+# code exchanges, revocations to the in-process simulator) ran past their 5 s timeouts.
+LOAD_SUITES := OverloadTests|AnonymousWritesTests|DifferentialTests
 test:
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
 	$(SWIFT) build --build-tests
