@@ -21,8 +21,11 @@ struct VerifierFixture {
         let team = SimulatedAppleID.Team(teamID: "DEF123GHIJ", keys: [:])
         let simulator = try await SimulatedAppleID.start(team: team)
         let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
+        // The key fetch's timeout is not what these tests check (the unreachable-keys test sets
+        // its own): 30 s, not the default 5 s, which the 19 forgeries' parallel fixtures ran past
+        // beside the rest of the suite in four full runs of one day.
         let fixture = VerifierFixture(simulator: simulator, client: client,
-                                      keySet: AppleKeySet(baseURL: simulator.baseURL, httpClient: client, logger: Logger(label: "test")))
+                                      keySet: AppleKeySet(baseURL: simulator.baseURL, httpClient: client, timeout: .seconds(30), logger: Logger(label: "test")))
         var failure: (any Error)? = nil
         do { try await body(fixture) } catch { failure = error }
         try? await client.shutdown()
