@@ -82,19 +82,25 @@ struct AuthEndpointGuard: RequestGuard {
             return .verdict(.respond(.error(.forbidden, "cross-origin request refused", close: true)))
         }
         let query = request.target.query.flatMap { FormBody.parse(Array($0.utf8)) } ?? [:]
-        // Who the per-client limits count: the forwarded address behind a trusted proxy.
-        let client = ClientAddress.resolve(peer: request.clientAddress?.ipAddress, forwardedFor: head.headers["x-forwarded-for"], trusted: trustedProxies)
+        // Who the per-client limits count: the forwarded address behind a trusted proxy. Read
+        // only by the endpoints that count (not by /check, the forward-auth path).
+        let trustedProxies = self.trustedProxies
+        func client() -> String {
+            ClientAddress.resolve(peer: request.clientAddress?.ipAddress, forwardedFor: head.headers["x-forwarded-for"], trusted: trustedProxies)
+        }
         switch endpoint {
         case .signIn:
             let rd = query["rd"].flatMap(auth.returnPolicy.validate) ?? "/"
             return .verdict(.respond(AuthResponses.html(.ok, AuthPages.signIn(loginURL: "\(auth.prefix)/login?rd=\(FormBody.escape(rd))", message: query["message"]))))
         case .login:
-            return login(rd: query["rd"], head: head, client: client, on: loop)
+            return login(rd: query["rd"], head: head, client: client(), on: loop)
         case .callback:
+            let client = client()
             return collect(Self.maxFormBytes, on: loop) { await callback(form: $0, head: head, client: client, on: loop) }
         case .native:
             return collect(Self.maxFormBytes, on: loop) { await native(body: $0, head: head, on: loop) }
         case .nativeNonce:
+            let client = client()
             return collect(4096, on: loop) { await issueNonce(body: $0, client: client, on: loop) }
         case .logout where method == .GET:
             // `rd`: the page the user signs out from; it picks the route's post_logout_redirect.

@@ -18,7 +18,7 @@ extension ClientConnectionStateMachine {
             return respond(Self.methodNotAllowed("CONNECT is not proxied"), x)
         }
         let snapshot = shared.snapshot
-        let trusted = peerAddress.map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
+        let trusted = snapshot.trusts(peerAddress)
         peerTrusted = trusted
         let inbound: InboundRequest
         switch snapshot.rules.inspect(head, peerTrusted: trusted) {

@@ -95,19 +95,18 @@ final class ExchangeContext {
         upstreamNanoseconds = nil
     }
 
-    /// The exchange ended (answered, aborted, dropped or a tunnel now): its route's in-flight
-    /// place, if it held one, is given back.
-    func leaveInFlight() {
-        guard inFlight else { return }
-        inFlight = false
-        route?.leaveInFlight()
-    }
-
-    /// The exchange ends without becoming a tunnel: its WebSocket lease, if any, leaves its registry.
-    func endLease() {
-        guard let tunnel else { return }
-        self.tunnel = nil
-        tunnel.finish()
+    /// The exchange ended (answered, aborted, dropped, or a tunnel now): its route's in-flight
+    /// place, if it held one, is given back, and a WebSocket lease it did not hand to a tunnel
+    /// (an upgrade takes it first) leaves its registry.
+    func ended() {
+        if inFlight {
+            inFlight = false
+            route?.leaveInFlight()
+        }
+        if let tunnel {
+            self.tunnel = nil
+            tunnel.finish()
+        }
     }
 
     /// The access-log record of this exchange.

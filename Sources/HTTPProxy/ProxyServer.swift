@@ -65,6 +65,12 @@ public final class RoutingSnapshot: Sendable {
         self.trustedProxies = trustedProxies
         self.origins = origins
     }
+
+    /// Whether `peer` is one of `server.trusted_proxies`.
+    func trusts(_ peer: IPAddress?) -> Bool {
+        guard let peer else { return false }
+        return trustedProxies.contains { $0.contains(peer) }
+    }
 }
 
 /// State every connection of one server shares.
@@ -91,8 +97,7 @@ final class ProxyShared: Sendable {
     func admitConnection(_ channel: any Channel) -> ConnectionRefusal? {
         guard limiter.isActive else { return nil }
         let peer = channel.remoteAddress?.ipAddress
-        let trusted = peer.flatMap(IPAddress.parse).map { ip in snapshot.trustedProxies.contains { $0.contains(ip) } } ?? false
-        let client = trusted ? nil : peer
+        let client = snapshot.trusts(peer.flatMap(IPAddress.parse)) ? nil : peer
         if let refusal = limiter.open(client: client) { return refusal }
         let limiter = self.limiter
         channel.closeFuture.whenComplete { _ in limiter.close(client: client) }

@@ -183,10 +183,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard context != nil else {
             if case .closeUpstream(let connection) = action { connection.close() }
             if case .discard(let verdict) = action { Self.discard(verdict) }
-            if case .drop(let exchange) = action {
-                exchange.leaveInFlight()
-                exchange.endLease()
-            }
+            if case .drop(let exchange) = action { exchange.ended() }
             return
         }
         run(action)
@@ -313,8 +310,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .discard(let verdict):
             Self.discard(verdict)
         case .drop(let exchange):
-            exchange.leaveInFlight()
-            exchange.endLease()
+            exchange.ended()
         }
     }
 
@@ -346,9 +342,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     }
 
     private func record(_ exchange: ExchangeContext, aborted: Bool) {
-        exchange.leaveInFlight()
-        // The exchange ended without becoming a tunnel (an upgrade took its lease first).
-        exchange.endLease()
+        exchange.ended()
         shared.observer.exchangeCompleted(exchange.record(aborted: aborted, client: machine.peerString, now: now))
     }
 

@@ -111,6 +111,27 @@ struct OverloadTests {
         }
     }
 
+    @Test("over max_connections a connection from any address is answered 503 with Retry-After at once")
+    func instanceCap() async throws {
+        var limits = GatewayConfiguration.Limits()
+        limits.maxConnections = 3
+        let h = try await ProxyHarness.start(limits: limits)
+        defer { Task { await h.stop() } }
+        let port = h.port
+        try await blocking {
+            let held = try ["127.0.0.1", "127.0.0.2", "127.0.0.3"].map { try RawClient(port: port, source: $0) }
+            for client in held {
+                try client.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                #expect(try client.readResponse().status == 200)
+            }
+            let refused = try RawClient(port: port, source: "127.0.0.4")
+            let answer = try refused.readResponse()
+            #expect(answer.status == 503 && answer.header("retry-after") == "1")
+            #expect(answer.text.contains("too many open connections"))
+            #expect(refused.waitForClose())
+        }
+    }
+
     @Test("a flood of 2,000 connections from one address and a slow route at max_in_flight are refused at once, while a normal client is served in under a second")
     func flood() async throws {
         var limit = rlimit()
