@@ -1,5 +1,6 @@
 import GatewayConfig
 import HTTPProxy
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TestSupport
@@ -14,6 +15,19 @@ import Glibc
 /// `max_in_flight` sheds at once; a normal client is served meanwhile.
 @Suite("Bounded connections and overload (raw sockets)", .serialized)
 struct OverloadTests {
+    /// What the proxy reports about refusals and sheds (the metrics' source).
+    final class Refusals: ProxyObserver, Sendable {
+        let counts = NIOLockedValueBox<(refused: [ConnectionRefusal], shed: Int)>(([], 0))
+        var wantsRequestDetails: Bool { false }
+        func exchangeCompleted(_ record: ExchangeRecord) {}
+        func upstreamFailed(_ kind: UpstreamErrorKind, route: String) { if kind == .maxInFlight { counts.withLockedValue { $0.shed += 1 } } }
+        func clientConnectionRefused(_ reason: ConnectionRefusal) { counts.withLockedValue { $0.refused.append(reason) } }
+        func clientConnectionOpened() {}
+        func clientConnectionClosed() {}
+        func upstreamConnectionOpened() {}
+        func upstreamConnectionClosed() {}
+    }
+
     /// An app that accepts connections and never answers.
     final class SilentUpstream: ChannelInboundHandler, Sendable {
         typealias InboundIn = ByteBuffer
@@ -115,7 +129,8 @@ struct OverloadTests {
     func instanceCap() async throws {
         var limits = GatewayConfiguration.Limits()
         limits.maxConnections = 3
-        let h = try await ProxyHarness.start(limits: limits)
+        let observer = Refusals()
+        let h = try await ProxyHarness.start(limits: limits, observer: observer)
         defer { Task { await h.stop() } }
         let port = h.port
         try await blocking {
@@ -130,6 +145,7 @@ struct OverloadTests {
             #expect(answer.text.contains("too many open connections"))
             #expect(refused.waitForClose())
         }
+        #expect(observer.counts.withLockedValue { $0.refused } == [.instance], "reported for sessiongate_connections_refused_total")
     }
 
     @Test("a flood of 2,000 connections from one address and a slow route at max_in_flight are refused at once, while a normal client is served in under a second")
@@ -145,8 +161,10 @@ struct OverloadTests {
         let slowPort = silent.localAddress!.port!
         var limits = GatewayConfiguration.Limits()
         limits.maxConnectionsPerClient = 200
+        let observer = Refusals()
         let h = try await ProxyHarness.start(
-            timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(30)), limits: limits, group: loops
+            timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(30)), limits: limits, group: loops,
+            observer: observer
         ) { address in
             [
                 ProxyRoute(name: "slow", pathPrefix: "/slow", upstream: UpstreamAddress(host: "127.0.0.1", port: slowPort), maxInFlight: 50),
@@ -192,6 +210,9 @@ struct OverloadTests {
         #expect(result.normal == 200)
         #expect(result.refused == flood - 200, "over the per-client cap: refused at accept")
         #expect(result.shed == 150, "over max_in_flight: shed at once")
+        let reported = observer.counts.withLockedValue { $0 }
+        #expect(reported.shed == 150, "reported as upstream_errors kind max_in_flight")
+        #expect(reported.refused.count == flood - 200 && reported.refused.allSatisfy { $0 == .client })
         #expect(result.timedOut == 50, "max_in_flight requests went to the silent app, and waited for it until upstream_response")
         #expect(result.normalSeconds < 1, "served in \(result.normalSeconds) s while the flood held its places")
     }
