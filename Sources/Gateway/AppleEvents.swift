@@ -13,13 +13,13 @@ extension AuthEndpointGuard {
     /// `jti` across the fleet, acted on, answered 200 — also for unknown users and types, so Apple
     /// stops retrying; 400 only when the payload cannot be verified.
     func notification(body: ByteBuffer, on loop: any EventLoop) async -> LocalResponse {
-        guard let apple = auth.apple else { return Self.notConfigured() }
+        guard let apple = core.apple else { return Self.notConfigured() }
         let event: AppleNotification
         do {
             event = try await apple.notifications.verify(body: Array(body.readableBytesView))
         } catch {
-            auth.metrics.recordNotification(type: "unverified", result: .rejected)
-            auth.logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
+            core.metrics.recordNotification(type: "unverified", result: .rejected)
+            core.logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
             // Keys unreachable: 503 so that Apple retries; anything else can never verify.
             return error.isTransient ? .error(.serviceUnavailable, "Apple's keys are unavailable; retry") : .error(.badRequest, "unverifiable notification: \(error.rawValue)")
         }
@@ -34,16 +34,16 @@ extension AuthEndpointGuard {
         do {
             if let jti = event.jti {
                 // Apple redelivers: a jti is acted on once, fleet-wide (kept a week).
-                let first = try await auth.store(on: loop).claim(.notification(jti: jti), ttl: 7 * 86_400_000)
+                let first = try await core.store.claim(.notification(jti: jti), ttl: 7 * 86_400_000, on: loop).get()
                 guard first else {
-                    auth.metrics.recordNotification(type: type, result: .duplicate)
+                    core.metrics.recordNotification(type: type, result: .duplicate)
                     return LocalResponse(status: .ok)
                 }
             }
             // When it happened (Apple's `event_time`, in whole seconds once normalized: the end of
             // that second; clamped to now): a late or retried notification never undoes what
             // happened after it.
-            let eventAt = event.eventTime.map { min($0 * 1000 + 999, auth.now()) }
+            let eventAt = event.eventTime.map { min($0 * 1000 + 999, core.now()) }
             switch event.kind {
             case .consentRevoked, .accountDeleted:
                 // The sessions created before the event, with their sealed refresh tokens, and
@@ -51,30 +51,30 @@ extension AuthEndpointGuard {
                 let told: (AppEventKind, String) = event.kind == .accountDeleted ? (.userDeleted, "account_deleted") : (.userRevoked, "consent_revoked")
                 _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: true, event: told, on: loop).get()
             case .emailDisabled, .emailEnabled:
-                if let profile = try await auth.store(on: loop).profile(of: event.subject) {
+                if let profile = try await core.store.profile(of: event.subject, on: loop).get() {
                     if let applied = profile.emailEventAt, let eventAt, eventAt < applied {
-                        auth.logger.info("an email notification older than the last one applied: ignored", metadata: ["type": "\(type)"])
-                        auth.metrics.recordNotification(type: type, result: .stale)
+                        core.logger.info("an email notification older than the last one applied: ignored", metadata: ["type": "\(type)"])
+                        core.metrics.recordNotification(type: type, result: .stale)
                         return LocalResponse(status: .ok)
                     }
                     let update = UserProfile(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail,
                                              emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled", emailEventAt: eventAt)
-                    try await auth.store(on: loop).saveProfile(update)
-                    auth.invalidateUser(event.subject, on: loop)
-                    auth.core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type, email: event.email ?? profile.email,
+                    try await core.store.saveProfile(update, on: loop).get()
+                    core.revocations.invalidateUser(event.subject, on: loop)
+                    core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type, email: event.email ?? profile.email,
                                                     emailForwarding: update.emailForwarding))
                 }
             case .unknown(let name):
-                auth.logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])
+                core.logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])
             }
         } catch {
             // Answer 503 so that Apple retries, and forget the jti so the retry is processed.
-            if let jti = event.jti { auth.store.release(.notification(jti: jti), on: loop).whenFailure { _ in } }
-            auth.logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
-            auth.metrics.recordNotification(type: type, result: .storeUnavailable)
+            if let jti = event.jti { core.store.release(.notification(jti: jti), on: loop).whenFailure { _ in } }
+            core.logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
+            core.metrics.recordNotification(type: type, result: .storeUnavailable)
             return .error(.serviceUnavailable, "the session store did not answer; retry")
         }
-        auth.metrics.recordNotification(type: type, result: .processed)
+        core.metrics.recordNotification(type: type, result: .processed)
         return LocalResponse(status: .ok)
     }
 
@@ -90,10 +90,10 @@ extension AuthEndpointGuard {
         }
         let sub = cached.stored.user.sub
         do {
-            if auth.apple != nil {
-                let (queued, revoked) = try await auth.core.revokeAtApple(sub, on: loop)
+            if core.apple != nil {
+                let (queued, revoked) = try await core.revokeAtApple(sub, on: loop)
                 if revoked < queued {
-                    auth.logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
+                    core.logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
                                         metadata: ["queued": "\(queued)", "revoked": "\(revoked)"])
                 }
             }

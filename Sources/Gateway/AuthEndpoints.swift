@@ -56,7 +56,10 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
 /// Routes a request under the auth prefix through the `AuthEndpoint` table. Routed for every
 /// host before any upstream route.
 struct AuthEndpointGuard: RequestGuard {
+    /// This configuration generation's settings.
     let auth: Authenticator
+    /// The process's parts (`auth.core`).
+    var core: AuthCore { auth.core }
     /// Who may post to the state-changing endpoints (`server.public_url`,
     /// `server.allowed_origins`, the request's own host); from the running configuration.
     let origins: OriginPolicy
@@ -165,12 +168,12 @@ struct AuthEndpointGuard: RequestGuard {
             ? AuthResponses.redirect(.seeOther, to: redirect, headers: [auth.clearCookie(auth.cookieName)])
             : LocalResponse(status: .noContent, headers: [auth.clearCookie(auth.cookieName), ("cache-control", "no-store")])
         guard let handle = presentedSession(head) else { return loop.makeSucceededFuture(done) }
-        auth.cache.invalidate(handle)
-        return auth.withDeadline(auth.store.load(handle, on: loop), on: loop).flatMap { stored -> EventLoopFuture<Void> in
+        core.cache.invalidate(handle)
+        return core.store.load(handle, on: loop).flatMap { stored -> EventLoopFuture<Void> in
             guard let stored else { return loop.makeSucceededVoidFuture() }
-            return auth.endSession(handle, sub: stored.session.sub, reason: .logout, on: loop)
+            return core.revocations.endSession(handle, sub: stored.session.sub, reason: .logout, on: loop)
         }.map { _ in
-            auth.metrics.recordSessionEnded(reason: .logout)
+            core.metrics.recordSessionEnded(reason: .logout)
             return done
         }.recover { _ in AuthResponses.storeUnavailable(head) }
     }
@@ -184,7 +187,7 @@ struct AuthEndpointGuard: RequestGuard {
     /// The session a request presents (cookie or bearer, signature valid), live or not.
     func presentedSession(_ head: HTTPRequestHead) -> SessionHandle? {
         guard case .value(let value) = auth.credential(head.headers) else { return nil }
-        return auth.keys.handle(forCookie: value)
+        return core.keys.handle(forCookie: value)
     }
 
     static func userJSON(_ user: UserProfile) -> [String: Any] {

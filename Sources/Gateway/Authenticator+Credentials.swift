@@ -51,7 +51,7 @@ extension Authenticator {
     func carriesSessionBearer(_ headers: some HeaderValues) -> Bool {
         var carries = false
         headers.forEachValue(named: "authorization") { value in
-            if !carries, let token = Self.bearerToken(value), keys.handle(forCookie: token) != nil { carries = true }
+            if !carries, let token = Self.bearerToken(value), core.keys.handle(forCookie: token) != nil { carries = true }
         }
         return carries
     }

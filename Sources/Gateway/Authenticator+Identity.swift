@@ -34,7 +34,7 @@ extension Authenticator {
             cached.generation = generation
             cached.assertion = nil
             let (headers, generation) = (cached.headers, generation)
-            cache.update(handle) {
+            core.cache.update(handle) {
                 // A request of an older generation finishing late must not undo a newer rebuild.
                 guard $0.generation < generation else { return }
                 $0.headers = headers
@@ -43,7 +43,7 @@ extension Authenticator {
             }
         }
         guard let assertion else { return cached.headers }
-        let t = now() / 1000
+        let t = core.now() / 1000
         if let a = cached.assertion, a.route == route, a.expires - t > assertion.ttl / 2 {
             return cached.headers + [(names.assertion, a.token)]
         }
@@ -51,7 +51,7 @@ extension Authenticator {
         let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name,
                                                      account: cached.stored.account), audience: route, now: t)
         let generation = self.generation
-        cache.update(handle) {
+        core.cache.update(handle) {
             guard $0.generation == generation else { return }
             $0.assertion = (route, token, t + assertion.ttl)
         }

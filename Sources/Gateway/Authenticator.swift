@@ -73,19 +73,13 @@ final class Authenticator: Sendable {
     /// `identity.link_url`: where `require_link` routes send an unlinked user.
     let linkURL: String?
 
-    /// The first generation: builds the core (reads the secrets; connects nothing yet).
-    convenience init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
-                     now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
-        try self.init(core: AuthCore(configuration: c, group: group, metrics: metrics, logger: logger, now: now), configuration: c, generation: 0)
-    }
-
     /// A generation over an existing core: `c` may differ from the core's configuration only in
     /// keys `ReloadRules` lets a reload change.
     init(core: AuthCore, configuration c: GatewayConfiguration, generation: Int) throws {
         self.core = core
         self.generation = generation
         let publicURL = c.server.publicURL ?? "http://\(c.server.listen)"
-        if let pem = core.assertionKeyPEM {
+        if let pem = core.secrets.assertionKeyPEM {
             assertion = try IdentityAssertionSigner(pem: pem, issuer: publicURL, ttl: Int64(c.identity.assertion.ttl.components.seconds))
         } else {
             assertion = nil
@@ -119,30 +113,8 @@ final class Authenticator: Sendable {
         prefix + "/sign-in?" + (message.map { "message=" + $0 + "&" } ?? "") + "rd=" + FormBody.escape(rd)
     }
 
-    /// The store as the endpoints use it: async, each call bounded by `store.timeout`.
-    func store(on loop: any EventLoop) -> BoundedStore { BoundedStore(core: core, loop: loop) }
-
-    /// This generation becomes the running one for checks outside requests.
-    func activate() {
-        core.times.withLockedValue { $0 = times }
-    }
-
     static func milliseconds(_ d: Duration) -> Int64 {
         d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000
-    }
-
-    var keys: SessionKeys { core.keys }
-    var store: any SessionStore { core.store }
-    var cache: LocalSessionCache<CachedSession> { core.cache }
-    var apple: AppleServices? { core.apple }
-    var revalidator: Revalidator? { core.revalidator }
-    var tunnels: TunnelRegistry { core.tunnels }
-    var metrics: GatewayMetrics { core.metrics }
-    var logger: Logger { core.logger }
-    var now: @Sendable () -> Int64 { core.now }
-
-    func withDeadline<T: Sendable>(_ future: EventLoopFuture<T>, on loop: any EventLoop) -> EventLoopFuture<T> {
-        core.withDeadline(future, on: loop)
     }
 
     // MARK: lookup
@@ -161,24 +133,24 @@ final class Authenticator: Sendable {
         case .ambiguous: return .now(.invalid)
         case .value(let v): value = v
         }
-        guard let handle = keys.handle(forCookie: value) else { return .now(.invalid) }
-        let t = now()
-        if let cached = cache.get(handle) {
-            metrics.cacheHits.increment()
+        guard let handle = core.keys.handle(forCookie: value) else { return .now(.invalid) }
+        let t = core.now()
+        if let cached = core.cache.get(handle) {
+            core.metrics.cacheHits.increment()
             return admit(handle, cached, now: t, on: loop)
         }
-        metrics.cacheMisses.increment()
-        let loaded = withDeadline(store.load(handle, on: loop), on: loop)
+        core.metrics.cacheMisses.increment()
+        let loaded = core.store.load(handle, on: loop)
         return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
             guard let stored else { return loop.makeSucceededFuture(.invalid) }
             let cached = CachedSession(stored: stored, headers: self.identityHeaders(stored), generation: self.generation)
-            if self.isLive(stored, now: t) { self.cache.put(handle, sub: stored.session.sub, cached) }
+            if self.isLive(stored, now: t) { self.core.cache.put(handle, sub: stored.session.sub, cached) }
             switch self.admit(handle, cached, now: t, on: loop) {
             case .now(let resolution): return loop.makeSucceededFuture(resolution)
             case .later(let future): return future
             }
         }.recover { error in
-            self.logger.warning("session store unavailable: admission answers 503", metadata: ["error": "\(error)"])
+            self.core.logger.warning("session store unavailable: admission answers 503", metadata: ["error": "\(error)"])
             return .unavailable
         })
     }
@@ -200,33 +172,33 @@ final class Authenticator: Sendable {
         let revalidation: SessionPolicy.Revalidation
         switch policy.decide(cached.stored, now: t) {
         case .dead:
-            cache.invalidate(handle)
+            core.cache.invalidate(handle)
             return .now(.invalid)
         case .live(let touch, let r):
             revalidation = r
             if touch {
-                cache.update(handle) { $0.stored.session.lastSeen = t }
-                store.touch(handle, lastSeen: t, expiresAt: policy.expiry(afterTouching: session, at: t), on: loop).whenFailure { error in
-                    self.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
+                core.cache.update(handle) { $0.stored.session.lastSeen = t }
+                core.store.touch(handle, lastSeen: t, expiresAt: policy.expiry(afterTouching: session, at: t), on: loop).whenFailure { error in
+                    self.core.logger.debug("could not record session activity", metadata: ["error": "\(error)"])
                 }
             }
         }
-        guard let revalidator else { return .now(.session(handle, cached)) }
+        guard let revalidator = core.revalidator else { return .now(.session(handle, cached)) }
         switch revalidation {
         case .none:
             return .now(.session(handle, cached))
         case .background:
-            metrics.recordRevalidation(kind: .background)
-            revalidator.validate(session, on: loop).whenSuccess { outcome in
-                if case .valid(let at) = outcome { self.cache.update(handle) { $0.stored.session.validatedAt = at } }
+            core.metrics.recordRevalidation(kind: .background)
+            revalidator.validate(session, keep: absoluteTimeout, on: loop).whenSuccess { outcome in
+                if case .valid(let at) = outcome { self.core.cache.update(handle) { $0.stored.session.validatedAt = at } }
             }
             return .now(.session(handle, cached))
         case .beforeAnswering:
-            metrics.recordRevalidation(kind: .blocking)
-            return .later(revalidator.validate(session, on: loop).hop(to: loop).map { outcome in
+            core.metrics.recordRevalidation(kind: .blocking)
+            return .later(revalidator.validate(session, keep: absoluteTimeout, on: loop).hop(to: loop).map { outcome in
                 switch outcome {
                 case .valid(let at):
-                    self.cache.update(handle) { $0.stored.session.validatedAt = at }
+                    self.core.cache.update(handle) { $0.stored.session.validatedAt = at }
                     var fresh = cached
                     fresh.stored.session.validatedAt = at
                     return .session(handle, fresh)
@@ -243,17 +215,11 @@ final class Authenticator: Sendable {
 
     // MARK: ending sessions
 
-    typealias RevocationSource = AuthCore.RevocationSource
-
-    func revokeUser(_ sub: String, source: RevocationSource, at: Int64? = nil, forget: Bool = false,
+    /// Revokes a user everywhere (`Revocations.revokeUser`), the revocation kept for this
+    /// generation's absolute session timeout.
+    func revokeUser(_ sub: String, source: Revocations.Source, at: Int64? = nil, forget: Bool = false,
                     event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Int> {
-        core.revokeUser(sub, source: source, at: at, forget: forget, event: event, on: loop)
-    }
-
-    func invalidateUser(_ sub: String, on loop: any EventLoop) { core.invalidateUser(sub, on: loop) }
-
-    func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        core.endSession(handle, sub: sub, reason: reason, on: loop)
+        core.revocations.revokeUser(sub, source: source, at: at, keep: absoluteTimeout, forget: forget, event: event, on: loop)
     }
 
     // MARK: sessions
@@ -261,22 +227,22 @@ final class Authenticator: Sendable {
     /// A new session for a verified Apple identity: a fresh id (never one the client sent), the
     /// refresh token sealed, the profile merged. Answers the cookie value and the expiry (ms).
     func createSession(identity: AppleIdentity, refreshToken: String?, name: String?, on loop: any EventLoop) -> EventLoopFuture<(cookie: String, expiresAt: Int64, user: UserProfile)> {
-        metrics.recordRevalidation(kind: .fresh)
-        let (cookie, handle) = keys.newSession()
-        let t = now()
+        core.metrics.recordRevalidation(kind: .fresh)
+        let (cookie, handle) = core.keys.newSession()
+        let t = core.now()
         let record = SessionRecord(handle: handle, sub: identity.subject, clientID: identity.audience, created: t, lastSeen: t, validatedAt: t,
-                                   sealedRefreshToken: refreshToken.map { keys.seal($0, for: handle) })
+                                   sealedRefreshToken: refreshToken.map { core.keys.seal($0, for: handle) })
         let profile = UserProfile(sub: identity.subject, name: name, email: identity.email, emailVerified: identity.emailVerified,
                                   privateEmail: identity.isPrivateEmail, realUserStatus: identity.realUserStatus)
         // The session ends after idle_timeout without activity, and at expires_at at the latest.
         let expiresAt = t + absoluteTimeout
-        return withDeadline(store.create(record, profile: profile, expiresAt: t + idleTimeout, on: loop), on: loop).flatMap { () -> EventLoopFuture<Void> in
+        return core.store.create(record, profile: profile, expiresAt: t + idleTimeout, on: loop).flatMap { () -> EventLoopFuture<Void> in
             // Kept beyond the session, so that a deletion can revoke it at Apple.
             guard let refreshToken else { return loop.makeSucceededVoidFuture() }
-            let sealed = self.keys.seal(refreshToken, context: SessionKeys.userContext(identity.subject))
-            return self.withDeadline(self.store.saveRefreshToken(sealed, clientID: identity.audience, of: identity.subject, on: loop), on: loop)
+            let sealed = self.core.keys.seal(refreshToken, context: SessionKeys.userContext(identity.subject))
+            return self.core.store.saveRefreshToken(sealed, clientID: identity.audience, of: identity.subject, on: loop)
         }.flatMap {
-            self.withDeadline(self.store.profile(of: identity.subject, on: loop), on: loop)
+            self.core.store.profile(of: identity.subject, on: loop)
         }.map { stored in
             (cookie, expiresAt, stored ?? profile)
         }

@@ -41,13 +41,11 @@ public final class GatewayMetrics: Sendable {
     static let appleEndpoints = ["token", "refresh", "revoke"]
     static let appleOutcomes = ["ok", "grant_revoked", "client_misconfigured", "unavailable", "failed"]
     static let revalidationKinds = ["fresh", "background", "blocking"]
-    static let revocationSources = ["apple_notification", "user", "apple_invalid_grant"]
+    static let revocationSources = Revocations.Source.allCases.map(\.rawValue)
     static let sessionEndReasons = ["logout", "replaced"]
     static let notificationTypes = ["email-disabled", "email-enabled", "consent-revoked", "account-deleted", "unverified", "unknown"]
     static let notificationResults = ["processed", "duplicate", "rejected", "store_unavailable"]
     /// Session-store operations, as `MeasuredSessionStore` labels them.
-    static let storeOperations = ["create", "load", "touch", "delete", "sessions", "revoke", "save_profile", "profile", "put_login", "take_login",
-                                  "claim", "release", "validation", "record_validation", "mark_validated", "ping"]
 
     /// How admission ended for one request on a guarded route.
     enum AdmissionResult: Int, CaseIterable {
@@ -97,7 +95,7 @@ public final class GatewayMetrics: Sendable {
         for type in Self.notificationTypes {
             for result in Self.notificationResults { _ = counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result)]) }
         }
-        for operation in Self.storeOperations { _ = storeLatency(operation) }
+        for operation in StoreOperation.allCases { _ = storeLatency(operation) }
         for stream in ["stdout", "stderr"] { _ = counter("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)]) }
         recordSessionCache(entries: 0, evictions: 0)
         for reason in ConnectionRefusal.allCases { _ = counter("connections_refused", help: Self.connectionsRefusedHelp, labels: [("reason", reason.rawValue)]) }
@@ -212,10 +210,10 @@ public final class GatewayMetrics: Sendable {
         }
     }
 
-    func storeLatency(_ operation: String) -> DurationHistogram {
-        histogram("store " + operation) {
+    func storeLatency(_ operation: StoreOperation) -> DurationHistogram {
+        histogram("store " + operation.rawValue) {
             registry.makeDurationHistogram(descriptor: Self.name("store_duration", unit: "seconds", help: "Session-store operations (memory or Redis), by operation."),
-                                           labels: [("operation", operation)], buckets: Self.latencyBuckets)
+                                           labels: [("operation", operation.rawValue)], buckets: Self.latencyBuckets)
         }
     }
 

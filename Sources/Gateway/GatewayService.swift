@@ -12,9 +12,11 @@ import UnixSignals
 import Glibc
 #endif
 
-/// The gateway as one long-running `Service`: the public proxy listener and the admin listener,
-/// configuration reloads on SIGHUP, and a graceful drain on shutdown (SIGTERM/SIGINT through the
-/// `ServiceGroup`).
+/// The gateway as one long-running `Service`, and its composition: the parts of the core
+/// (`GatewayComposition`) and the listeners run as one `ServiceGroup` — the store's resources,
+/// the fleet's subscriber, the store watcher, SIGHUP reloads, the listeners — which starts them
+/// together and, on shutdown (SIGTERM/SIGINT through the enclosing group), stops them in reverse:
+/// the listeners drain first, the store closes last.
 public final class GatewayService: Service, Sendable {
     private let configPath: String?
     private let initial: GatewayConfiguration
@@ -22,18 +24,23 @@ public final class GatewayService: Service, Sendable {
     private let logger: Logger
     public let metrics = GatewayMetrics()
     private let proxy: ProxyServer
-    private let admin = NIOLockedValueBox<SimpleHTTPServer?>(nil)
-    private let redirect = NIOLockedValueBox<SimpleHTTPServer?>(nil)
     /// The listener's certificate (`server.tls`): re-read on every reload.
     private let tls: TLSTermination?
     /// The running configuration and the sign-in settings built from it: swapped together.
     private let running: NIOLockedValueBox<(configuration: GatewayConfiguration, auth: Authenticator)>
-    private let started = NIOLockedValueBox(false)
-    private let startedWaiters = NIOLockedValueBox<[CheckedContinuation<Void, Never>]>([])
     /// Sign-in and admission under the running configuration (a reload makes a new one over
-    /// the same `AuthCore`: sessions, store, Apple).
+    /// the same `AuthCore`).
     var authenticator: Authenticator { running.withLockedValue { $0.auth } }
-    private let core: AuthCore
+    let core: AuthCore
+    private let parts: GatewayComposition.Parts
+    private let phase = NIOLockedValueBox(Phase.starting(waiters: []))
+
+    /// Where the process is, for `/readyz` and `waitUntilStarted`.
+    private enum Phase {
+        case starting(waiters: [CheckedContinuation<Void, Never>])
+        case running(Listeners, store: StoreHealth)
+        case draining(Listeners)
+    }
 
     /// Resolves upstream host names (blocking; not on an event loop): a name that does not
     /// resolve is an error, as in nginx.
@@ -63,9 +70,18 @@ public final class GatewayService: Service, Sendable {
         } else {
             tls = nil
         }
-        let authenticator = try Authenticator(configuration: configuration, group: group, metrics: metrics, logger: logger, now: clock)
+        let parts = try GatewayComposition.build(configuration, group: group, metrics: metrics, logger: logger, now: clock)
+        let authenticator: Authenticator
+        let routing: RoutingSnapshot
+        do {
+            authenticator = try Authenticator(core: parts.core, configuration: configuration, generation: 0)
+            routing = try Self.routing(configuration, authenticator)
+        } catch {
+            parts.resources.abandon()
+            throw error
+        }
         metrics.prime(routes: configuration.routes.map(\.name) + ["auth"])
-        if let apple = authenticator.core.apple {
+        if let apple = parts.core.apple {
             metrics.addCollector { [metrics] in
                 for id in apple.clientIDs {
                     metrics.recordClientSecret(clientID: id, expiresIn: apple.secrets.expiresIn(for: id), age: apple.secrets.age(for: id),
@@ -73,13 +89,9 @@ public final class GatewayService: Service, Sendable {
                 }
             }
         }
-        self.core = authenticator.core
+        self.parts = parts
+        self.core = parts.core
         self.running = NIOLockedValueBox((configuration, authenticator))
-        let routing: RoutingSnapshot
-        do { routing = try Self.routing(configuration, authenticator) } catch {
-            authenticator.core.abandon()
-            throw error
-        }
         var proxyConfiguration = Self.proxyConfiguration(configuration)
         proxyConfiguration.tls = tls
         self.proxy = ProxyServer(configuration: proxyConfiguration, routing: routing, group: group, observer: observer, logger: logger)
@@ -137,14 +149,9 @@ public final class GatewayService: Service, Sendable {
         if let files = c.server.tls, let warning = try TLSContexts.server(files).warning {
             warnings.append(StartupFailure(key: "server.tls.certificate_file", warning))
         }
-        let core = try AuthCore(configuration: c, group: group, metrics: GatewayMetrics(), logger: logger)
-        do {
-            _ = try routing(c, Authenticator(core: core, configuration: c, generation: 0))
-        } catch {
-            await core.shutdown()
-            throw error
-        }
-        await core.shutdown()
+        let parts = try GatewayComposition.build(c, group: group, metrics: GatewayMetrics(), logger: logger, now: SessionClock.now, subscribe: false)
+        defer { parts.resources.abandon() }
+        _ = try routing(c, Authenticator(core: parts.core, configuration: c, generation: 0))
         return warnings
     }
 
@@ -184,129 +191,99 @@ public final class GatewayService: Service, Sendable {
 
     /// The bound public address once running (tests listen on port 0).
     public var proxyAddress: SocketAddress? { proxy.localAddress }
-    public var adminAddress: SocketAddress? { admin.withLockedValue { $0?.localAddress } }
-    public var redirectAddress: SocketAddress? { redirect.withLockedValue { $0?.localAddress } }
+    public var adminAddress: SocketAddress? { listeners?.admin.localAddress }
+    public var redirectAddress: SocketAddress? { listeners?.redirect?.localAddress }
 
-    /// Suspends until both listeners are bound.
+    private var listeners: Listeners? {
+        phase.withLockedValue { phase in
+            switch phase {
+            case .starting: nil
+            case .running(let listeners, _), .draining(let listeners): listeners
+            }
+        }
+    }
+
+    /// Suspends until every listener is bound.
     public func waitUntilStarted() async {
-        if started.withLockedValue({ $0 }) { return }
         await withCheckedContinuation { continuation in
-            let resumeNow = started.withLockedValue { isStarted -> Bool in
-                if isStarted { return true }
-                startedWaiters.withLockedValue { $0.append(continuation) }
+            let resumeNow = phase.withLockedValue { phase -> Bool in
+                guard case .starting(var waiters) = phase else { return true }
+                waiters.append(continuation)
+                phase = .starting(waiters: waiters)
                 return false
             }
             if resumeNow { continuation.resume() }
         }
     }
 
-    /// `/readyz`: listeners up and the session store answering (pinged every second).
-    /// nil until the first check: whatever it finds is logged.
-    private let storeReachable = NIOLockedValueBox<Bool?>(nil)
-    private let storeEverReached = NIOLockedValueBox(false)
-    private let draining = NIOLockedValueBox(false)
-
+    /// What `/readyz` says.
     private var readiness: AdminEndpoints.Readiness {
-        if draining.withLockedValue({ $0 }) { return .draining }
-        if storeReachable.withLockedValue({ $0 }) == true { return .ready }
-        return storeEverReached.withLockedValue { $0 } ? .storeDown : .storeNeverReached
-    }
-
-    private func checkStore() async {
-        let loop = group.next()
-        var failure: (any Error)? = nil
-        do { _ = try await core.withDeadline(core.store.ping(on: loop), on: loop).get() } catch { failure = error }
-        let ok = failure == nil
-        if ok { storeEverReached.withLockedValue { $0 = true } }
-        metrics.storeUp.set(Double(ok ? 1 : 0))
-        let was = storeReachable.withLockedValue { old in defer { old = ok }; return old }
-        if was != ok {
-            if let failure {
-                logger.error("session store unreachable: guarded routes answer 503", metadata: ["error": "\(failure)"])
-            } else {
-                logger.info("session store reachable")
+        phase.withLockedValue { phase in
+            switch phase {
+            case .starting: .storeNeverReached
+            case .running(_, let store): store.readiness
+            case .draining: .draining
             }
         }
     }
 
-    private func watchStore() async {
-        while !Task.isCancelled {
-            try? await Task.sleep(for: .seconds(1))
-            await checkStore()
-            metrics.collectProcessMetrics()
+    /// Pings the store (bounded by `store.timeout`) and records the answer; a change is logged.
+    private func checkStore() async {
+        let loop = group.next()
+        var failure: (any Error)? = nil
+        do { _ = try await core.store.ping(on: loop).get() } catch { failure = error }
+        metrics.storeUp.set(Double(failure == nil ? 1 : 0))
+        let changed = phase.withLockedValue { phase -> Bool in
+            guard case .running(let listeners, var store) = phase else { return false }
+            let changed = store.record(answered: failure == nil)
+            phase = .running(listeners, store: store)
+            return changed
+        }
+        guard changed else { return }
+        if let failure {
+            logger.error("session store unreachable: guarded routes answer 503", metadata: ["error": "\(failure)"])
+        } else {
+            logger.info("session store reachable")
         }
     }
 
     public func run() async throws {
-        let address: SocketAddress
-        do { address = try await proxy.start() } catch {
-            await core.shutdown()
-            throw Self.bindFailure(error, key: "server.listen", initial.server.listen)
-        }
-        let metrics = self.metrics
-        let adminServer: SimpleHTTPServer
+        let listeners: Listeners
         do {
-            adminServer = try await SimpleHTTPServer.start(
-                host: initial.server.adminListen.host, port: initial.server.adminListen.port, group: group
-            ) { request in
-                AdminEndpoints.respond(request, metrics: metrics, readiness: { self.readiness })
-            }
+            listeners = try await Listeners.open(proxy: proxy, initial, group: group, metrics: metrics, readiness: { self.readiness })
         } catch {
-            await proxy.shutdown(deadline: .zero)
-            await core.shutdown()
-            throw Self.bindFailure(error, key: "server.admin_listen", initial.server.adminListen)
+            await parts.resources.close()
+            throw error
         }
-        admin.withLockedValue { $0 = adminServer }
-        if let listen = initial.server.redirectHTTPListen {
-            let rule = HTTPSRedirect(initial)
-            do {
-                let server = try await SimpleHTTPServer.start(host: listen.host, port: listen.port, group: group) { request in
-                    rule.response(host: request.head.headers.first(name: "host"), target: request.head.uri)
-                }
-                redirect.withLockedValue { $0 = server }
-            } catch {
-                await adminServer.close()
-                await proxy.shutdown(deadline: .zero)
-                await core.shutdown()
-                throw Self.bindFailure(error, key: "server.redirect_http_listen", listen)
-            }
+        parts.resources.start()
+        let waiters = phase.withLockedValue { phase -> [CheckedContinuation<Void, Never>] in
+            guard case .starting(let waiters) = phase else { return [] }
+            phase = .running(listeners, store: StoreHealth())
+            return waiters
         }
-        core.start()
         await checkStore()
         logger.info("sessiongate listening", metadata: [
-            "listen": "\(tls == nil ? "http" : "https")://\(address)", "admin": "\(adminServer.localAddress.map { "\($0)" } ?? "-")",
-            "redirect_http": "\(redirectAddress.map { "\($0)" } ?? "-")",
+            "listen": "\(tls == nil ? "http" : "https")://\(proxy.localAddress.map { "\($0)" } ?? "-")",
+            "admin": "\(listeners.admin.localAddress.map { "\($0)" } ?? "-")",
+            "redirect_http": "\(listeners.redirect?.localAddress.map { "\($0)" } ?? "-")",
             "routes": "\(initial.routes.count)",
         ])
-        let waiters = started.withLockedValue { isStarted in
-            isStarted = true
-            return startedWaiters.withLockedValue { w in defer { w.removeAll() }; return w }
-        }
         waiters.forEach { $0.resume() }
 
-        await withDiscardingTaskGroup { tasks in
-            if configPath != nil {
-                tasks.addTask { await self.reloadOnSIGHUP() }
-            }
-            tasks.addTask { await self.watchStore() }
-            try? await gracefulShutdown()
-            tasks.cancelAll()
-        }
-        draining.withLockedValue { $0 = true }
-        let drain = running.withLockedValue { $0.configuration.server.timeouts.shutdown }
-        logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(drain))"])
-        await proxy.shutdown(deadline: .init(drain))
-        await adminServer.close()
-        await redirect.withLockedValue { $0 }?.close()
-        await core.shutdown()
+        // Started together; stopped in reverse order of this list.
+        var services: [any Service] = [parts.resources]
+        if let subscriber = parts.subscriber { services.append(subscriber) }
+        services.append(PeriodicTask(every: .seconds(1)) {
+            await self.checkStore()
+            self.metrics.collectProcessMetrics()
+        })
+        if configPath != nil { services.append(SignalReloads { self.reload() }) }
+        services.append(Draining(listeners: listeners, deadline: { self.running.withLockedValue { $0.configuration.server.timeouts.shutdown } },
+                                 logger: logger) {
+            self.phase.withLockedValue { $0 = .draining(listeners) }
+        })
+        try await ServiceGroup(configuration: .init(services: services, logger: logger)).run()
         logger.info("stopped")
-    }
-
-    private func reloadOnSIGHUP() async {
-        for await _ in await UnixSignalsSequence(trapping: .sighup) {
-            if Task.isCancelled { return }
-            reload()
-        }
     }
 
     public enum ReloadOutcome: String, Sendable {
@@ -351,7 +328,7 @@ public final class GatewayService: Service, Sendable {
         }
         let (previous, generation) = running.withLockedValue { ($0.configuration, $0.auth.generation) }
         let refusal = ReloadRules.refusal(running: previous, next: next, locations: result.locations)
-            + core.changedSecrets(next, locations: result.locations)
+            + core.secrets.changed(in: next, locations: result.locations)
         guard refusal.isEmpty else {
             for problem in refusal { logger.error("\(configPath):\(problem)") }
             logger.error("configuration reload refused: keys that apply only at restart changed; the running configuration stays",
@@ -377,7 +354,6 @@ public final class GatewayService: Service, Sendable {
         }
         metrics.prime(routes: next.routes.map(\.name))
         running.withLockedValue { $0 = (next, auth) }
-        auth.activate()
         proxy.replaceRouting(routing)
         if let certificate {
             tls?.replace(certificate.context)

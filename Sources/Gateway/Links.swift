@@ -14,7 +14,7 @@ extension AuthEndpointGuard {
     static let maximumAccountLength = 256
 
     func links(_ method: HTTPMethod, head: HTTPRequestHead, body: ByteBuffer, on loop: any EventLoop) async -> LocalResponse {
-        guard let digest = auth.core.linksSecretDigest else { return .error(.notFound, "no such endpoint") }
+        guard let digest = core.secrets.linksSecretDigest else { return .error(.notFound, "no such endpoint") }
         guard Self.bearerMatches(head.headers, digest) else {
             return AuthResponses.json(.unauthorized, ["error": "unauthorized", "message": "send the identity.links secret as Authorization: Bearer"],
                                       headers: [("www-authenticate", "Bearer")])
@@ -24,20 +24,20 @@ extension AuthEndpointGuard {
             return AuthResponses.json(.badRequest, ["error": "invalid_request", "message": "a JSON object with sub (the user's Apple id, as in X-Auth-User) is required"])
         }
         do {
-            let store = auth.store(on: loop)
+            let store = core.store
             if method == .DELETE {
-                let was = try await storeCall { try await store.unlink(sub) }
-                auth.invalidateUser(sub, on: loop)
+                let was = try await storeCall { try await store.unlink(sub, on: loop).get() }
+                core.revocations.invalidateUser(sub, on: loop)
                 return AuthResponses.json(.ok, ["sub": sub, "unlinked": was as Any? ?? NSNull()])
             }
             guard let account = object["account"] as? String, Self.isAccountID(account) else {
                 return AuthResponses.json(.badRequest, ["error": "invalid_request",
                                                         "message": "account must be a non-empty string of at most \(Self.maximumAccountLength) bytes, without control characters or surrounding spaces"])
             }
-            switch try await storeCall({ try await store.link(sub, to: account) }) {
+            switch try await storeCall({ try await store.link(sub, to: account, on: loop).get() }) {
             case .linked:
-                auth.invalidateUser(sub, on: loop)
-                auth.logger.info("account linked", metadata: ["sub": "\(sub)"])
+                core.revocations.invalidateUser(sub, on: loop)
+                core.logger.info("account linked", metadata: ["sub": "\(sub)"])
                 return AuthResponses.json(.ok, ["sub": sub, "account": account])
             case .conflict:
                 return AuthResponses.json(.conflict, ["error": "conflict", "message": "the account is linked to another Apple identity; unlink it first"])

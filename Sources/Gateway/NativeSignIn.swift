@@ -14,7 +14,7 @@ extension AuthEndpointGuard {
     /// Bound to the app's client id when one is named. Anonymous: within
     /// `apple.logins_per_minute` for `client` and `apple.max_pending_logins` for the instance.
     func issueNonce(body: ByteBuffer, client: String, on loop: any EventLoop) async -> LocalResponse {
-        guard let apple = auth.apple else { return Self.notConfigured() }
+        guard let apple = core.apple else { return Self.notConfigured() }
         var clientID: String? = nil
         if body.readableBytes > 0 {
             guard let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any] else {
@@ -30,18 +30,18 @@ extension AuthEndpointGuard {
         do { try checkWrite(.nativeNonce, client: client) } catch { return error.json }
         let nonce = Self.randomToken()
         do {
-            try await auth.store(on: loop).putNonce(sha256Hex(nonce), clientID: clientID ?? "", ttl: AnonymousWrites.lifetime)
+            try await core.store.putNonce(sha256Hex(nonce), clientID: clientID ?? "", ttl: AnonymousWrites.lifetime, on: loop).get()
         } catch {
-            auth.metrics.recordSignInStart(.nativeNonce, outcome: .storeUnavailable)
+            core.metrics.recordSignInStart(.nativeNonce, outcome: .storeUnavailable)
             return SignInFailure.storeUnavailable.json
         }
-        auth.metrics.recordSignInStart(.nativeNonce, outcome: .ok)
-        return AuthResponses.json(.ok, ["nonce": nonce, "nonce_sha256": sha256Hex(nonce), "expires_at": Self.iso8601(auth.now() + AnonymousWrites.lifetime)])
+        core.metrics.recordSignInStart(.nativeNonce, outcome: .ok)
+        return AuthResponses.json(.ok, ["nonce": nonce, "nonce_sha256": sha256Hex(nonce), "expires_at": Self.iso8601(core.now() + AnonymousWrites.lifetime)])
     }
 
     /// `{identity_token, authorization_code, nonce?, user?}` → `{token, expires_at, user}`.
     func native(body: ByteBuffer, head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
-        guard let apple = auth.apple else { return Self.notConfigured() }
+        guard let apple = core.apple else { return Self.notConfigured() }
         do {
             let request = try NativeRequest(head: head, body: body)
             // The identity token is checked before Apple is called: a forged one costs no call.
@@ -59,8 +59,8 @@ extension AuthEndpointGuard {
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: request.name, on: loop).get() }
             await lookUpLink(identity, on: loop)
             await endReplaced(presentedSession(head), on: loop)
-            auth.metrics.recordSignIn(flow: SignInFlow.native.rawValue, outcome: SignInOutcome.ok.rawValue)
-            auth.logger.info("signed in", metadata: ["flow": "native", "sub": "\(identity.subject)"])
+            core.metrics.recordSignIn(flow: SignInFlow.native.rawValue, outcome: SignInOutcome.ok.rawValue)
+            core.logger.info("signed in", metadata: ["flow": "native", "sub": "\(identity.subject)"])
             return AuthResponses.json(.ok, ["token": created.cookie, "expires_at": Self.iso8601(created.expiresAt), "user": Self.userJSON(created.user)],
                                       headers: [auth.sessionCookie(created.cookie)])
         } catch let failure as SignInFailure {
@@ -92,7 +92,7 @@ extension AuthEndpointGuard {
             claim = nil
         }
         if auth.nativeNonceRequired {
-            let boundTo = try await storeCall { try await auth.store(on: loop).takeNonce(sha256Hex(nonce)) }
+            let boundTo = try await storeCall { try await core.store.takeNonce(sha256Hex(nonce), on: loop).get() }
             guard let boundTo else { throw SignInFailure.nonce("the nonce was not issued here, or was already used or expired") }
             guard boundTo.isEmpty || boundTo == token.audience else { throw SignInFailure.nonce("the nonce was issued for another app") }
         }

@@ -61,24 +61,21 @@ final class Outbox: Sendable {
         timer.withLockedValue { $0?.cancel(); $0 = nil }
     }
 
-    /// Queues `job` in the background and tries it once queued; shutdown waits for the queuing.
+    /// Queues `job` in the background and tries it once queued; shutdown waits for both (an
+    /// event emitted by a one-shot command is attempted before the command exits).
     func enqueueInBackground(_ job: OutboxJob, onFailure: @escaping @Sendable (any Error) -> Void) {
         let queued = loop.makeFutureWithTask { try await self.enqueue(job) }
+        let attempted = queued.flatMap { self.loop.makeFutureWithTask { _ = await self.runDue(only: [job.id]) } }
+            .recover { error in onFailure(error) }
         let id = queuing.withLockedValue { q -> Int in
             q.next += 1
-            q.pending[q.next] = queued
+            q.pending[q.next] = attempted
             return q.next
         }
-        queued.whenComplete { result in
-            _ = self.queuing.withLockedValue { $0.pending.removeValue(forKey: id) }
-            switch result {
-            case .success: self.loop.makeFutureWithTask { await self.runDue(only: [job.id]) }.whenFailure { _ in }
-            case .failure(let error): onFailure(error)
-            }
-        }
+        attempted.whenComplete { _ in _ = self.queuing.withLockedValue { $0.pending.removeValue(forKey: id) } }
     }
 
-    /// Waits until every job being queued is in the store (or failed).
+    /// Waits until every job being queued is in the store (or failed) and had its first attempt.
     func drain() async {
         for future in queuing.withLockedValue({ Array($0.pending.values) }) { _ = try? await future.get() }
     }

@@ -36,10 +36,10 @@ final class Revalidator: Sendable {
     let now: @Sendable () -> Int64
     let logger: Logger
     let metrics: GatewayMetrics
-    /// Called for a dead grant (revokes the user everywhere).
-    let onRevoked: @Sendable (_ sub: String, _ at: Int64, _ loop: any EventLoop) -> EventLoopFuture<Int>
-    /// Called once a result is stored: tells the instances waiting on this token's lock.
-    let onStored: @Sendable (_ tokenHash: String, _ loop: any EventLoop) -> Void
+    /// Tells the instances waiting on a token's lock that its result is stored.
+    let fleet: FleetPublisher
+    /// A dead grant revokes the user everywhere.
+    let revocations: Revocations
     private let inFlight = NIOLockedValueBox<[String: EventLoopFuture<Outcome>]>([:])
     /// Validations waiting for another instance's result, by token hash.
     private let waiters = NIOLockedValueBox<[String: [EventLoopPromise<Void>]]>([:])
@@ -49,9 +49,7 @@ final class Revalidator: Sendable {
     private let limiter = Limiter(limit: Revalidator.concurrentAppleCalls)
 
     init(apple: AppleServices, store: any SessionStore, keys: SessionKeys, times: RevalidationTimes, appleTimeout: Int64,
-         now: @escaping @Sendable () -> Int64, logger: Logger, metrics: GatewayMetrics,
-         onStored: @escaping @Sendable (String, any EventLoop) -> Void = { _, _ in },
-         onRevoked: @escaping @Sendable (String, Int64, any EventLoop) -> EventLoopFuture<Int>) {
+         now: @escaping @Sendable () -> Int64, logger: Logger, metrics: GatewayMetrics, fleet: FleetPublisher, revocations: Revocations) {
         self.apple = apple
         self.store = store
         self.keys = keys
@@ -61,8 +59,8 @@ final class Revalidator: Sendable {
         self.now = now
         self.logger = logger
         self.metrics = metrics
-        self.onRevoked = onRevoked
-        self.onStored = onStored
+        self.fleet = fleet
+        self.revocations = revocations
     }
 
     /// Another instance stored a result for this token (`FleetMessage.validated`): the
@@ -109,7 +107,8 @@ final class Revalidator: Sendable {
 
     /// The validation of this session's refresh token: shared with every concurrent caller in the
     /// process, and with the fleet through the store.
-    func validate(_ session: SessionRecord, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+    /// - Parameter keep: how long a revocation is kept (the running absolute session timeout, ms).
+    func validate(_ session: SessionRecord, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
         guard let sealed = session.sealedRefreshToken, let token = keys.open(sealed, for: session.handle) else {
             return loop.makeSucceededFuture(.unknown)
         }
@@ -119,7 +118,7 @@ final class Revalidator: Sendable {
             let promise = loop.makePromise(of: Outcome.self)
             flights[tokenHash] = promise.futureResult
             promise.completeWithTask {
-                let outcome = await self.run(session, token: token, tokenHash: tokenHash, on: loop)
+                let outcome = await self.run(session, token: token, tokenHash: tokenHash, keep: keep, on: loop)
                 self.inFlight.withLockedValue { _ = $0.removeValue(forKey: tokenHash) }
                 return outcome
             }
@@ -128,13 +127,13 @@ final class Revalidator: Sendable {
         return isNew ? future : future.hop(to: loop)
     }
 
-    private func run(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {
+    private func run(_ session: SessionRecord, token: String, tokenHash: String, keep: Int64, on loop: any EventLoop) async -> Outcome {
         do {
             // Another instance (or an earlier attempt) may have answered already, or a failure
             // is being backed off.
-            if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
+            if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, keep: keep, on: loop) { return outcome }
             await limiter.acquire()
-            let outcome = await ask(session, token: token, tokenHash: tokenHash, on: loop)
+            let outcome = await ask(session, token: token, tokenHash: tokenHash, keep: keep, on: loop)
             await limiter.release()
             return outcome
         } catch {
@@ -150,7 +149,7 @@ final class Revalidator: Sendable {
     }
 
     /// What the fleet's record of this token says to do (`RetryPolicy.step`).
-    private func plan(_ session: SessionRecord, tokenHash: String, on loop: any EventLoop) async throws -> Plan {
+    private func plan(_ session: SessionRecord, tokenHash: String, keep: Int64, on loop: any EventLoop) async throws -> Plan {
         let record = try await store.validation(of: tokenHash, on: loop).get()
         switch retry.step(record, validatedAt: session.validatedAt, now: now()) {
         case .adopt(let at):
@@ -161,7 +160,7 @@ final class Revalidator: Sendable {
             // failed (the store did not answer): revoking again is idempotent.
             let at = record?.at ?? 0
             if let sessions = try? await store.sessions(of: session.sub, on: loop).get(), sessions.contains(where: { $0.created <= at }) {
-                _ = try? await onRevoked(session.sub, at, loop).get()
+                _ = try? await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: at, keep: keep, on: loop).get()
             }
             return .settled(.revoked)
         case .wait:
@@ -175,10 +174,10 @@ final class Revalidator: Sendable {
         }
     }
 
-    private func ask(_ session: SessionRecord, token: String, tokenHash: String, on loop: any EventLoop) async -> Outcome {
+    private func ask(_ session: SessionRecord, token: String, tokenHash: String, keep: Int64, on loop: any EventLoop) async -> Outcome {
         do {
             // The wait for a permit may have been long: look again before locking.
-            if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
+            if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, keep: keep, on: loop) { return outcome }
             let lock = Claim.validation(tokenHash: tokenHash)
             let waiter = register(tokenHash, on: loop)
             let claimed: Bool
@@ -190,7 +189,7 @@ final class Revalidator: Sendable {
                 // Another instance is asking Apple: its message (`validated`) wakes us when it
                 // is done; the lock's TTL bounds the wait if it never comes.
                 await awaitResult(waiter, tokenHash, timeout: lockTTL, on: loop)
-                if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, on: loop) { return outcome }
+                if case .settled(let outcome) = try await plan(session, tokenHash: tokenHash, keep: keep, on: loop) { return outcome }
                 return .unknown
             }
             unregister(waiter, tokenHash)
@@ -198,11 +197,11 @@ final class Revalidator: Sendable {
             // waiting on the lock are told once it is released.
             defer {
                 store.release(lock, on: loop).whenFailure { _ in }
-                onStored(tokenHash, loop)
+                fleet.publish(.validated(tokenHash: tokenHash), on: loop)
             }
             // The lock holder checks once more: the previous holder may have just finished.
             let previous: ValidationRecord?
-            switch try await plan(session, tokenHash: tokenHash, on: loop) {
+            switch try await plan(session, tokenHash: tokenHash, keep: keep, on: loop) {
             case .settled(let outcome): return outcome
             case .ask(let record): previous = record
             }
@@ -240,7 +239,7 @@ final class Revalidator: Sendable {
             case .grantRevoked(let error):
                 logger.info("Apple refused a refresh token: the user is revoked", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
                 try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
-                _ = try await onRevoked(session.sub, t, loop).get()
+                _ = try await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: t, keep: keep, on: loop).get()
                 return .revoked
             case .clientMisconfigured(let error):
                 let opened = retry.failed(after: circuit, at: t, retryAfter: nil, jitter: .random(in: 0..<1))

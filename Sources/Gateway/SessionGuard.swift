@@ -8,6 +8,8 @@ import Sessions
 /// allow lists, and what an unauthenticated request gets (`redirect` for browsers, `deny`).
 struct SessionGuard: RequestGuard {
     let auth: Authenticator
+    /// The process's parts (`auth.core`).
+    var core: AuthCore { auth.core }
     let route: GatewayConfiguration.Route
     let allow: AllowList
 
@@ -32,22 +34,22 @@ struct SessionGuard: RequestGuard {
 
     /// A lease for a WebSocket this session opens: ended with the session, or at its absolute expiry.
     private func openTunnel(_ handle: SessionHandle, _ cached: CachedSession, on loop: any EventLoop) -> TunnelLease {
-        let remaining = cached.stored.session.created + auth.absoluteTimeout - auth.now()
-        return auth.tunnels.open(handle: handle, sub: cached.stored.session.sub, endsIn: .milliseconds(max(0, remaining)), on: loop)
+        let remaining = cached.stored.session.created + auth.absoluteTimeout - core.now()
+        return core.tunnels.open(handle: handle, sub: cached.stored.session.sub, times: auth.times, endsIn: .milliseconds(max(0, remaining)), on: loop)
     }
 
     private func verdict(_ resolution: Resolution, _ request: GuardRequest, on loop: any EventLoop) -> Verdict {
         switch resolution {
         case .session(let handle, let cached):
             guard allow.admits(cached.stored.user) else {
-                auth.metrics.recordAdmission(.forbidden)
+                core.metrics.recordAdmission(.forbidden)
                 return .respond(AuthResponses.forbidden(request.head, signOutURL: auth.prefix + "/logout"))
             }
             if route.requireLink, cached.stored.account == nil, let linkURL = auth.linkURL {
-                auth.metrics.recordAdmission(.linkRequired)
+                core.metrics.recordAdmission(.linkRequired)
                 return .respond(AuthResponses.linkRequired(request, linkURL: linkURL))
             }
-            auth.metrics.recordAdmission(.session)
+            core.metrics.recordAdmission(.session)
             return .forward(addHeaders: auth.forwardHeaders(handle, cached, route: route.name, on: loop),
                             // A bearer beside a live session is that session's token (a cookie
                             // naming another session would have made the credential ambiguous).
@@ -56,16 +58,16 @@ struct SessionGuard: RequestGuard {
                             user: cached.stored.session.sub)
         case .anonymous, .invalid:
             if route.auth == .optional {
-                auth.metrics.recordAdmission(.anonymous)
+                core.metrics.recordAdmission(.anonymous)
                 return request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
             }
-            auth.metrics.recordAdmission(.unauthenticated)
+            core.metrics.recordAdmission(.unauthenticated)
             return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))
         case .unavailable:
-            auth.metrics.recordAdmission(.storeUnavailable)
+            core.metrics.recordAdmission(.storeUnavailable)
             return .respond(AuthResponses.storeUnavailable(request.head))
         case .appleUnavailable:
-            auth.metrics.recordAdmission(.appleUnavailable)
+            core.metrics.recordAdmission(.appleUnavailable)
             return .respond(AuthResponses.appleUnavailable(request.head, prefix: auth.prefix))
         }
     }

@@ -8,13 +8,13 @@ import Sessions
 extension AuthEndpointGuard {
     /// Counts a failed sign-in and hands the failure back (for the flow to answer).
     func counted(_ failure: SignInFailure, flow: SignInFlow) -> SignInFailure {
-        auth.metrics.recordSignIn(flow: flow.rawValue, outcome: failure.outcome.rawValue)
+        core.metrics.recordSignIn(flow: flow.rawValue, outcome: failure.outcome.rawValue)
         switch failure {
         case .appleMisconfigured:
-            auth.logger.error("Apple rejected our client configuration: check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)",
+            core.logger.error("Apple rejected our client configuration: check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)",
                               metadata: ["flow": "\(flow.rawValue)"])
         case .appleUnavailable, .storeUnavailable:
-            auth.logger.warning("sign-in failed on a dependency", metadata: ["flow": "\(flow.rawValue)", "outcome": "\(failure.outcome.rawValue)"])
+            core.logger.warning("sign-in failed on a dependency", metadata: ["flow": "\(flow.rawValue)", "outcome": "\(failure.outcome.rawValue)"])
         default:
             break
         }
@@ -24,8 +24,8 @@ extension AuthEndpointGuard {
     /// Exchanges the code and verifies the identity token Apple returns with it.
     func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
         -> Result<(AppleIdentity, String?), SignInFailure> {
-        let answer = await auth.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
-        auth.metrics.recordAppleCall(endpoint: "token", outcome: answer.metricLabel)
+        let answer = await core.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
+        core.metrics.recordAppleCall(endpoint: "token", outcome: answer.metricLabel)
         guard case .success(let tokens) = answer else { return .failure(answer.signInFailure ?? .appleUnavailable) }
         // Apple's answer without an identity token is not the documented JSON: transient.
         guard let idToken = tokens.idToken else { return .failure(.appleUnavailable) }
@@ -40,22 +40,22 @@ extension AuthEndpointGuard {
     /// knows is linked to that account before the first request. Failures are logged; the
     /// sign-in goes on either way.
     func lookUpLink(_ identity: AppleIdentity, on loop: any EventLoop) async {
-        guard let lookup = auth.core.linkLookup, LinkLookup.mayLookUp(identity) else { return }
+        guard let lookup = core.linkLookup, LinkLookup.mayLookUp(identity) else { return }
         do {
-            guard try await auth.store(on: loop).account(linkedTo: identity.subject) == nil,
+            guard try await core.store.account(linkedTo: identity.subject, on: loop).get() == nil,
                   let account = await lookup.account(for: identity) else { return }
             guard Self.isAccountID(account) else {
-                auth.logger.warning("link lookup: the app answered an account id that cannot be a header value; no link made")
+                core.logger.warning("link lookup: the app answered an account id that cannot be a header value; no link made")
                 return
             }
-            switch try await auth.store(on: loop).link(identity.subject, to: account) {
+            switch try await core.store.link(identity.subject, to: account, on: loop).get() {
             case .linked:
-                auth.invalidateUser(identity.subject, on: loop)  // the user's other sessions, everywhere
-                auth.logger.info("account linked by lookup", metadata: ["sub": "\(identity.subject)"])
-            case .conflict: auth.logger.notice("link lookup: the account is linked to another Apple identity; no link made", metadata: ["sub": "\(identity.subject)"])
+                core.revocations.invalidateUser(identity.subject, on: loop)  // the user's other sessions, everywhere
+                core.logger.info("account linked by lookup", metadata: ["sub": "\(identity.subject)"])
+            case .conflict: core.logger.notice("link lookup: the account is linked to another Apple identity; no link made", metadata: ["sub": "\(identity.subject)"])
             }
         } catch {
-            auth.logger.warning("link lookup: the session store did not answer; no link made", metadata: ["error": "\(error)"])
+            core.logger.warning("link lookup: the session store did not answer; no link made", metadata: ["error": "\(error)"])
         }
     }
 
@@ -66,15 +66,15 @@ extension AuthEndpointGuard {
     func arriveByTransfer(_ identity: AppleIdentity, on loop: any EventLoop) async {
         guard let id = identity.transferSubject else { return }
         do {
-            guard let record = try await auth.store(on: loop).transfer(id), record.to == nil else { return }
+            guard let record = try await core.store.transfer(id, on: loop).get(), record.to == nil else { return }
             // Each store call is bounded by store.timeout (the Redis client's command timeout).
             guard let outcome = try await TransferArrival.apply(record, to: identity.subject, email: identity.email, privateEmail: identity.isPrivateEmail == true,
-                                                                store: auth.core.store, keep: auth.absoluteTimeout, on: loop) else { return }
-            if let from = record.from { auth.invalidateUser(from, on: loop) }
-            auth.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
+                                                                store: core.store, keep: auth.absoluteTimeout, on: loop) else { return }
+            if let from = record.from { core.revocations.invalidateUser(from, on: loop) }
+            core.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
                                                                              "linked": "\(outcome.account != nil)"])
         } catch {
-            auth.logger.warning("transferred user not mapped: the session store did not answer", metadata: ["error": "\(error)"])
+            core.logger.warning("transferred user not mapped: the session store did not answer", metadata: ["error": "\(error)"])
         }
     }
 
@@ -83,11 +83,11 @@ extension AuthEndpointGuard {
     func endReplaced(_ handle: SessionHandle?, on loop: any EventLoop) async {
         guard let handle else { return }
         do {
-            guard let stored = try await auth.store(on: loop).load(handle) else { return }
-            try await auth.endSession(handle, sub: stored.session.sub, reason: .replaced, on: loop).get()
-            auth.metrics.recordSessionEnded(reason: .replaced)
+            guard let stored = try await core.store.load(handle, on: loop).get() else { return }
+            try await core.revocations.endSession(handle, sub: stored.session.sub, reason: .replaced, on: loop).get()
+            core.metrics.recordSessionEnded(reason: .replaced)
         } catch {
-            auth.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])
+            core.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])
         }
     }
 }
@@ -95,9 +95,9 @@ extension AuthEndpointGuard {
 extension AuthEndpointGuard {
     /// One more code exchange for `key` in this flow, or `throttled`.
     func checkRate(_ flow: SignInFlow, key: String) throws(SignInFailure) {
-        let (limit, t) = (auth.exchangesPerMinute, auth.now())
-        if let wait = auth.core.exchanges.withLockedValue({ $0.admit(flow.rawValue + " " + key, now: t, limit: limit) }) {
-            auth.logger.notice("sign-in exchanges over apple.exchanges_per_minute: refused", metadata: ["flow": "\(flow.rawValue)"])
+        let (limit, t) = (auth.exchangesPerMinute, core.now())
+        if let wait = core.exchanges.withLockedValue({ $0.admit(flow.rawValue + " " + key, now: t, limit: limit) }) {
+            core.logger.notice("sign-in exchanges over apple.exchanges_per_minute: refused", metadata: ["flow": "\(flow.rawValue)"])
             throw .throttled(retryAfter: wait)
         }
     }
@@ -109,18 +109,18 @@ extension AuthEndpointGuard {
     /// are counted (`sessiongate_sign_in_starts_total`) and logged at debug only: a flood must
     /// not become a flood of log lines.
     func checkWrite(_ kind: AnonymousWrites.Kind, client: String) throws(SignInFailure) {
-        let (t, perClient, perInstance) = (auth.now(), auth.loginsPerMinute, auth.maxPendingLogins)
+        let (t, perClient, perInstance) = (core.now(), auth.loginsPerMinute, auth.maxPendingLogins)
         let key = ClientAddress.limitKey(client)
-        switch auth.core.anonymousWrites.withLockedValue({ $0.admit(kind, client: key, now: t, perClient: perClient, perInstance: perInstance) }) {
+        switch core.anonymousWrites.withLockedValue({ $0.admit(kind, client: key, now: t, perClient: perClient, perInstance: perInstance) }) {
         case .admitted:
             return
         case .throttled(let wait):
-            auth.metrics.recordSignInStart(kind, outcome: .throttled)
-            auth.logger.debug("sign-in starts over apple.logins_per_minute for a client: refused", metadata: ["endpoint": "\(kind.rawValue)"])
+            core.metrics.recordSignInStart(kind, outcome: .throttled)
+            core.logger.debug("sign-in starts over apple.logins_per_minute for a client: refused", metadata: ["endpoint": "\(kind.rawValue)"])
             throw .throttled(retryAfter: wait)
         case .busy(let wait):
-            auth.metrics.recordSignInStart(kind, outcome: .busy)
-            auth.logger.debug("sign-in starts over apple.max_pending_logins: refused", metadata: ["endpoint": "\(kind.rawValue)"])
+            core.metrics.recordSignInStart(kind, outcome: .busy)
+            core.logger.debug("sign-in starts over apple.max_pending_logins: refused", metadata: ["endpoint": "\(kind.rawValue)"])
             throw .busy(retryAfter: wait)
         }
     }

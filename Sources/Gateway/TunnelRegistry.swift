@@ -11,6 +11,9 @@ final class TunnelRegistry: Sendable {
     struct Entry {
         let lease: TunnelLease
         let handle: SessionHandle
+        /// The session lifetimes of the configuration that admitted the tunnel: it is checked
+        /// against them.
+        let times: SessionTimes
     }
 
     private let bySub = NIOLockedValueBox<[String: [ObjectIdentifier: Entry]]>([:])
@@ -18,14 +21,14 @@ final class TunnelRegistry: Sendable {
     /// A lease for a tunnel about to be opened for this session; it leaves the registry when
     /// the tunnel closes (or never opens), and ends at `endsIn` at the latest (the session's
     /// absolute expiry: no tunnel outlives its session).
-    func open(handle: SessionHandle, sub: String, endsIn: TimeAmount, on loop: any EventLoop) -> TunnelLease {
+    func open(handle: SessionHandle, sub: String, times: SessionTimes, endsIn: TimeAmount, on loop: any EventLoop) -> TunnelLease {
         let lease = TunnelLease { [weak self] lease in
             self?.bySub.withLockedValue { map in
                 map[sub]?[ObjectIdentifier(lease)] = nil
                 if map[sub]?.isEmpty == true { map[sub] = nil }
             }
         }
-        bySub.withLockedValue { $0[sub, default: [:]][ObjectIdentifier(lease)] = Entry(lease: lease, handle: handle) }
+        bySub.withLockedValue { $0[sub, default: [:]][ObjectIdentifier(lease)] = Entry(lease: lease, handle: handle, times: times) }
         lease.expire(after: endsIn, on: loop)
         return lease
     }

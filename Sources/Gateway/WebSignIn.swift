@@ -12,7 +12,7 @@ extension AuthEndpointGuard {
     /// Anonymous: within `apple.logins_per_minute` for `client` and `apple.max_pending_logins`
     /// for the instance, else a page saying when to try again, and nothing written.
     func login(rd: String?, head: HTTPRequestHead, client: String, on loop: any EventLoop) -> GuardDecision {
-        guard let apple = auth.apple else { return .verdict(.respond(Self.notConfigured())) }
+        guard let apple = core.apple else { return .verdict(.respond(Self.notConfigured())) }
         let returnTo = rd.flatMap(auth.returnPolicy.validate) ?? "/"
         do { try checkWrite(.login, client: client) } catch {
             return .verdict(.respond(error.page(startAgain: auth.signInPath(rd: returnTo))))
@@ -21,8 +21,8 @@ extension AuthEndpointGuard {
         let nonce = Self.randomToken()
         let binding = Self.randomToken()
         let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.key)
-        let future = auth.withDeadline(auth.store.putLogin(state: state, login, ttl: AnonymousWrites.lifetime, on: loop), on: loop).map { _ -> Verdict in
-            auth.metrics.recordSignInStart(.login, outcome: .ok)
+        let future = core.store.putLogin(state: state, login, ttl: AnonymousWrites.lifetime, on: loop).map { _ -> Verdict in
+            core.metrics.recordSignInStart(.login, outcome: .ok)
             let query = FormBody.encode([
                 ("client_id", apple.webClientID), ("redirect_uri", auth.callbackURL),
                 ("response_type", "code id_token"), ("response_mode", "form_post"), ("scope", auth.scopes.joined(separator: " ")),
@@ -35,7 +35,7 @@ extension AuthEndpointGuard {
                 auth.clearCookie(auth.cookieName),
             ]))
         }.recover { _ -> Verdict in
-            auth.metrics.recordSignInStart(.login, outcome: .storeUnavailable)
+            core.metrics.recordSignInStart(.login, outcome: .storeUnavailable)
             return .respond(AuthResponses.html(.serviceUnavailable, AuthPages.message(
                 title: "Sign in is unavailable", detail: "The gateway could not start your sign-in just now. Please try again in a moment.",
                 action: ("Try again", auth.signInPath(rd: returnTo)))))
@@ -48,7 +48,7 @@ extension AuthEndpointGuard {
     /// session issued (any cookie the browser had is replaced), then 303 to `rd`.
     /// - Parameter client: the browser's address (`ClientAddress`): the exchange rate limit's key.
     func callback(form body: ByteBuffer, head: HTTPRequestHead, client: String, on loop: any EventLoop) async -> LocalResponse {
-        guard let apple = auth.apple else { return Self.notConfigured() }
+        guard let apple = core.apple else { return Self.notConfigured() }
         let clearLogin = auth.clearCookie(auth.loginCookieName, sameSiteNone: true)
         var returnTo = "/"
         do {
@@ -59,12 +59,12 @@ extension AuthEndpointGuard {
             returnTo = login.returnTo
             if let error = form["error"] {
                 guard error != "user_cancelled_authorize" else {
-                    auth.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.cancelled.rawValue)
+                    core.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.cancelled.rawValue)
                     return AuthResponses.redirect(.seeOther, to: auth.signInPath(rd: login.returnTo, message: "cancelled"), headers: [clearLogin])
                 }
                 // Attacker-controlled form data: only the characters Apple's error codes use reach the log.
                 let code = String(error.prefix(64).filter { $0.isASCII && ($0.isLetter || $0 == "_") })
-                auth.logger.warning("Apple answered the authorization with an error", metadata: ["error": "\(code)"])
+                core.logger.warning("Apple answered the authorization with an error", metadata: ["error": "\(code)"])
                 throw SignInFailure.appleDeclined
             }
             guard let code = form["code"], !code.isEmpty else { throw SignInFailure.malformed("The response from Apple had no authorization code.") }
@@ -73,7 +73,7 @@ extension AuthEndpointGuard {
             if let token = form["id_token"] {
                 let early: AppleIdentity
                 do { early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code) } catch { throw SignInFailure.identityToken(error) }
-                if let name { try await storeCall { try await auth.store(on: loop).saveProfile(UserProfile(sub: early.subject, name: name)) } }
+                if let name { try await storeCall { try await core.store.saveProfile(UserProfile(sub: early.subject, name: name), on: loop).get() } }
             }
             try checkRate(.web, key: ClientAddress.limitKey(client))
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
@@ -81,8 +81,8 @@ extension AuthEndpointGuard {
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get() }
             await lookUpLink(identity, on: loop)
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
-            auth.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.ok.rawValue)
-            auth.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
+            core.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.ok.rawValue)
+            core.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
             return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: [auth.sessionCookie(created.cookie), clearLogin])
         } catch let failure as SignInFailure {
             return counted(failure, flow: .web).page(startAgain: auth.signInPath(rd: returnTo), clearing: clearLogin)
@@ -95,7 +95,7 @@ extension AuthEndpointGuard {
     /// matched.
     private func takeLogin(state: String, head: HTTPRequestHead, on loop: any EventLoop) async throws -> LoginState {
         guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) else { throw SignInFailure.loginNotStarted }
-        let login = try await storeCall { try await auth.store(on: loop).takeLogin(state: state) }
+        let login = try await storeCall { try await core.store.takeLogin(state: state, on: loop).get() }
         guard let login, IdentityTokenVerifier.constantTimeEqual(login.binding, sha256Hex(binding)) else { throw SignInFailure.loginExpired }
         return login
     }
@@ -103,7 +103,7 @@ extension AuthEndpointGuard {
     /// Runs a store call; its failure is the sign-in's `storeUnavailable`.
     func storeCall<T>(_ body: () async throws -> T) async throws(SignInFailure) -> T {
         do { return try await body() } catch {
-            auth.logger.warning("sign-in could not use the session store", metadata: ["error": "\(error)"])
+            core.logger.warning("sign-in could not use the session store", metadata: ["error": "\(error)"])
             throw .storeUnavailable
         }
     }

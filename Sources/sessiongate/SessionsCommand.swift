@@ -18,7 +18,25 @@ struct SessionsCommand: AsyncParsableCommand {
         var sub: String
     }
 
-    /// The configured Redis store; the memory store lives inside the running gateway.
+    /// The operator tools over the configured Redis store; the memory store lives inside the
+    /// running gateway.
+    static func tools(_ path: String) throws -> OperatorTools {
+        guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
+        guard configuration.store.redisURL != nil else {
+            printError("\(path): store.redis_url is not set: this command works on the Redis store; the memory store lives inside the running gateway (restarting it ends every session)")
+            throw ExitCode(1)
+        }
+        var logger = makeLogger()
+        logger.logLevel = .warning
+        do {
+            return try OperatorTools(configuration: configuration, logger: logger)
+        } catch let failure as StartupFailure {
+            printError("\(path):\(failure.problem(locations: [:]))")
+            throw ExitCode(1)
+        }
+    }
+
+    /// The configured Redis store alone (`migrate`, `check --transfer`).
     static func backend(_ path: String) throws -> (RedisSessionBackend, GatewayConfiguration) {
         guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
         guard configuration.store.redisURL != nil else {
@@ -47,13 +65,13 @@ struct SessionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             defer { flushLogs() }
-            let (backend, _) = try SessionsCommand.backend(target.options.config)
-            defer { Task { await backend.shutdown() } }
-            let loop = MultiThreadedEventLoopGroup.singleton.next()
+            let tools = try SessionsCommand.tools(target.options.config)
             let sessions: [SessionRecord]
             do {
-                sessions = try await backend.store.sessions(of: target.sub, on: loop).get()
+                sessions = try await tools.sessions(of: target.sub)
+                await tools.close()
             } catch {
+                await tools.close()
                 printError("\(error)")
                 throw ExitCode(1)
             }
@@ -69,7 +87,7 @@ struct SessionsCommand: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "End every session of a user now; sessions created before this moment are dead.",
             discussion: """
-                Running gateways drop the user from their local caches at once when they listen for invalidations, and within store.local_cache_ttl otherwise.
+                The same revocation a running gateway makes: running gateways drop the user from their local caches at once when they listen for invalidations (within store.local_cache_ttl otherwise), and the app is told user.revoked with reason "operator" (events.url). The command reads the same files serve reads.
                 --at-apple queues every refresh token the store holds for the user for revocation at Apple; the running gateways revoke them within seconds and retry until Apple answers (sessiongate_outbox_pending{kind="apple_revoke"}).
                 --forget also deletes the user's profile and stored tokens (a deletion request): only the revocation marker remains, until the absolute session timeout.
                 """)
@@ -81,24 +99,14 @@ struct SessionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             defer { flushLogs() }
-            let (backend, configuration) = try SessionsCommand.backend(target.options.config)
-            defer { Task { await backend.shutdown() } }
-            let loop = MultiThreadedEventLoopGroup.singleton.next()
-            let store = backend.store
+            let tools = try SessionsCommand.tools(target.options.config)
             do {
-                let t = SessionClock.now()
-                var queued = 0
-                if atApple {
-                    // Before the sessions are deleted: their tokens are queued as stored (sealed;
-                    // the gateways hold the key that opens them).
-                    queued = try await store.queueAppleRevocations(of: target.sub, now: t, on: loop).count
-                }
-                let keep = configuration.session.absoluteTimeout.components.seconds * 1000
-                let count = try await store.revoke(target.sub, at: t, keep: keep, forget: forget, on: loop).get()
-                try await backend.publish(.user(target.sub), on: loop).get()
+                let (count, queued) = try await tools.revoke(target.sub, queueAtApple: atApple, forget: forget)
+                await tools.close()
                 print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended" + (forget ? "; profile and stored tokens deleted" : ""))
                 if atApple { print("\(queued) refresh token\(queued == 1 ? "" : "s") queued for revocation at Apple (the running gateways revoke them)") }
             } catch {
+                await tools.close()
                 printError("\(error)")
                 throw ExitCode(1)
             }

@@ -141,7 +141,7 @@ struct AppEventsTests {
         // The test drives the outbox's passes itself: its timer would race them. The session
         // clock stands still, so that no backoff runs out while a loaded machine signs the three
         // users in (a full parallel run took longer than the first backoff, and a job was due).
-        h.service.authenticator.core.outbox.stop()
+        h.service.core.outbox.stop()
         h.clock.freeze()
         receiver.setDown(true)
         var subs: [String] = []
@@ -153,11 +153,11 @@ struct AppEventsTests {
             #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204,
                     "the app being down never blocks the user")
         }
-        let outbox = h.service.authenticator.core.outbox
+        let outbox = h.service.core.outbox
         // Each event's first attempt runs in the background: wait until all three have failed once.
         var pending: [OutboxJob] = []
         for _ in 0..<500 {
-            pending = try await h.service.authenticator.store.jobs(on: outbox.loop).get().filter { $0.kind == .event }
+            pending = try await h.service.core.store.jobs(on: outbox.loop).get().filter { $0.kind == .event }
             if pending.count == 3, pending.allSatisfy({ $0.attempts == 1 }) { break }
             try await Task.sleep(for: .milliseconds(10))
         }
@@ -172,7 +172,7 @@ struct AppEventsTests {
         var told: Set<String> = []
         for event in delivered { told.insert(try await Self.verified(event, gateway: TestBrowser(gatewayOrigin: h.origin))["sub"] as? String ?? "") }
         #expect(told == Set(subs))
-        #expect(try await h.service.authenticator.store.jobs(on: outbox.loop).get().isEmpty)
+        #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
     }
 
     @Test("events need the assertion key; URLs are checked")

@@ -37,8 +37,8 @@ struct DeletionTests {
         let web = try await Self.signInEverywhere(h, sub)
         #expect(Self.tokens(of: sub, at: h.simulator).count == 3)
         let revokes = h.simulator.requestCount("/auth/revoke")
-        let loop = h.service.authenticator.core.outbox.loop
-        #expect(try await h.service.authenticator.store.profile(of: sub, on: loop).get() != nil)
+        let loop = h.service.core.outbox.loop
+        #expect(try await h.service.core.store.profile(of: sub, on: loop).get() != nil)
         let answer = try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: [])
         #expect(answer.status == 204)
         let tokens = Self.tokens(of: sub, at: h.simulator)
@@ -46,9 +46,9 @@ struct DeletionTests {
         // authorization, the logged-out session's older token with it.
         #expect(h.simulator.requestCount("/auth/revoke") - revokes == 2)
         #expect(tokens.count == 3 && tokens.allSatisfy { $0.revoked }, "\(tokens)")
-        #expect(try await h.service.authenticator.store.profile(of: sub, on: loop).get() == nil, "the profile is deleted")
-        #expect(try await h.service.authenticator.store.refreshTokens(of: sub, on: loop).get().isEmpty)
-        #expect(try await h.service.authenticator.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
+        #expect(try await h.service.core.store.profile(of: sub, on: loop).get() == nil, "the profile is deleted")
+        #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get().isEmpty)
+        #expect(try await h.service.core.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
     }
 
     @Test("Apple down during the deletion: the user is revoked here at once; the outbox revokes the tokens when Apple is back")
@@ -58,12 +58,12 @@ struct DeletionTests {
         let sub = h.simulator.createUser()
         let web = try await Self.signInEverywhere(h, sub)
         // The test drives the outbox's passes itself: its timer would race them.
-        h.service.authenticator.core.outbox.stop()
+        h.service.core.outbox.stop()
         h.simulator.setFaults { $0.revokeFailureStatus = 503 }
         #expect(try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
         #expect(try await web.request("/x").status == 302, "revoked here whatever Apple said")
-        let outbox = h.service.authenticator.core.outbox
-        let pending = try await h.service.authenticator.store.jobs(on: outbox.loop).get()
+        let outbox = h.service.core.outbox
+        let pending = try await h.service.core.store.jobs(on: outbox.loop).get()
         #expect(pending.count == 2 && pending.allSatisfy { $0.kind == .appleRevoke && $0.attempts == 1 }, "one per client: \(pending)")
         #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { !$0.revoked })
         // Not due yet: a pass does nothing.
@@ -72,16 +72,16 @@ struct DeletionTests {
         h.clock.advance(by: .seconds(6))  // past the first backoff (5 s)
         #expect(await outbox.runDue().count == 2)
         #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { $0.revoked })
-        #expect(try await h.service.authenticator.store.jobs(on: outbox.loop).get().isEmpty)
+        #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
     }
 
     @Test("a queued revocation this gateway's key cannot open is dropped, not retried forever")
     func unopenableRevocationDropped() async throws {
         let h = try await SignInHarness.start(store: .memory)
         defer { Task { await h.stop() } }
-        let outbox = h.service.authenticator.core.outbox
+        let outbox = h.service.core.outbox
         outbox.stop()
-        let store = h.service.authenticator.store
+        let store = h.service.core.store
         let foreign = AppleRevocation(clientID: SignInHarness.webClient, context: SessionKeys.userContext("001.x"), sealedToken: "c2VhbGVkLWVsc2V3aGVyZQ")
         let t = h.clock.now()
         try await store.putJob(OutboxJob(id: foreign.jobID, kind: .appleRevoke, payload: foreign.payload, nextAttempt: t, created: t), on: outbox.loop).get()

@@ -8,6 +8,8 @@ import TestSupport
 import Foundation
 import Testing
 
+@testable import Gateway
+
 /// The real `sessiongate` executable: CLI, admin listener, access log, signals, memory.
 @Suite("sessiongate process", .serialized, .timeLimit(.minutes(3)))
 struct GatewayProcessTests {
@@ -250,6 +252,11 @@ struct GatewayProcessTests {
             #"sessiongate_apple_client_secret_mint_failures_total 0"#,
         ]
         for line in expected { #expect(metrics.contains(line), "\(line)") }
+        // Every operation of the store is timed from the first scrape: none can go unmeasured.
+        for operation in StoreOperation.allCases {
+            let line = #"sessiongate_store_duration_seconds_count{operation="\#(operation.rawValue)"} "#
+            #expect(metrics.contains(line), "\(line)")
+        }
         for family in ["process_resident_memory_bytes ", "process_cpu_seconds_total ", "process_open_fds ", "process_max_fds ", "process_start_time_seconds ",
                        #"sessiongate_apple_client_secret_expires_in_seconds{client_id="com.example.web"} "#] {
             let value = metrics.split(separator: "\n").first { $0.hasPrefix(family) }.flatMap { Double($0.dropFirst(family.count)) }

@@ -164,8 +164,8 @@ struct LinkingTests {
         _ = try await browser.signIn(from: "/x", as: sub)
         #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-9"}"#).status == 200)
         #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
-        let loop = h.service.authenticator.core.outbox.loop
-        #expect(try await h.service.authenticator.store.account(linkedTo: sub, on: loop).get() == nil)
+        let loop = h.service.core.outbox.loop
+        #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == nil)
         #expect(try await Self.post(browser, #"{"sub":"another.1","account":"acct-9"}"#).status == 200, "the account is free")
 
         let plain = try await SignInHarness.start(store: .memory)

@@ -134,7 +134,7 @@ struct SessionEdgeTests {
             #expect(try client.read(count: 4) == Array("ping".utf8))
             return client
         }
-        #expect(h.service.authenticator.tunnels.count == 1)
+        #expect(h.service.core.tunnels.count == 1)
         let ended = try await browser.request("/_auth/\(how)", method: .POST, form: [])
         #expect(ended.status == 303)
         let closed = try await blocking { client.waitForClose() }
@@ -167,7 +167,7 @@ struct SessionEdgeTests {
     /// The registry forgets every tunnel once it is gone (closed, refused, never opened).
     static func registryEmpties(_ service: GatewayService) async throws -> Bool {
         for _ in 0..<500 {
-            if service.authenticator.tunnels.count == 0 { return true }
+            if service.core.tunnels.count == 0 { return true }
             try await Task.sleep(for: .milliseconds(10))
         }
         return false

@@ -1,0 +1,119 @@
+import Logging
+import NIOCore
+import Sessions
+
+/// Ending sessions and users, here and on every instance: revocations (with their events for
+/// the app and their metric), logouts, invalidations, and the tunnels they close. The one
+/// revocation path: the endpoints, the revalidator and the `sessions revoke` command all call it.
+final class Revocations: Sendable {
+    /// Why sessions ended (a metric label).
+    enum Source: String, CaseIterable, Sendable {
+        case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant", operator_ = "operator"
+    }
+
+    let store: any SessionStore
+    let cache: LocalSessionCache<CachedSession>
+    let fleet: FleetPublisher
+    let tunnels: TunnelRegistry
+    let events: AppEvents?
+    let metrics: GatewayMetrics
+    let logger: Logger
+    let now: @Sendable () -> Int64
+    /// Where tunnel checks after an invalidation run.
+    let backgroundLoop: any EventLoop
+
+    init(store: any SessionStore, cache: LocalSessionCache<CachedSession>, fleet: FleetPublisher, tunnels: TunnelRegistry, events: AppEvents?,
+         metrics: GatewayMetrics, logger: Logger, now: @escaping @Sendable () -> Int64, backgroundLoop: any EventLoop) {
+        self.store = store
+        self.cache = cache
+        self.fleet = fleet
+        self.tunnels = tunnels
+        self.events = events
+        self.metrics = metrics
+        self.logger = logger
+        self.now = now
+        self.backgroundLoop = backgroundLoop
+    }
+
+    /// Revokes a user: `revoked_at` recorded (kept for `keep` ms: the absolute session timeout),
+    /// the sessions created up to it deleted, the user dropped from this instance's cache at
+    /// once and from every other instance's through pub/sub.
+    /// - Parameters:
+    ///   - at: when the revocation happened (a notification's `event_time`), clamped to now; a
+    ///     session created after it (the user signed in again) lives on.
+    ///   - forget: delete the profile and stored refresh tokens too (account deleted, consent
+    ///     revoked, the user's own disconnect).
+    ///   - event: what the app is told, and why (`events.url`).
+    func revokeUser(_ sub: String, source: Source, at: Int64? = nil, keep: Int64, forget: Bool = false,
+                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Int> {
+        cache.invalidate(sub: sub)
+        let t = now()
+        let revokedAt = min(at ?? t, t)
+        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: loop).map { count in
+            self.cache.invalidate(sub: sub)
+            self.fleet.publish(.user(sub), on: loop)
+            self.recheck(self.tunnels.tunnels(of: sub))
+            self.metrics.recordRevocation(source: source.rawValue)
+            let (kind, reason) = event ?? (.userRevoked, source.rawValue)
+            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason))
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])
+            return count
+        }
+    }
+
+    /// Drops a user's cached sessions everywhere, e.g. after their profile changed.
+    func invalidateUser(_ sub: String, on loop: any EventLoop) {
+        cache.invalidate(sub: sub)
+        fleet.publish(.user(sub), on: loop)
+    }
+
+    /// Ends one session (logout) here and on every instance.
+    func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        cache.invalidate(handle)
+        return store.delete(handle, sub: sub, on: loop).map {
+            self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason.rawValue, session: String(handle.key.prefix(12))))
+            self.fleet.publish(.session(handle), on: loop)
+            self.recheck(self.tunnels.tunnels(ofSession: handle.key))
+        }
+    }
+
+    /// An invalidation from another instance (or this one): the local cache forgets it, and
+    /// the tunnels it names are checked.
+    func received(_ message: FleetMessage) {
+        switch message {
+        case .user(let sub): cache.invalidate(sub: sub)
+        case .session(let handle): cache.invalidate(handle)
+        case .validated: return
+        }
+        metrics.invalidationsReceived.increment()
+        guard tunnels.count > 0 else { return }
+        switch message {
+        case .user(let sub): recheck(tunnels.tunnels(of: sub))
+        case .session(let handle): recheck(tunnels.tunnels(ofSession: handle.key))
+        case .validated: break
+        }
+    }
+
+    /// After the subscriber (re)connected: messages may have been missed meanwhile. The cache
+    /// forgets everything, and every open tunnel's session is checked in the store again.
+    func resubscribed() {
+        cache.flush()
+        guard tunnels.count > 0 else { return }
+        recheck(tunnels.all)
+    }
+
+    /// Ends each tunnel whose session is gone, revoked or expired (by the lifetimes of the
+    /// configuration that admitted it). A store that does not answer ends nothing (a
+    /// dependency failure never ends a session).
+    private func recheck(_ entries: [TunnelRegistry.Entry]) {
+        let loop = backgroundLoop
+        for entry in entries {
+            store.load(entry.handle, on: loop).whenSuccess { stored in
+                guard let stored, entry.times.isLive(stored, now: self.now()) else {
+                    self.logger.info("WebSocket tunnel closed: its session ended")
+                    return entry.lease.end()
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+import GatewayConfig
+import Logging
+import NIOPosix
+import Sessions
+
+/// What the operator commands (`sessiongate sessions …`) do to the configured Redis store,
+/// through the core a running gateway uses (`GatewayComposition`): the same bounded store, the
+/// same revocation path — its fleet message, its `user.revoked` event for the app
+/// (`events.url`), its log line. The command reads the same files `serve` reads.
+public struct OperatorTools: Sendable {
+    private let parts: GatewayComposition.Parts
+    private let absoluteTimeout: Int64
+    private let group: MultiThreadedEventLoopGroup
+
+    /// Reads the secrets and makes the store's connections (nothing connects before first use).
+    public init(configuration c: GatewayConfiguration, group: MultiThreadedEventLoopGroup = .singleton, logger: Logger,
+                now: @escaping @Sendable () -> Int64 = SessionClock.now) throws {
+        parts = try GatewayComposition.build(c, group: group, metrics: GatewayMetrics(), logger: logger, now: now, subscribe: false)
+        absoluteTimeout = Authenticator.milliseconds(c.session.absoluteTimeout)
+        self.group = group
+    }
+
+    /// A user's live sessions.
+    public func sessions(of sub: String) async throws -> [SessionRecord] {
+        try await parts.core.store.sessions(of: sub, on: group.next()).get()
+    }
+
+    /// Ends every session of `sub` created up to now, everywhere (`Revocations.revokeUser`,
+    /// source `operator`): the running gateways drop the user at once, the app is told
+    /// `user.revoked` with reason `operator`.
+    /// - Parameters:
+    ///   - queueAtApple: first queue every refresh token the store holds for the user for
+    ///     revocation at Apple, as stored (sealed under the gateways' key; they revoke them).
+    ///   - forget: delete the profile and stored refresh tokens too.
+    /// - Returns: the sessions ended, and the tokens queued.
+    public func revoke(_ sub: String, queueAtApple: Bool, forget: Bool) async throws -> (sessions: Int, queued: Int) {
+        let loop = group.next()
+        let core = parts.core
+        // Before the sessions are deleted: their tokens are queued as stored.
+        let queued = queueAtApple ? try await core.store.queueAppleRevocations(of: sub, now: core.now(), on: loop).count : 0
+        let count = try await core.revocations.revokeUser(sub, source: .operator_, keep: absoluteTimeout, forget: forget, on: loop).get()
+        return (count, queued)
+    }
+
+    /// Waits for the event's first delivery attempt, then closes the connections.
+    public func close() async {
+        await parts.resources.close()
+    }
+}

@@ -1,0 +1,164 @@
+import AppleID
+import AsyncHTTPClient
+import GatewayConfig
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import ServiceLifecycle
+import Sessions
+
+/// The composition root: the process's parts, each built here from values (the start
+/// configuration and the parts built before it), in dependency order. Nothing else constructs
+/// a dependency of another part. The gateway, `check` and the operator commands all build
+/// their core here, so they reach the store, Apple and the app the same way.
+enum GatewayComposition {
+    /// The core and what runs beside it: the subscriber to the fleet's channel (Redis only),
+    /// and what holds connections open.
+    struct Parts: Sendable {
+        let core: AuthCore
+        let subscriber: FleetSubscriber?
+        let resources: CoreResources
+    }
+
+    /// Reads every secret first, then makes what must be closed (the store's connections, the
+    /// HTTP client): a failure leaves nothing open. Connects nothing yet (Redis connects on
+    /// first use).
+    /// - Parameter subscribe: listen to the fleet's channel (the gateway; not a one-shot command).
+    static func build(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
+                      now: @escaping @Sendable () -> Int64, subscribe: Bool = true) throws -> Parts {
+        var secrets = try StartupSecrets(c)
+        let endpoint = try StoreConnection.endpoint(c.store, commandTimeout: TimeAmount(c.store.timeout))
+        let cache = LocalSessionCache<CachedSession>(ttl: TimeAmount(c.store.localCacheTTL), capacity: c.store.localCacheEntries)
+        metrics.addCollector { [weak cache, unowned metrics] in
+            guard let cache else { return }
+            let (entries, evictions) = cache.statistics
+            metrics.recordSessionCache(entries: entries, evictions: evictions)
+        }
+
+        // Apple's endpoints and the app's event receiver share one HTTP client.
+        let http: HTTPClient? = c.apple != nil || c.events.isEnabled ? {
+            var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
+            configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: Revalidator.concurrentAppleCalls)
+            return HTTPClient(eventLoopGroupProvider: .shared(group), configuration: configuration)
+        }() : nil
+        let apple: AppleServices?
+        let backend: RedisSessionBackend?
+        let signals: AsyncStream<FleetSubscriber.Signal>?
+        do {
+            if let a = c.apple, let http {
+                let services = try AppleServices(configuration: a, httpClient: http, logger: logger)
+                secrets.record("apple.private_key_file", services.keyDigest)
+                // Minted now, not at the first sign-in: the key is proven at start and the
+                // secret's expiry is a metric from the first scrape.
+                for id in services.clientIDs { _ = services.secrets.secret(for: id) }
+                apple = services
+            } else {
+                apple = nil
+            }
+            if let endpoint {
+                let listener = subscribe ? FleetSubscriber.listener(on: group.next()) : nil
+                backend = try StoreConnection.backend(endpoint, c.store, group: group, logger: logger, listener: listener?.0)
+                signals = listener?.1
+            } else {
+                backend = nil
+                signals = nil
+            }
+        } catch {
+            try? http?.syncShutdown()
+            throw error
+        }
+
+        let store = GatewayStore(backend?.store ?? MemorySessionStore(now: now), timeout: TimeAmount(c.store.timeout), metrics: metrics)
+        let fleet = FleetPublisher(backend: backend, logger: logger)
+        let backgroundLoop = group.next()
+        // An attempt's claim outlives its slowest call (Apple's or the app's), with margin.
+        let slowest = max(Authenticator.milliseconds(c.apple?.timeout ?? .seconds(5)), Authenticator.milliseconds(c.events.timeout))
+        let outbox = Outbox(store: store, loop: backgroundLoop, now: now, attemptTTL: slowest + 10_000, metrics: metrics, logger: logger)
+        if let apple { outbox.register(.appleRevoke, AppleRevocationJob(apple: apple, keys: secrets.sessionKeys, metrics: metrics, logger: logger).run) }
+        let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
+        let signer = secrets.assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
+        let events = http.flatMap { AppEvents(c.events, signer: signer, outbox: outbox, http: $0, now: now, logger: logger) }
+        let tunnels = TunnelRegistry()
+        let revocations = Revocations(store: store, cache: cache, fleet: fleet, tunnels: tunnels, events: events, metrics: metrics, logger: logger,
+                                      now: now, backgroundLoop: backgroundLoop)
+        let revalidator: Revalidator? = {
+            guard let apple, let a = c.apple else { return nil }
+            return Revalidator(apple: apple, store: store, keys: secrets.sessionKeys,
+                        times: RevalidationTimes(after: Authenticator.milliseconds(a.revalidateAfter), grace: Authenticator.milliseconds(a.revalidateGrace),
+                                                 outageGrace: Authenticator.milliseconds(a.outageGrace)),
+                        appleTimeout: Authenticator.milliseconds(a.timeout), now: now, logger: logger, metrics: metrics,
+                        fleet: fleet, revocations: revocations)
+        }()
+        let linkLookup: LinkLookup? = {
+            guard let url = c.identity.linkLookupURL, let secret = secrets.linksSecret, let http else { return nil }
+            return LinkLookup(url: url, secret: secret, http: http, logger: logger)
+        }()
+        let core = AuthCore(secrets: secrets, store: store, cache: cache, apple: apple, revalidator: revalidator, revocations: revocations,
+                            tunnels: tunnels, outbox: outbox, events: events, linkLookup: linkLookup,
+                            exchanges: NIOLockedValueBox(RateWindows()), anonymousWrites: NIOLockedValueBox(AnonymousWrites()),
+                            metrics: metrics, logger: logger, now: now)
+        let subscriber = signals.map { FleetSubscriber(signals: $0, revocations: revocations, revalidator: revalidator) }
+        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http))
+    }
+}
+
+/// A queued revocation at Apple (`OutboxJob.Kind.appleRevoke`), run by whichever instance
+/// claims it.
+struct AppleRevocationJob: Sendable {
+    let apple: AppleServices
+    let keys: SessionKeys
+    let metrics: GatewayMetrics
+    let logger: Logger
+
+    func run(_ job: OutboxJob, on _: any EventLoop) async -> Outbox.Result {
+        // Queued by the CLI or by an instance whose key this one shares; one that does not
+        // open here never will.
+        guard let revocation = AppleRevocation(payload: job.payload), let token = keys.open(revocation.sealedToken, context: revocation.context) else {
+            logger.warning("a queued revocation cannot be opened with this session.secret_file: dropped")
+            return .drop
+        }
+        let outcome = await metrics.timeAppleCall("revoke") { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: revocation.clientID) }
+        metrics.recordAppleCall(endpoint: "revoke", outcome: outcome == .revoked ? "ok" : "failed")
+        if outcome != .revoked {
+            logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": "\(job.attempts + 1)"])
+        }
+        return outcome == .revoked ? .done : .retry
+    }
+}
+
+/// What the core holds open, as a service: started with the listeners (`start`), kept until
+/// the group shuts down, then (last, after the listeners drained) the outbox's queued work, the
+/// store's connections and the HTTP client are closed, in that order.
+struct CoreResources: Service {
+    let outbox: Outbox
+    let backend: RedisSessionBackend?
+    let http: HTTPClient?
+
+    /// Subscribes to the fleet's channel (what arrives waits for `FleetSubscriber`) and starts
+    /// the outbox's passes: before the gateway says it started, so that a caller that then
+    /// stops the outbox (a test driving it) is not overtaken.
+    func start() {
+        backend?.listen()
+        outbox.start()
+    }
+
+    func run() async {
+        try? await gracefulShutdown()
+        await close()
+    }
+
+    /// Stops the outbox's timer, waits for the jobs being queued, closes the connections.
+    func close() async {
+        outbox.stop()
+        await outbox.drain()
+        await backend?.shutdown()
+        try? await http?.shutdown()
+    }
+
+    /// For a process that will not run (a start-up check failed after the parts were built):
+    /// nothing was started or connected.
+    func abandon() {
+        try? http?.syncShutdown()
+    }
+}

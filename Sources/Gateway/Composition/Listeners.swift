@@ -1,0 +1,97 @@
+import GatewayConfig
+import HTTPProxy
+import Logging
+import NIOCore
+import NIOPosix
+import ServiceLifecycle
+import UnixSignals
+
+/// The three listeners, bound in order: the public proxy (`server.listen`), the admin listener
+/// (`server.admin_listen`), and the plain-HTTP redirect (`server.redirect_http_listen`). A bind
+/// that fails closes what was bound before it and names its key.
+struct Listeners: Sendable {
+    let proxy: ProxyServer
+    let admin: SimpleHTTPServer
+    let redirect: SimpleHTTPServer?
+
+    static func open(proxy: ProxyServer, _ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics,
+                     readiness: @escaping @Sendable () -> AdminEndpoints.Readiness) async throws -> Listeners {
+        var bound: [@Sendable () async -> Void] = []
+        func bind<T: Sendable>(_ key: String, _ address: ListenAddress, _ open: () async throws -> T, close: @escaping @Sendable (T) async -> Void) async throws -> T {
+            do {
+                let listener = try await open()
+                bound.append { await close(listener) }
+                return listener
+            } catch {
+                for close in bound.reversed() { await close() }
+                throw GatewayService.bindFailure(error, key: key, address)
+            }
+        }
+        _ = try await bind("server.listen", c.server.listen, { try await proxy.start() }, close: { _ in await proxy.shutdown(deadline: .zero) })
+        let admin = try await bind("server.admin_listen", c.server.adminListen, {
+            try await SimpleHTTPServer.start(host: c.server.adminListen.host, port: c.server.adminListen.port, group: group) { request in
+                AdminEndpoints.respond(request, metrics: metrics, readiness: readiness)
+            }
+        }, close: { await $0.close() })
+        var redirect: SimpleHTTPServer? = nil
+        if let listen = c.server.redirectHTTPListen {
+            let rule = HTTPSRedirect(c)
+            redirect = try await bind("server.redirect_http_listen", listen, {
+                try await SimpleHTTPServer.start(host: listen.host, port: listen.port, group: group) { request in
+                    rule.response(host: request.head.headers.first(name: "host"), target: request.head.uri)
+                }
+            }, close: { await $0.close() })
+        }
+        return Listeners(proxy: proxy, admin: admin, redirect: redirect)
+    }
+}
+
+/// The listeners as a service: they serve until the group shuts down, then `/readyz` says
+/// draining, the proxy finishes in-flight requests within `server.timeouts.shutdown` (read from
+/// the running configuration: a reload may change it), and the listeners close.
+struct Draining: Service {
+    let listeners: Listeners
+    let deadline: @Sendable () -> Duration
+    let logger: Logger
+    let willDrain: @Sendable () -> Void
+
+    func run() async {
+        try? await gracefulShutdown()
+        willDrain()
+        let drain = deadline()
+        logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(drain))"])
+        await listeners.proxy.shutdown(deadline: .init(drain))
+        await listeners.admin.close()
+        await listeners.redirect?.close()
+    }
+}
+
+/// Runs `work` every `interval` until the group shuts down.
+struct PeriodicTask: Service {
+    let interval: Duration
+    let work: @Sendable () async -> Void
+
+    init(every interval: Duration, _ work: @escaping @Sendable () async -> Void) {
+        self.interval = interval
+        self.work = work
+    }
+
+    func run() async {
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: interval)
+                if Task.isCancelled { return }
+                await work()
+            }
+        }
+    }
+}
+
+/// Reloads the configuration on every SIGHUP until the group shuts down.
+struct SignalReloads: Service {
+    let reload: @Sendable () -> Void
+
+    func run() async {
+        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() { reload() }
+    }
+}
