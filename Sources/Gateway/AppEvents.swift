@@ -45,7 +45,7 @@ final class AppEvents: Sendable {
     let now: @Sendable () -> Int64
     let logger: Logger
 
-    init?(_ c: GatewayConfiguration.Events, signer: IdentityAssertionSigner?, outbox: Outbox, http: HTTPClient, now: @escaping @Sendable () -> Int64, logger: Logger) {
+    init?(_ c: GatewayConfiguration.Events, signer: IdentityAssertionSigner?, outbox: Outbox, now: @escaping @Sendable () -> Int64, logger: Logger) {
         guard c.isEnabled, let signer else { return nil }
         var destinations: [AppEventKind: String] = [:]
         for kind in AppEventKind.allCases {
@@ -56,8 +56,6 @@ final class AppEvents: Sendable {
         self.outbox = outbox
         self.now = now
         self.logger = logger
-        let timeout = TimeAmount(c.timeout)
-        outbox.register(.event) { job, _ in await Self.deliver(job, http: http, timeout: timeout, logger: logger) }
     }
 
     /// Queues `event` for the app (when a URL takes its kind) and tries it at once, in the

@@ -78,7 +78,11 @@ enum GatewayComposition {
         if let apple { outbox.register(.appleRevoke, AppleRevocationJob(apple: apple, keys: secrets.sessionKeys, metrics: metrics, logger: logger).run) }
         let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
         let signer = secrets.assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
-        let events = http.flatMap { AppEvents(c.events, signer: signer, outbox: outbox, http: $0, now: now, logger: logger) }
+        let events = AppEvents(c.events, signer: signer, outbox: outbox, now: now, logger: logger)
+        if events != nil, let http {
+            let timeout = TimeAmount(c.events.timeout)
+            outbox.register(.event) { job, _ in await AppEvents.deliver(job, http: http, timeout: timeout, logger: logger) }
+        }
         let tunnels = TunnelRegistry()
         let revocations = Revocations(store: store, cache: cache, fleet: fleet, tunnels: tunnels, events: events, metrics: metrics, logger: logger,
                                       now: now, backgroundLoop: backgroundLoop)
