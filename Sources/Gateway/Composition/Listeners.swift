@@ -4,7 +4,6 @@ import Logging
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
-import UnixSignals
 
 /// The three listeners, bound in order: the public proxy (`server.listen`), the admin listener
 /// (`server.admin_listen`), and the plain-HTTP redirect (`server.redirect_http_listen`). A bind
@@ -63,35 +62,5 @@ struct Draining: Service {
         await listeners.proxy.shutdown(deadline: .init(drain))
         await listeners.admin.close()
         await listeners.redirect?.close()
-    }
-}
-
-/// Runs `work` every `interval` until the group shuts down.
-struct PeriodicTask: Service {
-    let interval: Duration
-    let work: @Sendable () async -> Void
-
-    init(every interval: Duration, _ work: @escaping @Sendable () async -> Void) {
-        self.interval = interval
-        self.work = work
-    }
-
-    func run() async {
-        await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                if Task.isCancelled { return }
-                await work()
-            }
-        }
-    }
-}
-
-/// Reloads the configuration on every SIGHUP until the group shuts down.
-struct SignalReloads: Service {
-    let reload: @Sendable () -> Void
-
-    func run() async {
-        for await _ in await UnixSignalsSequence(trapping: .sighup).cancelOnGracefulShutdown() { reload() }
     }
 }
