@@ -41,7 +41,7 @@ extension GatewayConfiguration.Allow {
             e.filter { $0 == "@" }.count == 1 && !e.hasPrefix("@") && !e.hasSuffix("@") ? e.lowercased() : nil
         }) ?? []
         emailDomains = r.list(a, .emailDomains, what: "a domain (example.com)", parse: { d in
-            !d.isEmpty && !d.contains("@") && d.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-") }) ? d.lowercased() : nil
+            HostName.isValid(d, allowingUnderscore: false) ? d.lowercased() : nil
         }) ?? []
     }
 

@@ -57,10 +57,8 @@ extension GatewayConfiguration.Server {
     /// A host `rd` may name, lower-cased: exact, or `.example.com` for its subdomains.
     static func redirectHost(_ text: String) -> String? {
         let host = text.lowercased()
-        let body = host.hasPrefix(".") ? host.dropFirst() : Substring(host)
-        guard !body.isEmpty, body.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == ".") }),
-              !body.hasPrefix("."), !body.hasSuffix("."), !body.contains("..") else { return nil }
-        return host
+        let name = host.hasPrefix(".") ? host.dropFirst() : Substring(host)
+        return HostName.isValid(name, allowingUnderscore: false) ? host : nil
     }
 }
 

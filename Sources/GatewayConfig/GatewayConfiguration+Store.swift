@@ -48,7 +48,7 @@ extension GatewayConfiguration.StoreTLS {
                             "is required with store.tls.\(certificateFile == nil ? "private_key_file" : "certificate_file"): a client certificate needs its key")
         }
         if let v = r.string(t, .serverName) {
-            if GatewayConfiguration.isHostName(v) { serverName = v }
+            if HostName.isValid(v, allowingUnderscore: false) { serverName = v }
             else { r.report(t, .serverName, "'\(v)' is not a host name") }
         }
     }

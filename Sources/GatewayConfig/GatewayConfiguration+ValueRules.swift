@@ -1,5 +1,5 @@
-/// The rules for values more than one section uses: origins, URLs, host names, tokens, path
-/// prefixes.
+/// The rules for values more than one section uses: origins, URLs, tokens, path prefixes.
+/// Host names have their own: `HostName`.
 extension GatewayConfiguration {
     /// `scheme://host[:port]` with an optional trailing `/`; returns it without the slash.
     static func parseOrigin(_ text: String) -> String? {
@@ -29,12 +29,6 @@ extension GatewayConfiguration {
         guard !authority.contains("@") else { return false }
         let host = authority.hasPrefix("[") ? authority.prefix { $0 != "]" } : authority.prefix { $0 != ":" }
         return !host.isEmpty && host != "["
-    }
-
-    /// A DNS name (letters, digits, `-`, `.`), as SNI carries it.
-    static func isHostName(_ text: String) -> Bool {
-        !text.isEmpty && text.count <= 253 && !text.hasPrefix(".") && !text.hasPrefix("-") && !text.contains("..")
-            && text.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == ".") }
     }
 
     /// RFC 9110 token characters (header and cookie names).

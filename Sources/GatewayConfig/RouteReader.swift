@@ -72,9 +72,7 @@ struct RouteReader {
         guard let v = r.string(s, .host) else { return nil }
         var name = v.lowercased()
         if name.hasSuffix(".") { name.removeLast() }
-        let ok = !name.isEmpty && name.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-" || $0 == "_") }
-            && !name.hasPrefix(".") && !name.contains("..")
-        guard ok else {
+        guard HostName.isValid(name, allowingUnderscore: true) else {
             r.report(s, .host, "'\(v)' is not a host name (no port, no scheme)")
             return nil
         }
@@ -147,7 +145,7 @@ struct RouteReader {
 
     private func upstreamServerName() -> String? {
         guard let v = r.string(s, .upstreamServerName) else { return nil }
-        guard GatewayConfiguration.isHostName(v) else {
+        guard HostName.isValid(v, allowingUnderscore: false) else {
             r.report(s, .upstreamServerName, "'\(v)' is not a host name")
             return nil
         }
