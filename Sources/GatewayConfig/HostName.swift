@@ -12,6 +12,11 @@
 ///
 /// The name is checked as written: no port, no scheme, no trailing dot. A caller that accepts
 /// the fully qualified form (`example.com.`) drops the dot first, as `RequestHost` does.
+///
+/// `host:port` values (`listen`, `upstream`, `upstream_host`, `redis_url`, the sentinels, the
+/// origins) are read by `ListenAddress.parse` instead: an address parser that other modules
+/// call at run time too (the https redirect, the command line), so its name check (letters,
+/// digits, `.`, `-`) stays its own.
 enum HostName {
     static let maximumLength = 253
     static let maximumLabelLength = 63
