@@ -9,14 +9,23 @@ final class ConfigReader {
     /// Where each key present in the file is (key path → its key's line and column).
     private(set) var locations: [String: ConfigLocation] = [:]
 
-    /// A mapping node with its path, whose keys have been checked against the allowed set.
-    struct Section {
+    /// A mapping node with its path, whose keys have been checked against `Key`.
+    struct Section<Key: ConfigKey> {
         let path: String
         let mark: Mark?
-        let values: [String: Node]
-        let keyMarks: [String: Mark]
+        private let values: [String: Node]
 
-        func child(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
+        init(path: String, mark: Mark?, values: [String: Node]) {
+            self.path = path
+            self.mark = mark
+            self.values = values
+        }
+
+        /// The value of `key`, when the file sets it.
+        subscript(_ key: Key) -> Node? { values[key.rawValue] }
+
+        /// The key path of `key` in this section (`server.listen`, `routes[0].host`).
+        func child(_ key: Key) -> String { path.isEmpty ? key.rawValue : "\(path).\(key.rawValue)" }
     }
 
     func report(_ path: String, _ mark: Mark?, _ message: String) {
@@ -33,18 +42,34 @@ final class ConfigReader {
         problems.append(ConfigProblem(.warning, path: path, line: mark?.line, column: mark?.column, message: message))
     }
 
-    /// Reads `node` as a mapping whose keys must be among `keys`.
-    func section(_ node: Node?, path: String, keys: [String]) -> Section? {
+    /// A problem with `key`'s value: at the value, or at the section when the file does not set it.
+    func report<K>(_ section: Section<K>, _ key: K, _ message: String) {
+        report(section.child(key), mark(section, key), message)
+    }
+
+    /// A doubt about `key`'s value: at the value, or at the section when the file does not set it.
+    func warn<K>(_ section: Section<K>, _ key: K, _ message: String) {
+        warn(section.child(key), mark(section, key), message)
+    }
+
+    /// A key the section needs and lacks (or holds no usable value for): at the section.
+    func reportMissing<K>(_ section: Section<K>, _ key: K, _ message: String) {
+        report(section.child(key), section.mark, message)
+    }
+
+    /// Reads `node` as a mapping whose keys must be among `Key`'s; `nil` when there is no
+    /// node, or it is not a mapping (reported). A null node reads as an empty section.
+    func section<Key>(_ node: Node?, path: String, keys _: Key.Type) -> Section<Key>? {
         guard let node else { return nil }
+        let keys = Key.allCases.map(\.rawValue)
         if case .scalar(let s) = node, s.tag.description.hasSuffix(":null") || s.string.isEmpty || s.string == "~" {
-            return Section(path: path, mark: node.mark, values: [:], keyMarks: [:])
+            return Section(path: path, mark: node.mark, values: [:])
         }
         guard case .mapping(let mapping) = node else {
             report(path, node.mark, "expected a mapping of \(keys.joined(separator: ", ")), found \(kind(node))")
             return nil
         }
         var values: [String: Node] = [:]
-        var marks: [String: Mark] = [:]
         for (keyNode, value) in mapping {
             guard let key = keyNode.scalar?.string else {
                 report(path, keyNode.mark, "keys must be plain strings")
@@ -59,73 +84,77 @@ final class ConfigReader {
                 continue
             }
             values[key] = value
-            marks[key] = keyNode.mark
             if let mark = keyNode.mark { locations[keyPath] = ConfigLocation(line: mark.line, column: mark.column) }
         }
-        return Section(path: path, mark: node.mark, values: values, keyMarks: marks)
+        return Section(path: path, mark: node.mark, values: values)
     }
 
-    func string(_ section: Section, _ key: String) -> String? {
-        guard let node = section.values[key] else { return nil }
+    /// The subsection under `key` of `parent`, read as `section(_:path:keys:)` does.
+    func section<K, Key>(_ parent: Section<K>, _ key: K, keys: Key.Type) -> Section<Key>? {
+        section(parent[key], path: parent.child(key), keys: keys)
+    }
+
+    func string<K>(_ section: Section<K>, _ key: K) -> String? {
+        guard let node = section[key] else { return nil }
         guard case .scalar(let scalar) = node, !isNull(scalar) else {
-            report(section.child(key), node.mark, "expected a string, found \(kind(node))")
+            report(section, key, "expected a string, found \(kind(node))")
             return nil
         }
         return scalar.string
     }
 
-    func bool(_ section: Section, _ key: String) -> Bool? {
-        guard let node = section.values[key] else { return nil }
+    func bool<K>(_ section: Section<K>, _ key: K) -> Bool? {
+        guard let node = section[key] else { return nil }
         guard case .scalar(let scalar) = node, scalar.style == .plain || scalar.style == .any,
               let value = Bool.construct(from: scalar) else {
-            report(section.child(key), node.mark, "expected true or false, found \(kind(node))")
+            report(section, key, "expected true or false, found \(kind(node))")
             return nil
         }
         return value
     }
 
-    func int(_ section: Section, _ key: String, range: ClosedRange<Int>) -> Int? {
-        guard let node = section.values[key] else { return nil }
+    func int<K>(_ section: Section<K>, _ key: K, range: ClosedRange<Int>) -> Int? {
+        guard let node = section[key] else { return nil }
         guard case .scalar(let scalar) = node, scalar.style == .plain || scalar.style == .any,
               let value = Int(scalar.string) else {
-            report(section.child(key), node.mark, "expected a whole number, found \(kind(node))")
+            report(section, key, "expected a whole number, found \(kind(node))")
             return nil
         }
         guard range.contains(value) else {
-            report(section.child(key), node.mark, "must be between \(range.lowerBound) and \(range.upperBound)")
+            report(section, key, "must be between \(range.lowerBound) and \(range.upperBound)")
             return nil
         }
         return value
     }
 
-    func duration(_ section: Section, _ key: String, atLeast minimum: Duration = .milliseconds(1)) -> Duration? {
+    func duration<K>(_ section: Section<K>, _ key: K, atLeast minimum: Duration = .milliseconds(1)) -> Duration? {
         guard let text = string(section, key) else { return nil }
         guard let value = ConfigDuration.parse(text) else {
-            report(section.child(key), section.values[key]?.mark, "'\(text)' is not a duration (use e.g. 250ms, 5s, 10m, 12h, 30d)")
+            report(section, key, "'\(text)' is not a duration (use e.g. 250ms, 5s, 10m, 12h, 30d)")
             return nil
         }
         guard value >= minimum else {
-            report(section.child(key), section.values[key]?.mark, "must be at least \(ConfigDuration.format(minimum))")
+            report(section, key, "must be at least \(ConfigDuration.format(minimum))")
             return nil
         }
         return value
     }
 
-    func enumeration<E: RawRepresentable & CaseIterable>(_ section: Section, _ key: String, as: E.Type) -> E? where E.RawValue == String {
+    func enumeration<K, E: RawRepresentable & CaseIterable>(_ section: Section<K>, _ key: K, as: E.Type) -> E? where E.RawValue == String {
         guard let text = string(section, key) else { return nil }
         guard let value = E(rawValue: text) else {
             let allowed = E.allCases.map(\.rawValue).joined(separator: " | ")
-            report(section.child(key), section.values[key]?.mark, "'\(text)' is not one of \(allowed)")
+            report(section, key, "'\(text)' is not one of \(allowed)")
             return nil
         }
         return value
     }
 
     /// A sequence of strings; each element is passed to `parse`, whose `nil` reports `what`.
-    func list<T>(_ section: Section, _ key: String, what: String, parse: (String) -> T?) -> [T]? {
-        guard let node = section.values[key] else { return nil }
+    func list<K, T>(_ section: Section<K>, _ key: K, what: String, parse: (String) -> T?) -> [T]? {
+        guard let node = section[key] else { return nil }
         guard case .sequence(let sequence) = node else {
-            report(section.child(key), node.mark, "expected a list, found \(kind(node))")
+            report(section, key, "expected a list, found \(kind(node))")
             return nil
         }
         var out: [T] = []
@@ -149,29 +178,30 @@ final class ConfigReader {
 
     /// A file path (non-empty, no NUL). With `required`, a missing key is an error saying what
     /// the file holds.
-    func path(_ section: Section, _ key: String, required: String? = nil) -> String? {
-        if section.values[key] == nil {
-            if let required { report(section.child(key), section.mark, "is required (\(required))") }
+    func path<K>(_ section: Section<K>, _ key: K, required: String? = nil) -> String? {
+        if section[key] == nil {
+            if let required { reportMissing(section, key, "is required (\(required))") }
             return nil
         }
         guard let text = string(section, key) else { return nil }
         guard !text.isEmpty, !text.contains("\0") else {
-            report(section.child(key), mark(section, key), "is not a file path")
+            report(section, key, "is not a file path")
             return nil
         }
         return text
     }
 
-    func sequence(_ section: Section, _ key: String) -> [Node]? {
-        guard let node = section.values[key] else { return nil }
+    func sequence<K>(_ section: Section<K>, _ key: K) -> [Node]? {
+        guard let node = section[key] else { return nil }
         guard case .sequence(let sequence) = node else {
-            report(section.child(key), node.mark, "expected a list, found \(kind(node))")
+            report(section, key, "expected a list, found \(kind(node))")
             return nil
         }
         return Array(sequence)
     }
 
-    func mark(_ section: Section, _ key: String) -> Mark? { section.values[key]?.mark ?? section.mark }
+    /// Where `key`'s value is, or the section when the file does not set it.
+    func mark<K>(_ section: Section<K>, _ key: K) -> Mark? { section[key]?.mark ?? section.mark }
 
     private func isNull(_ scalar: Node.Scalar) -> Bool {
         scalar.style == .plain && (scalar.string == "~" || scalar.string == "null" || scalar.string.isEmpty)

@@ -200,7 +200,7 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Each delivery attempt.
         public var timeout: Duration = .seconds(5)
         public var isEnabled: Bool { url != nil || !urls.isEmpty }
-        public static let kinds = ["user.revoked", "user.deleted", "user.email_changed", "session.ended"]
+        public static let kinds = Kind.allCases.map(\.rawValue)
         public init() {}
     }
 
