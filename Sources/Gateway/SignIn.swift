@@ -69,7 +69,7 @@ extension AuthEndpointGuard {
             guard let record = try await auth.store(on: loop).transfer(id), record.to == nil else { return }
             // Each store call is bounded by store.timeout (the Redis client's command timeout).
             guard let outcome = try await TransferArrival.apply(record, to: identity.subject, email: identity.email, privateEmail: identity.isPrivateEmail == true,
-                                                                store: auth.core.store, keep: auth.absoluteTimeout, on: loop) else { return }
+                                                                exported: TransferLine.exported(in: record), store: auth.core.store, at: auth.now(), keep: auth.absoluteTimeout, on: loop) else { return }
             if let from = record.from { auth.invalidateUser(from, on: loop) }
             auth.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
                                                                              "linked": "\(outcome.account != nil)"])
