@@ -5,7 +5,7 @@ import Sessions
 /// the app), logouts, the fleet's messages, and the tunnels a revocation closes.
 extension AuthCore {
     /// Why sessions ended (a metric label).
-    enum RevocationSource: String {
+    enum RevocationSource: String, CaseIterable {
         case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant"
     }
 
@@ -28,7 +28,7 @@ extension AuthCore {
             self.cache.invalidate(sub: sub)
             self.publish(.user(sub), on: loop)
             self.recheckTunnels(self.tunnels.tunnels(of: sub))
-            self.metrics.recordRevocation(source: source.rawValue)
+            self.metrics.recordRevocation(source: source)
             let (kind, reason) = event ?? (.userRevoked, source.rawValue)
             self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason))
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])

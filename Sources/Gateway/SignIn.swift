@@ -8,7 +8,7 @@ import Sessions
 extension AuthEndpointGuard {
     /// Counts a failed sign-in and hands the failure back (for the flow to answer).
     func counted(_ failure: SignInFailure, flow: SignInFlow) -> SignInFailure {
-        auth.metrics.recordSignIn(flow: flow.rawValue, outcome: failure.outcome.rawValue)
+        auth.metrics.recordSignIn(flow: flow, outcome: failure.outcome)
         switch failure {
         case .appleMisconfigured:
             auth.logger.error("Apple rejected our client configuration: check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)",
@@ -24,8 +24,8 @@ extension AuthEndpointGuard {
     /// Exchanges the code and verifies the identity token Apple returns with it.
     func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
         -> Result<(AppleIdentity, String?), SignInFailure> {
-        let answer = await auth.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
-        auth.metrics.recordAppleCall(endpoint: "token", outcome: answer.metricLabel)
+        let answer = await auth.metrics.timeAppleCall(.token) { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
+        auth.metrics.recordAppleCall(endpoint: .token, outcome: answer.metricLabel)
         guard case .success(let tokens) = answer else { return .failure(answer.signInFailure ?? .appleUnavailable) }
         // Apple's answer without an identity token is not the documented JSON: transient.
         guard let idToken = tokens.idToken else { return .failure(.appleUnavailable) }
