@@ -4,7 +4,7 @@ import NIOCore
 /// event to deliver to the app. Kept in the store until done; each attempt is claimed by one
 /// instance (`Claim.job`).
 public struct OutboxJob: Sendable, Equatable {
-    public enum Kind: String, Sendable { case appleRevoke = "apple_revoke", event }
+    public enum Kind: String, Sendable, CaseIterable { case appleRevoke = "apple_revoke", event }
     public var id: String
     public var kind: Kind
     /// What the job carries (a sealed token and its client; an event's body and URL), encoded

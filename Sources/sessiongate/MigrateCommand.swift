@@ -1,5 +1,4 @@
 import ArgumentParser
-import AsyncHTTPClient
 import Foundation
 import Gateway
 import GatewayConfig
@@ -24,22 +23,18 @@ struct MigrateCommand: AsyncParsableCommand {
     /// Runs `body` with a migration against the configured Redis store.
     static func run(_ options: ConfigOption, _ pace: Pace, _ body: (Migration) async throws -> Void) async throws {
         let (backend, configuration) = try SessionsCommand.backend(options.config)
-        let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
         var logger = makeLogger()
         logger.logLevel = .warning
         do {
             let loop = MultiThreadedEventLoopGroup.singleton.next()
-            let migration = try Migration(configuration: configuration, store: backend.store, httpClient: client, clientID: pace.clientID,
-                                          perSecond: pace.rate, logger: logger) { message in try? await backend.publish(message, on: loop).get() }
-            try await body(migration)
+            try await Migration.with(configuration: configuration, store: backend.store, clientID: pace.clientID, perSecond: pace.rate, logger: logger,
+                                     publish: { message in try? await backend.publish(message, on: loop).get() }, body)
         } catch {
-            try? await client.shutdown()
             await backend.shutdown()
             if let exit = error as? ExitCode { throw exit }
             printError("\(error)")
             throw ExitCode(1)
         }
-        try? await client.shutdown()
         await backend.shutdown()
     }
 

@@ -1,5 +1,4 @@
 import AppleIDSimulator
-import AsyncHTTPClient
 import Foundation
 import GatewayConfig
 import Logging
@@ -40,9 +39,12 @@ struct MigrationTests {
     /// What the app behind `h` saw on the last request.
     static func seen(_ h: SignInHarness, _ name: String) -> String? { h.upstream.stats.withLockedValue { $0.lastHeaders }.first(name: name) }
 
-    static func migration(_ h: SignInHarness, store: any SessionStore, client: HTTPClient, publish: @escaping @Sendable (FleetMessage) async -> Void = { _ in }) throws -> Migration {
-        try Migration(configuration: h.configuration, store: store, httpClient: client, perSecond: 200, retryDelay: .milliseconds(10),
-                      logger: Logger(label: "migration"), publish: publish)
+    /// Runs `body` with a migration as `sessiongate migrate` makes it, on `h`'s configuration
+    /// and clock.
+    static func migrating<T>(_ h: SignInHarness, store: any SessionStore, publish: @escaping @Sendable (FleetMessage) async -> Void = { _ in },
+                             _ body: (Migration) async throws -> T) async throws -> T {
+        try await Migration.with(configuration: h.configuration, store: store, perSecond: 200, retryDelay: .milliseconds(10), logger: Logger(label: "migration"),
+                                 now: h.clock.now, publish: publish, body)
     }
 
     @Test("sign in on team A, export, transfer, import on team B, sign in on B: same accounts, same allow-list decisions; a user not in the batch is mapped at sign-in")
@@ -56,8 +58,6 @@ struct MigrationTests {
         defer { Task { await a.stop() } }
         let b = try await Self.gateway(team: "TEAMB12345", ledger: ledger, redis: redis, prefix: prefix, admin: adminA)
         defer { Task { await b.stop() } }
-        let client = HTTPClient(eventLoopGroupProvider: .singleton)
-        defer { Task { try? await client.shutdown() } }
         let endpoint = try #require(try StoreConnection.endpoint(a.configuration.store, commandTimeout: .seconds(5)))
         let backend = try StoreConnection.backend(endpoint, a.configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "store"))
         defer { Task { await backend.shutdown() } }
@@ -86,29 +86,36 @@ struct MigrationTests {
 
         // Export (team A's key), then again: resumable, no second call to Apple.
         let file = a.directory + "/transfer.jsonl"
-        let exporter = try Self.migration(a, store: backend.store, client: client)
-        let started = ContinuousClock.now
-        let exported = try await exporter.export(target: "TEAMB12345", to: file)
-        let exportTime = ContinuousClock.now - started
+        let (exported, again, exportTime) = try await Self.migrating(a, store: backend.store) { exporter in
+            let started = ContinuousClock.now
+            let exported = try await exporter.export(target: "TEAMB12345", to: file)
+            let exportTime = ContinuousClock.now - started
+            let again = try await exporter.export(target: "TEAMB12345", to: file)
+            await #expect(throws: MigrationError.self) { try await exporter.export(target: "not-a-team", to: file) }
+            return (exported, again, exportTime)
+        }
         #expect(exported.exported == 4 && exported.appleCalls == 4 && exported.refused.isEmpty && exported.failed.isEmpty, "\(exported)")
-        let again = try await exporter.export(target: "TEAMB12345", to: file)
         #expect(again.exported == 0 && again.alreadyInFile == 4 && again.appleCalls == 0, "\(again)")
         let text = try String(contentsOfFile: file, encoding: .utf8)
         #expect(text.split(separator: "\n").count == 4)
         for user in users { #expect(!text.contains(user.sub), "the file never names a sub of team A (TN3159)") }
         #expect(!text.contains("privaterelay"), "nor a relay address")
         #expect(text.contains("real@example.org") && text.contains(#""routes":["admin"]"#))
-        await #expect(throws: MigrationError.self) { try await exporter.export(target: "not-a-team", to: file) }
 
         // The app moves to team B; B's import misses the "late" user (a batch cut short).
         SimulatedAppleID.transfer(from: a.simulator, to: b.simulator)
         let lateID = try #require(try await backend.store.transfers(on: loop).get().first { $0.from == users[3].sub }?.id)
         let batch = b.directory + "/batch.jsonl"
         try text.split(separator: "\n").filter { !$0.contains(lateID) }.joined(separator: "\n").write(toFile: batch, atomically: true, encoding: .utf8)
-        let importer = try Self.migration(b, store: backend.store, client: client) { message in try? await backend.publish(message, on: loop).get() }
-        let importStarted = ContinuousClock.now
-        let imported = try await importer.importFile(batch)
-        let importTime = ContinuousClock.now - importStarted
+        // Team B's clock stops: every mapping (the import's, the sign-in's) is recorded at its time.
+        b.clock.freeze()
+        let mappedAt = b.clock.now()
+        let (imported, importTime, rerun) = try await Self.migrating(b, store: backend.store, publish: { message in try? await backend.publish(message, on: loop).get() }) { importer in
+            let importStarted = ContinuousClock.now
+            let imported = try await importer.importFile(batch)
+            let importTime = ContinuousClock.now - importStarted
+            return (imported, importTime, try await importer.importFile(batch))
+        }
         let newAdmin = try #require(a.simulator.counterpart(of: adminA, at: b.simulator))
         #expect(imported.moved == 3 && imported.sessionsEnded == 3 && imported.linksMoved == 2 && imported.appleCalls == 3, "\(imported)")
         #expect(imported.allowListChanges == ["admin": [AllowListChange(sub: newAdmin, replaces: adminA)]])
@@ -116,8 +123,10 @@ struct MigrationTests {
         let checklist = await TransferChecklist.lines(b.configuration, store: .success(backend.store))
         #expect(checklist.contains { $0.contains("[this store: 3 mapped of 3 loaded]") }, "\(checklist)")
         #expect(checklist.contains { $0.contains("routes[admin].allow.users: replace \"\(adminA)\" with \"\(newAdmin)\"") })
-        let rerun = try await importer.importFile(batch)
         #expect(rerun.moved == 0 && rerun.alreadyMapped == 3 && rerun.appleCalls == 0, "\(rerun)")
+
+        let adminID = try #require(try await backend.store.transfers(on: loop).get().first { $0.from == adminA }?.id)
+        #expect(try await backend.store.transfer(adminID, on: loop).get()?.mappedAt == mappedAt, "mapped at team B's clock")
 
         // The old sessions are over (their refresh tokens belong to team A)…
         for user in users.prefix(3) {
@@ -135,7 +144,9 @@ struct MigrationTests {
         }
         #expect(Self.seen(b, "x-auth-account") == "acct-late", "the user the batch missed was mapped at sign-in")
         #expect(try await browsersA["late"]!.request("/api/x", headers: [("accept", "application/json")]).status == 401, "and their old session ended then")
-        #expect(try await backend.store.transfer(lateID, on: loop).get()?.to == a.simulator.counterpart(of: users[3].sub, at: b.simulator))
+        let late = try await backend.store.transfer(lateID, on: loop).get()
+        #expect(late?.to == a.simulator.counterpart(of: users[3].sub, at: b.simulator))
+        #expect(late?.mappedAt == mappedAt, "at the gateway's clock")
         #expect(try await backend.store.profile(of: users[1].sub, on: loop).get() == nil, "the old identities are forgotten")
         print("migration: export of 4 users in \(exportTime) (4 Apple calls), import of 3 in \(importTime) (3 calls + 1 token), 1 mapped at sign-in")
     }
@@ -149,8 +160,6 @@ struct MigrationTests {
         defer { Task { await a.stop() } }
         let b = try await Self.gateway(team: "TEAMB12345", ledger: ledger, redis: redis, prefix: TestRedis.uniquePrefix(), admin: "nobody")
         defer { Task { await b.stop() } }
-        let client = HTTPClient(eventLoopGroupProvider: .singleton)
-        defer { Task { try? await client.shutdown() } }
         func backend(_ h: SignInHarness) throws -> RedisSessionBackend {
             try StoreConnection.backend(try #require(try StoreConnection.endpoint(h.configuration.store, commandTimeout: .seconds(5))), h.configuration.store,
                                         group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "store"))
@@ -162,10 +171,10 @@ struct MigrationTests {
         _ = try await TestBrowser(gatewayOrigin: a.origin).signIn(from: "/x", as: sub)
         try await Self.link(a, sub, "acct-pat")
         let file = a.directory + "/transfer.jsonl"
-        #expect(try await Self.migration(a, store: storeA.store, client: client).export(target: "TEAMB12345", to: file).exported == 1)
+        #expect(try await Self.migrating(a, store: storeA.store) { try await $0.export(target: "TEAMB12345", to: file) }.exported == 1)
 
         SimulatedAppleID.transfer(from: a.simulator, to: b.simulator)
-        let report = try await Self.migration(b, store: storeB.store, client: client).importFile(file)
+        let report = try await Self.migrating(b, store: storeB.store) { try await $0.importFile(file) }
         let newSub = try #require(a.simulator.counterpart(of: sub, at: b.simulator))
         #expect(report.moved == 1 && report.sessionsEnded == 0 && report.linksMoved == 1)
         #expect(report.allowListChanges == ["admin": [AllowListChange(sub: newSub, replaces: nil)]], "B's config never named the old sub: add the new one")
@@ -180,8 +189,16 @@ struct MigrationTests {
         // no header may carry.
         for bad in ["not json", #"{"account":"a"}"#, #"{"transfer_sub":"y","account":"bad\u0001"}"#] {
             try "{\"transfer_sub\":\"x\"}\n\(bad)\n".write(toFile: b.directory + "/bad.jsonl", atomically: true, encoding: .utf8)
-            await #expect(throws: MigrationError.self, "\(bad)") { try await Self.migration(b, store: storeB.store, client: client).importFile(b.directory + "/bad.jsonl") }
+            await #expect(throws: MigrationError.self, "\(bad)") { try await Self.migrating(b, store: storeB.store) { try await $0.importFile(b.directory + "/bad.jsonl") } }
         }
         #expect(try await storeB.store.transfer("x", on: MultiThreadedEventLoopGroup.singleton.next()).get() == nil)
+
+        // A migration needs the configuration's Apple key, as one of its client ids.
+        var keyless = b.configuration
+        keyless.apple = nil
+        await #expect(throws: MigrationError.self) { try await Migration.with(configuration: keyless, store: storeB.store, logger: Logger(label: "migration")) { _ in } }
+        await #expect(throws: MigrationError.self) {
+            try await Migration.with(configuration: b.configuration, store: storeB.store, clientID: "com.example.other", logger: Logger(label: "migration")) { _ in }
+        }
     }
 }

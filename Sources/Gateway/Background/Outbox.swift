@@ -102,15 +102,15 @@ final class Outbox: Sendable {
         guard let current = try? await store.job(id: job.id, on: loop).get(), current.attempts == job.attempts else { return false }
         switch await runner(job, loop) {
         case .done:
-            metrics.recordOutboxAttempt(kind: job.kind, result: "done")
+            metrics.recordOutboxAttempt(kind: job.kind, result: .done)
             try? await store.removeJob(id: job.id, on: loop).get()
             return true
         case .drop:
-            metrics.recordOutboxAttempt(kind: job.kind, result: "dropped")
+            metrics.recordOutboxAttempt(kind: job.kind, result: .dropped)
             try? await store.removeJob(id: job.id, on: loop).get()
             return false
         case .retry:
-            metrics.recordOutboxAttempt(kind: job.kind, result: "failed")
+            metrics.recordOutboxAttempt(kind: job.kind, result: .failed)
             var next = job
             next.attempts += 1
             next.nextAttempt = now() + Self.backoff(attempts: next.attempts)
@@ -120,7 +120,7 @@ final class Outbox: Sendable {
     }
 
     private func recordPending(_ jobs: [OutboxJob], now t: Int64) {
-        for kind in [OutboxJob.Kind.appleRevoke, .event] {
+        for kind in OutboxJob.Kind.allCases {
             let mine = jobs.filter { $0.kind == kind }
             metrics.recordOutbox(kind: kind, pending: mine.count, oldestSeconds: mine.map { max(0, t - $0.created) / 1000 }.max() ?? 0)
         }

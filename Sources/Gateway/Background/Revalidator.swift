@@ -224,9 +224,9 @@ final class Revalidator: Sendable {
                 }
                 isProbe = true
             }
-            let outcome = await metrics.timeAppleCall("refresh") { await apple.tokens.refresh(token: token, clientID: session.clientID) }
+            let outcome = await metrics.timeAppleCall(.refresh) { await apple.tokens.refresh(token: token, clientID: session.clientID) }
             let t = now()
-            metrics.recordAppleCall(endpoint: "refresh", outcome: outcome.metricLabel)
+            metrics.recordAppleCall(endpoint: .refresh, outcome: outcome.metricLabel)
             if circuit?.result == .failed, outcome.provesClient {
                 logger.notice("Apple accepts our client again: re-validation resumes", metadata: ["client_id": "\(session.clientID)"])
                 try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: circuitName, ttl: 0, on: loop).get()
@@ -267,12 +267,12 @@ final class Revalidator: Sendable {
 
 extension AppleTokenOutcome {
     /// The `outcome` label of `sessiongate_apple_calls_total`.
-    var metricLabel: String {
+    var metricLabel: GatewayMetrics.AppleCallOutcome {
         switch self {
-        case .success: "ok"
-        case .grantRevoked: "grant_revoked"
-        case .clientMisconfigured: "client_misconfigured"
-        case .transient: "unavailable"
+        case .success: .ok
+        case .grantRevoked: .grantRevoked
+        case .clientMisconfigured: .clientMisconfigured
+        case .transient: .unavailable
         }
     }
 

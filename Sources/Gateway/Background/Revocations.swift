@@ -53,7 +53,7 @@ final class Revocations: Sendable {
             self.cache.invalidate(sub: sub)
             self.fleet.publish(.user(sub), on: loop)
             self.recheck(self.tunnels.tunnels(of: sub))
-            self.metrics.recordRevocation(source: source.rawValue)
+            self.metrics.recordRevocation(source: source)
             let (kind, reason) = event ?? (.userRevoked, source.rawValue)
             self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason))
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])

@@ -122,8 +122,8 @@ struct AppleRevocationJob: Sendable {
             logger.warning("a queued revocation cannot be opened with this session.secret_file: dropped")
             return .drop
         }
-        let outcome = await metrics.timeAppleCall("revoke") { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: revocation.clientID) }
-        metrics.recordAppleCall(endpoint: "revoke", outcome: outcome == .revoked ? "ok" : "failed")
+        let outcome = await metrics.timeAppleCall(.revoke) { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: revocation.clientID) }
+        metrics.recordAppleCall(endpoint: .revoke, outcome: outcome == .revoked ? .ok : .failed)
         if outcome != .revoked {
             logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": "\(job.attempts + 1)"])
         }

@@ -13,8 +13,7 @@ import Glibc
 /// status class, error kind — never a user or a session). Served on the admin listener.
 public final class GatewayMetrics: Sendable {
     public let registry = PrometheusCollectorRegistry()
-    private let routes = NIOLockedValueBox<[String: RouteMetrics]>([:])
-    private let upstreamErrors = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
+    private let routes = MetricCache<String, RouteMetrics>()
     let clientConnections: Prometheus.Gauge
     /// 1 while the session store answers its once-a-second ping.
     let storeUp: Prometheus.Gauge
@@ -27,38 +26,14 @@ public final class GatewayMetrics: Sendable {
     let cacheHits: Prometheus.Counter
     let cacheMisses: Prometheus.Counter
     let invalidationsReceived: Prometheus.Counter
-    private let labelled = NIOLockedValueBox<[String: Prometheus.Counter]>([:])
-    private let gauges = NIOLockedValueBox<[String: Prometheus.Gauge]>([:])
-    private let histograms = NIOLockedValueBox<[String: DurationHistogram]>([:])
+    private let counters = MetricCache<MetricSeries, Prometheus.Counter>()
+    private let gauges = MetricCache<MetricSeries, Prometheus.Gauge>()
+    private let histograms = MetricCache<MetricSeries, DurationHistogram>()
     /// Run before each scrape: values read rather than counted (client secrets, log drops).
     private let collectors = NIOLockedValueBox<[@Sendable () -> Void]>([])
     /// Counters fed from totals kept elsewhere: the last total seen, per counter.
-    private let mirrored = NIOLockedValueBox<[String: Int]>([:])
+    private let mirrored = NIOLockedValueBox<[MetricSeries: Int]>([:])
     private let process: ProcessMetrics
-
-    /// The label values of each family, made at start so that every family is exported (at 0)
-    /// before its first event.
-    static let appleEndpoints = ["token", "refresh", "revoke"]
-    static let appleOutcomes = ["ok", "grant_revoked", "client_misconfigured", "unavailable", "failed"]
-    static let revalidationKinds = ["fresh", "background", "blocking"]
-    static let revocationSources = Revocations.Source.allCases.map(\.rawValue)
-    static let sessionEndReasons = ["logout", "replaced"]
-    static let notificationTypes = ["email-disabled", "email-enabled", "consent-revoked", "account-deleted", "unverified", "unknown"]
-    static let notificationResults = ["processed", "duplicate", "rejected", "store_unavailable"]
-    /// Session-store operations, as `MeasuredSessionStore` labels them.
-
-    /// How admission ended for one request on a guarded route.
-    enum AdmissionResult: Int, CaseIterable {
-        case session, anonymous, unauthenticated, forbidden, storeUnavailable, appleUnavailable, linkRequired
-        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable", "link_required"][rawValue] }
-    }
-
-    /// How a request to start a sign-in (`GET /login`, `POST /native/nonce`) ended: its state
-    /// written, or refused before any write (`AnonymousWrites`), or the store did not answer.
-    enum SignInStartOutcome: String, CaseIterable {
-        case ok, throttled, busy
-        case storeUnavailable = "store_unavailable"
-    }
 
     static let latencyBuckets: [Duration] = [
         .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
@@ -70,39 +45,50 @@ public final class GatewayMetrics: Sendable {
         clientConnections = registry.makeGauge(descriptor: Self.name("client_connections", help: "Open client connections."))
         storeUp = registry.makeGauge(descriptor: Self.name("store_up", help: "1 while the session store answers (pinged every second), else 0."))
         upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
-        reloadsSucceeded = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "ok")])
-        reloadsFailed = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "invalid")])
-        reloadsRefused = registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", "refused")])
         let registry = self.registry
+        let reloads = ReloadResult.allCases.map {
+            registry.makeCounter(descriptor: Self.name("config_reloads", unit: "total", help: "Configuration reloads (SIGHUP)."), labels: [("result", $0.rawValue)])
+        }
+        reloadsSucceeded = reloads[0]
+        reloadsFailed = reloads[1]
+        reloadsRefused = reloads[2]
         admissions = AdmissionResult.allCases.map {
             registry.makeCounter(descriptor: Self.name("admissions", unit: "total", help: "Admission decisions on guarded routes, by result."), labels: [("result", $0.label)])
         }
-        cacheHits = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "hit")])
+        let lookups = SessionCacheResult.allCases.map {
+            registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", $0.rawValue)])
+        }
+        cacheHits = lookups[0]
+        cacheMisses = lookups[1]
         invalidationsReceived = registry.makeCounter(descriptor: Self.name("invalidations_received", unit: "total", help: "Invalidation messages received over Redis pub/sub."))
-        cacheMisses = registry.makeCounter(descriptor: Self.name("session_cache", unit: "total", help: "Session lookups by the local cache's answer."), labels: [("result", "miss")])
         process = ProcessMetrics(registry: registry)
         registry.makeGauge(descriptor: Self.name("build_info", help: "Version of this binary and the Swift compiler that built it (always 1)."),
                            labels: [("version", BuildInfo.version), ("swift", BuildInfo.swift)]).set(Double(1))
-        for flow in [SignInFlow.web, .native] { for outcome in SignInOutcome.allCases { recordSignIn(flow: flow.rawValue, outcome: outcome.rawValue, count: false) } }
+        // Every label value of every family, at 0 (TLS and routes: `primeTLS`, `prime(routes:)`).
+        for flow in SignInFlow.allCases { for outcome in SignInOutcome.allCases { recordSignIn(flow: flow, outcome: outcome, count: false) } }
         for kind in AnonymousWrites.Kind.allCases { for outcome in SignInStartOutcome.allCases { recordSignInStart(kind, outcome: outcome, count: false) } }
-        for endpoint in Self.appleEndpoints {
-            for outcome in Self.appleOutcomes { _ = counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]) }
+        for endpoint in AppleEndpoint.allCases {
+            for outcome in AppleCallOutcome.allCases { _ = appleCalls(endpoint, outcome) }
             _ = appleLatency(endpoint)
         }
-        for kind in Self.revalidationKinds { _ = counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind)]) }
-        for source in Self.revocationSources { _ = counter("revocations", help: Self.revocationsHelp, labels: [("source", source)]) }
-        for reason in Self.sessionEndReasons { _ = counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason)]) }
-        for type in Self.notificationTypes {
-            for result in Self.notificationResults { _ = counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result)]) }
-        }
+        for reason in DeferredAppleCall.allCases { _ = appleCallsDeferred(reason) }
+        for kind in RevalidationKind.allCases { _ = revalidations(kind) }
+        for source in Revocations.Source.allCases { _ = revocations(source) }
+        for reason in SessionEndReason.allCases { _ = sessionsEnded(reason) }
+        for type in NotificationType.allCases { for result in NotificationResult.allCases { _ = notifications(type, result) } }
         for operation in StoreOperation.allCases { _ = storeLatency(operation) }
-        for stream in ["stdout", "stderr"] { _ = counter("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)]) }
+        for stream in LogStream.allCases { _ = counter("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream.rawValue)]) }
+        for kind in OutboxJob.Kind.allCases {
+            recordOutbox(kind: kind, pending: 0, oldestSeconds: 0)
+            for result in OutboxAttemptResult.allCases { _ = outboxAttempts(kind, result) }
+        }
         recordSessionCache(entries: 0, evictions: 0)
         for reason in ConnectionRefusal.allCases { _ = counter("connections_refused", help: Self.connectionsRefusedHelp, labels: [("reason", reason.rawValue)]) }
         _ = routeMetrics("-")
-        let sinks: [(String, LineSink)] = [("stdout", .standardOutput), ("stderr", .standardError)]
         addCollector { [unowned self] in
-            for (stream, sink) in sinks { self.mirror("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream)], total: sink.droppedLines) }
+            for stream in LogStream.allCases {
+                self.mirror("log_lines_dropped", help: Self.logDropsHelp, labels: [("stream", stream.rawValue)], total: stream.sink.droppedLines)
+            }
         }
     }
 
@@ -160,7 +146,7 @@ public final class GatewayMetrics: Sendable {
 
     /// Brings a counter up to a total kept elsewhere.
     func mirror(_ metric: String, help: String, labels: [(String, String)], total: Int) {
-        let key = metric + labels.map { " \($0.0)=\($0.1)" }.joined()
+        let key = MetricSeries(metric, labels)
         let delta = mirrored.withLockedValue { seen -> Int in
             defer { seen[key] = max(seen[key] ?? 0, total) }
             return total - (seen[key] ?? 0)
@@ -175,10 +161,12 @@ public final class GatewayMetrics: Sendable {
         gauge("outbox_oldest", unit: "seconds", help: "Age of the oldest outbox job not done yet, by kind (0: none).", labels: [("kind", kind.rawValue)]).set(Double(oldestSeconds))
     }
 
-    /// An outbox job's attempt by kind and result (`done`, `failed`, `dropped`).
-    func recordOutboxAttempt(kind: OutboxJob.Kind, result: String) {
+    /// An outbox job's attempt by kind and result.
+    func recordOutboxAttempt(kind: OutboxJob.Kind, result: OutboxAttemptResult) { outboxAttempts(kind, result).increment() }
+
+    private func outboxAttempts(_ kind: OutboxJob.Kind, _ result: OutboxAttemptResult) -> Prometheus.Counter {
         counter("outbox_attempts", help: "Outbox job attempts, by kind and result (done, failed: retried later, dropped: can never succeed).",
-                labels: [("kind", kind.rawValue), ("result", result)]).increment()
+                labels: [("kind", kind.rawValue), ("result", result.rawValue)])
     }
 
     /// Apple's client secret for `clientID`: seconds until it expires, and mint failures.
@@ -192,40 +180,25 @@ public final class GatewayMetrics: Sendable {
     }
 
     private func gauge(_ metric: String, unit: String = "", help: String, labels: [(String, String)]) -> Prometheus.Gauge {
-        let key = metric + labels.map { " \($0.0)=\($0.1)" }.joined()
-        return gauges.withLockedValue { cache in
-            if let g = cache[key] { return g }
-            let g = registry.makeGauge(descriptor: Self.name(metric, unit: unit, help: help), labels: labels)
-            cache[key] = g
-            return g
-        }
+        gauges(MetricSeries(metric, labels)) { registry.makeGauge(descriptor: Self.name(metric, unit: unit, help: help), labels: labels) }
     }
 
-    private func histogram(_ key: String, _ make: () -> DurationHistogram) -> DurationHistogram {
-        histograms.withLockedValue { cache in
-            if let h = cache[key] { return h }
-            let h = make()
-            cache[key] = h
-            return h
+    private func histogram(_ metric: String, help: String, labels: [(String, String)]) -> DurationHistogram {
+        histograms(MetricSeries(metric, labels)) {
+            registry.makeDurationHistogram(descriptor: Self.name(metric, unit: "seconds", help: help), labels: labels, buckets: Self.latencyBuckets)
         }
     }
 
     func storeLatency(_ operation: StoreOperation) -> DurationHistogram {
-        histogram("store " + operation.rawValue) {
-            registry.makeDurationHistogram(descriptor: Self.name("store_duration", unit: "seconds", help: "Session-store operations (memory or Redis), by operation."),
-                                           labels: [("operation", operation.rawValue)], buckets: Self.latencyBuckets)
-        }
+        histogram("store_duration", help: "Session-store operations (memory or Redis), by operation.", labels: [("operation", operation.rawValue)])
     }
 
-    func appleLatency(_ endpoint: String) -> DurationHistogram {
-        histogram("apple " + endpoint) {
-            registry.makeDurationHistogram(descriptor: Self.name("apple_call_duration", unit: "seconds", help: "Calls to Apple, by endpoint."),
-                                           labels: [("endpoint", endpoint)], buckets: Self.latencyBuckets)
-        }
+    func appleLatency(_ endpoint: AppleEndpoint) -> DurationHistogram {
+        histogram("apple_call_duration", help: "Calls to Apple, by endpoint.", labels: [("endpoint", endpoint.rawValue)])
     }
 
     /// Runs a call to Apple, recording its duration under `endpoint`.
-    func timeAppleCall<T>(_ endpoint: String, _ call: () async -> T) async -> T {
+    func timeAppleCall<T>(_ endpoint: AppleEndpoint, _ call: () async -> T) async -> T {
         let start = NIODeadline.now()
         let result = await call()
         appleLatency(endpoint).recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds))
@@ -234,10 +207,9 @@ public final class GatewayMetrics: Sendable {
 
     func recordAdmission(_ result: AdmissionResult) { admissions[result.rawValue].increment() }
 
-    /// Sign-ins by flow (`web`, `native`) and outcome (`ok`, `cancelled`, `rejected`,
-    /// `apple_unavailable`, `apple_misconfigured`, `store_unavailable`).
-    func recordSignIn(flow: String, outcome: String, count: Bool = true) {
-        let c = counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow), ("outcome", outcome)])
+    /// Sign-ins by flow and outcome.
+    func recordSignIn(flow: SignInFlow, outcome: SignInOutcome, count: Bool = true) {
+        let c = counter("sign_ins", help: "Sign-in attempts by flow and outcome.", labels: [("flow", flow.rawValue), ("outcome", outcome.rawValue)])
         if count { c.increment() }
     }
 
@@ -253,101 +225,73 @@ public final class GatewayMetrics: Sendable {
     /// Seconds since the client secret in use for `clientID` was minted (re-minted at half its
     /// lifetime; an alert well below Apple's six-month cap).
     func recordClientSecretAge(clientID: String, seconds: Int64) {
-        let gauge = gauges.withLockedValue { cache in
-            if let g = cache[clientID] { return g }
-            let g = registry.makeGauge(descriptor: Self.name("apple_client_secret_age", unit: "seconds", help: "Age of the Apple client secret in use, by client id."),
-                                       labels: [("client_id", clientID)])
-            cache[clientID] = g
-            return g
-        }
-        gauge.set(Double(seconds))
+        gauge("apple_client_secret_age", unit: "seconds", help: "Age of the Apple client secret in use, by client id.", labels: [("client_id", clientID)])
+            .set(Double(seconds))
     }
 
-    /// Calls to Apple by endpoint (`token`, `refresh`, `revoke`) and outcome.
-    func recordAppleCall(endpoint: String, outcome: String) {
-        counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint), ("outcome", outcome)]).increment()
-    }
+    /// Calls to Apple by endpoint and outcome.
+    func recordAppleCall(endpoint: AppleEndpoint, outcome: AppleCallOutcome) { appleCalls(endpoint, outcome).increment() }
 
-    /// Why a due re-validation did not call Apple (the `reason` label).
-    enum DeferredAppleCall: String {
-        /// The token's last attempt failed; its backoff (or Apple's `Retry-After`) has not run out.
-        case backoff
-        /// Apple refused our client: the fleet holds back until one probe succeeds.
-        case circuit
-        /// Failing since beyond `outage_grace`: the session is denied without asking.
-        case outage
+    private func appleCalls(_ endpoint: AppleEndpoint, _ outcome: AppleCallOutcome) -> Prometheus.Counter {
+        counter("apple_calls", help: Self.appleCallsHelp, labels: [("endpoint", endpoint.rawValue), ("outcome", outcome.rawValue)])
     }
 
     /// Due re-validations that did not call Apple, by reason.
-    func recordAppleCallDeferred(_ reason: DeferredAppleCall) {
-        counter("apple_calls_deferred", help: "Due re-validations that did not call Apple, by reason (backoff, circuit, outage).",
-                labels: [("reason", reason.rawValue)]).increment()
-    }
+    func recordAppleCallDeferred(_ reason: DeferredAppleCall) { appleCallsDeferred(reason).increment() }
 
-    /// The `kind` label of `sessiongate_revalidations_total`.
-    enum RevalidationKind: String { case fresh, background, blocking }
-
-    /// The `reason` label of `sessiongate_sessions_ended_total` (also an event's `reason`).
-    enum SessionEndReason: String, Sendable { case logout, replaced }
-
-    /// The `result` label of `sessiongate_apple_notifications_total`.
-    enum NotificationResult: String {
-        case processed, duplicate, stale, rejected
-        case storeUnavailable = "store_unavailable"
+    private func appleCallsDeferred(_ reason: DeferredAppleCall) -> Prometheus.Counter {
+        counter("apple_calls_deferred", help: "Due re-validations that did not call Apple, by reason (backoff, circuit, outage).", labels: [("reason", reason.rawValue)])
     }
 
     /// Re-validations by kind: `fresh` (a sign-in), `background` (stale within the grace),
     /// `blocking` (the request waited).
-    func recordRevalidation(kind: RevalidationKind) {
-        counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind.rawValue)]).increment()
+    func recordRevalidation(kind: RevalidationKind) { revalidations(kind).increment() }
+
+    private func revalidations(_ kind: RevalidationKind) -> Prometheus.Counter {
+        counter("revalidations", help: Self.revalidationsHelp, labels: [("kind", kind.rawValue)])
     }
 
-    /// Revocations by source (`apple_notification`, `user`, `apple_invalid_grant`).
-    func recordRevocation(source: String) {
-        counter("revocations", help: Self.revocationsHelp, labels: [("source", source)]).increment()
+    /// Revocations by source.
+    func recordRevocation(source: Revocations.Source) { revocations(source).increment() }
+
+    private func revocations(_ source: Revocations.Source) -> Prometheus.Counter {
+        counter("revocations", help: Self.revocationsHelp, labels: [("source", source.rawValue)])
     }
 
-    /// Notifications from Apple by type (`email-disabled`, …, `unknown`) and result
-    /// (`processed`, `duplicate`, `rejected`).
-    func recordNotification(type: String, result: NotificationResult) {
-        counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type), ("result", result.rawValue)]).increment()
+    /// Notifications from Apple by type and result.
+    func recordNotification(type: NotificationType, result: NotificationResult) { notifications(type, result).increment() }
+
+    private func notifications(_ type: NotificationType, _ result: NotificationResult) -> Prometheus.Counter {
+        counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type.rawValue), ("result", result.rawValue)])
     }
 
-    /// Ended sessions by reason (`logout`, `operator`).
-    func recordSessionEnded(reason: SessionEndReason) {
-        counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason.rawValue)]).increment()
+    /// Ended sessions by reason.
+    func recordSessionEnded(reason: SessionEndReason) { sessionsEnded(reason).increment() }
+
+    private func sessionsEnded(_ reason: SessionEndReason) -> Prometheus.Counter {
+        counter("sessions_ended", help: Self.sessionsEndedHelp, labels: [("reason", reason.rawValue)])
     }
 
     private func counter(_ metric: String, help: String, labels: [(String, String)]) -> Prometheus.Counter {
-        let key = metric + labels.map { " \($0.0)=\($0.1)" }.joined()
-        return labelled.withLockedValue { cache in
-            if let c = cache[key] { return c }
-            let c = registry.makeCounter(descriptor: Self.name(metric, unit: "total", help: help), labels: labels)
-            cache[key] = c
-            return c
-        }
+        counters(MetricSeries(metric, labels)) { registry.makeCounter(descriptor: Self.name(metric, unit: "total", help: help), labels: labels) }
     }
 
     /// A route's request counters (one per status class) and latency histogram, made once.
     struct RouteMetrics: Sendable {
-        let byClass: [Prometheus.Counter]  // 1xx…5xx, then "other"
+        let byClass: [Prometheus.Counter]  // by `StatusClass`: 1xx…5xx, then "other"
         let latency: DurationHistogram
     }
 
     private func routeMetrics(_ route: String) -> RouteMetrics {
-        routes.withLockedValue { cache in
-            if let m = cache[route] { return m }
-            let classes = ["1xx", "2xx", "3xx", "4xx", "5xx", "other"]
-            let m = RouteMetrics(
-                byClass: classes.map {
+        routes(route) {
+            RouteMetrics(
+                byClass: StatusClass.allCases.map {
                     registry.makeCounter(descriptor: Self.name("requests", unit: "total", help: "Requests answered, by route and status class."),
-                                         labels: [("route", route), ("status_class", $0)])
+                                         labels: [("route", route), ("status_class", $0.rawValue)])
                 },
                 latency: registry.makeDurationHistogram(
                     descriptor: Self.name("request_duration", unit: "seconds", help: "Time from request head to the end of the response."),
                     labels: [("route", route)], buckets: Self.latencyBuckets))
-            cache[route] = m
-            return m
         }
     }
 
@@ -363,14 +307,7 @@ public final class GatewayMetrics: Sendable {
     }
 
     private func upstreamErrorCounter(route: String, kind: UpstreamErrorKind) -> Prometheus.Counter {
-        let key = route + " " + kind.rawValue
-        return upstreamErrors.withLockedValue { cache in
-            if let c = cache[key] { return c }
-            let c = registry.makeCounter(descriptor: Self.name("upstream_errors", unit: "total", help: "Failed upstream exchanges, by route and kind."),
-                                         labels: [("route", route), ("kind", kind.rawValue)])
-            cache[key] = c
-            return c
-        }
+        counter("upstream_errors", help: "Failed upstream exchanges, by route and kind.", labels: [("route", route), ("kind", kind.rawValue)])
     }
 
     /// `sessiongate_<name>_<unit>` (descriptors are not Sendable, so they are made where used).

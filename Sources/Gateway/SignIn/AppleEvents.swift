@@ -18,19 +18,12 @@ extension AuthEndpointGuard {
         do {
             event = try await apple.notifications.verify(body: Array(body.readableBytesView))
         } catch {
-            core.metrics.recordNotification(type: "unverified", result: .rejected)
+            core.metrics.recordNotification(type: .unverified, result: .rejected)
             core.logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
             // Keys unreachable: 503 so that Apple retries; anything else can never verify.
             return error.isTransient ? .error(.serviceUnavailable, "Apple's keys are unavailable; retry") : .error(.badRequest, "unverifiable notification: \(error.rawValue)")
         }
-        let type: String
-        switch event.kind {
-        case .emailDisabled: type = "email-disabled"
-        case .emailEnabled: type = "email-enabled"
-        case .consentRevoked: type = "consent-revoked"
-        case .accountDeleted: type = "account-deleted"
-        case .unknown: type = "unknown"
-        }
+        let type = GatewayMetrics.NotificationType(event.kind)
         do {
             if let jti = event.jti {
                 // Apple redelivers: a jti is acted on once, fleet-wide (kept a week).
@@ -61,7 +54,7 @@ extension AuthEndpointGuard {
                                              emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled", emailEventAt: eventAt)
                     try await core.store.saveProfile(update, on: loop).get()
                     core.revocations.invalidateUser(event.subject, on: loop)
-                    core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type, email: event.email ?? profile.email,
+                    core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type.rawValue, email: event.email ?? profile.email,
                                                     emailForwarding: update.emailForwarding))
                 }
             case .unknown(let name):

@@ -59,7 +59,7 @@ extension AuthEndpointGuard {
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: request.name, on: loop).get() }
             await lookUpLink(identity, on: loop)
             await endReplaced(presentedSession(head), on: loop)
-            core.metrics.recordSignIn(flow: SignInFlow.native.rawValue, outcome: SignInOutcome.ok.rawValue)
+            core.metrics.recordSignIn(flow: .native, outcome: .ok)
             core.logger.info("signed in", metadata: ["flow": "native", "sub": "\(identity.subject)"])
             return AuthResponses.json(.ok, ["token": created.cookie, "expires_at": Self.iso8601(created.expiresAt), "user": Self.userJSON(created.user)],
                                       headers: [auth.sessionCookie(created.cookie)])

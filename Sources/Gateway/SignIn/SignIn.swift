@@ -8,7 +8,7 @@ import Sessions
 extension AuthEndpointGuard {
     /// Counts a failed sign-in and hands the failure back (for the flow to answer).
     func counted(_ failure: SignInFailure, flow: SignInFlow) -> SignInFailure {
-        core.metrics.recordSignIn(flow: flow.rawValue, outcome: failure.outcome.rawValue)
+        core.metrics.recordSignIn(flow: flow, outcome: failure.outcome)
         switch failure {
         case .appleMisconfigured:
             core.logger.error("Apple rejected our client configuration: check apple.team_id, key_id, private_key_file and client_ids (sessiongate check --online)",
@@ -24,8 +24,8 @@ extension AuthEndpointGuard {
     /// Exchanges the code and verifies the identity token Apple returns with it.
     func exchange(_ apple: AppleServices, code: String, clientID: String, redirectURI: String?, nonce: String?) async
         -> Result<(AppleIdentity, String?), SignInFailure> {
-        let answer = await core.metrics.timeAppleCall("token") { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
-        core.metrics.recordAppleCall(endpoint: "token", outcome: answer.metricLabel)
+        let answer = await core.metrics.timeAppleCall(.token) { await apple.tokens.exchange(code: code, clientID: clientID, redirectURI: redirectURI) }
+        core.metrics.recordAppleCall(endpoint: .token, outcome: answer.metricLabel)
         guard case .success(let tokens) = answer else { return .failure(answer.signInFailure ?? .appleUnavailable) }
         // Apple's answer without an identity token is not the documented JSON: transient.
         guard let idToken = tokens.idToken else { return .failure(.appleUnavailable) }
@@ -69,7 +69,7 @@ extension AuthEndpointGuard {
             guard let record = try await core.store.transfer(id, on: loop).get(), record.to == nil else { return }
             // Each store call is bounded by store.timeout (the Redis client's command timeout).
             guard let outcome = try await TransferArrival.apply(record, to: identity.subject, email: identity.email, privateEmail: identity.isPrivateEmail == true,
-                                                                store: core.store, keep: auth.absoluteTimeout, on: loop) else { return }
+                                                                exported: TransferLine.exported(in: record), store: core.store, at: core.now(), keep: auth.absoluteTimeout, on: loop) else { return }
             if let from = record.from { core.revocations.invalidateUser(from, on: loop) }
             core.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
                                                                              "linked": "\(outcome.account != nil)"])

@@ -3,7 +3,7 @@ import HTTPProxy
 import NIOHTTP1
 
 /// The two ways in: Apple's web redirect, and a native app's token exchange.
-enum SignInFlow: String, Sendable {
+enum SignInFlow: String, Sendable, CaseIterable {
     case web, native
 }
 

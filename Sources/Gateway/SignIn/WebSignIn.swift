@@ -59,7 +59,7 @@ extension AuthEndpointGuard {
             returnTo = login.returnTo
             if let error = form["error"] {
                 guard error != "user_cancelled_authorize" else {
-                    core.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.cancelled.rawValue)
+                    core.metrics.recordSignIn(flow: .web, outcome: .cancelled)
                     return AuthResponses.redirect(.seeOther, to: auth.signInPath(rd: login.returnTo, message: "cancelled"), headers: [clearLogin])
                 }
                 // Attacker-controlled form data: only the characters Apple's error codes use reach the log.
@@ -81,7 +81,7 @@ extension AuthEndpointGuard {
             let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get() }
             await lookUpLink(identity, on: loop)
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
-            core.metrics.recordSignIn(flow: SignInFlow.web.rawValue, outcome: SignInOutcome.ok.rawValue)
+            core.metrics.recordSignIn(flow: .web, outcome: .ok)
             core.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
             return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: [auth.sessionCookie(created.cookie), clearLogin])
         } catch let failure as SignInFailure {
