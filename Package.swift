@@ -76,11 +76,11 @@ let package = Package(
             ]
         ),
         .target(
-            // An independent stand-in for appleid.apple.com: it must never import AppleID, so
-            // that the two implementations check each other.
+            // An independent stand-in for appleid.apple.com: it must never import AppleID or
+            // HTTPProxy (it has its own HTTP server and form parser), so that the two
+            // implementations check each other.
             name: "AppleIDSimulator",
             dependencies: [
-                "HTTPProxy",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -143,7 +143,7 @@ let package = Package(
         .testTarget(
             name: "AppleIDTests",
             dependencies: [
-                "AppleID", "AppleIDSimulator", "HTTPProxy",
+                "AppleID", "AppleIDSimulator",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
