@@ -23,8 +23,9 @@ release:
 	$(SWIFT) build $(RELEASE_FLAGS)
 	scripts/check-release.sh .build/release/sessiongate
 
-## make test: build, then run every test (unit, handler, end-to-end, process, raw-socket), then
-## the real-browser sign-in (headless Chromium; screenshots in .build/browser-test/).
+## make test: check that Package.swift declares what each target imports, build, then run every
+## test (unit, handler, end-to-end, process, raw-socket), then the real-browser sign-in (headless
+## Chromium; screenshots in .build/browser-test/).
 # The heavy suites — the load tests (thousands of connections, sign-in floods) and the wire
 # engine's differential fuzzers (two CPU-bound minutes) — run after the rest, without them: in
 # fresh clones' full runs they starved the suites beside them, whose Apple calls (key fetches,
@@ -32,6 +33,7 @@ release:
 LOAD_SUITES := OverloadTests|AnonymousWritesTests|DifferentialTests
 test:
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
+	scripts/check-imports.sh
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build --skip "$(LOAD_SUITES)"
 	$(SWIFT) test --skip-build --filter "$(LOAD_SUITES)"

@@ -34,6 +34,7 @@ let package = Package(
                 .product(name: "NIOExtras", package: "swift-nio-extras"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -71,16 +72,17 @@ let package = Package(
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(
-            // An independent stand-in for appleid.apple.com: it must never import AppleID, so
-            // that the two implementations check each other.
+            // An independent stand-in for appleid.apple.com: it must never import AppleID or
+            // HTTPProxy (it has its own HTTP server and form parser), so that the two
+            // implementations check each other.
             name: "AppleIDSimulator",
             dependencies: [
-                "HTTPProxy",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -125,6 +127,7 @@ let package = Package(
             name: "RedisTests",
             dependencies: [
                 "Redis", "TestSupport",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -135,6 +138,7 @@ let package = Package(
             name: "SessionsTests",
             dependencies: [
                 "Sessions", "Redis", "TestSupport",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -143,7 +147,7 @@ let package = Package(
         .testTarget(
             name: "AppleIDTests",
             dependencies: [
-                "AppleID", "AppleIDSimulator", "HTTPProxy",
+                "AppleID", "AppleIDSimulator",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
@@ -157,9 +161,9 @@ let package = Package(
         .testTarget(
             name: "HTTPProxyTests",
             dependencies: [
-                "HTTPProxy", "TestSupport",
+                "HTTPProxy", "GatewayConfig", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]
@@ -167,7 +171,7 @@ let package = Package(
         .testTarget(
             name: "GatewayTests",
             dependencies: [
-                "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleIDSimulator", "Redis",
+                "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleID", "AppleIDSimulator", "Redis",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -176,6 +180,7 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]
         ),
     ]

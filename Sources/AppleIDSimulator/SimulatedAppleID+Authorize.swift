@@ -1,5 +1,4 @@
 import Foundation
-import HTTPProxy
 import NIOCore
 import NIOHTTP1
 
@@ -28,9 +27,12 @@ extension SimulatedAppleID {
     }
 
     /// GET: validate, then show the consent page (or consent at once in auto-consent mode).
-    func authorizeEndpoint(_ request: SimpleRequest) -> SimpleResponse {
-        let query = request.head.uri.split(separator: "?", maxSplits: 1).dropFirst().first.map { Array($0.utf8) } ?? []
-        guard let params = FormBody.parse(query) else { return Self.error(.badRequest, "invalid_request", "duplicated or malformed parameter") }
+    func authorizeEndpoint(_ request: SimulatorRequest) -> SimulatorResponse {
+        let params: [String: String]
+        switch URLEncodedForm.parse(request.query) {
+        case .success(let fields): params = fields
+        case .failure(let failure): return Self.error(.badRequest, "invalid_request", failure.description)
+        }
         switch validateAuthorization(params) {
         case .refused(let response): return response
         case .ok(let authorization):
@@ -43,8 +45,12 @@ extension SimulatedAppleID {
     }
 
     /// POST from the consent page: the chosen user, or Cancel.
-    func consentEndpoint(_ request: SimpleRequest) -> SimpleResponse {
-        guard let form = FormBody.parse(Array(request.body.readableBytesView)) else { return Self.error(.badRequest, "invalid_request") }
+    func consentEndpoint(_ request: SimulatorRequest) -> SimulatorResponse {
+        let form: [String: String]
+        switch URLEncodedForm.parse(Array(request.body.readableBytesView)) {
+        case .success(let fields): form = fields
+        case .failure(let failure): return Self.error(.badRequest, "invalid_request", failure.description)
+        }
         switch validateAuthorization(form.filter { $0.key != "sub" && $0.key != "action" }) {
         case .refused(let response): return response
         case .ok(let authorization):
@@ -82,7 +88,7 @@ extension SimulatedAppleID {
     }
 
     /// Issues the code (and id_token, and first-time `user`) and sends them to the client.
-    func deliver(_ a: Authorization, sub: String) -> SimpleResponse {
+    func deliver(_ a: Authorization, sub: String) -> SimulatorResponse {
         // Consent is per app group: a user who authorized the app natively is not asked (and
         // the `user` JSON is not sent) again on the web.
         let firstTime: Grants.User? = grants.withLockedValue { g in
@@ -112,12 +118,12 @@ extension SimulatedAppleID {
 
     /// Sends fields by the response mode: a 302 with a query or fragment, or Apple's
     /// auto-submitting form (a cross-site POST, as the real one is).
-    func respond(_ a: Authorization, fields: [(String, String)]) -> SimpleResponse {
-        let encoded = FormBody.encode(fields)
+    func respond(_ a: Authorization, fields: [(String, String)]) -> SimulatorResponse {
+        let encoded = URLEncodedForm.encode(fields)
         switch a.mode {
         case "query", "fragment":
             let separator = a.mode == "query" ? (a.redirectURI.contains("?") ? "&" : "?") : "#"
-            var response = SimpleResponse(status: .found, "", headers: [("location", a.redirectURI + separator + encoded)])
+            var response = SimulatorResponse(status: .found, "", headers: [("location", a.redirectURI + separator + encoded)])
             response.body = ByteBuffer()
             return response
         default:
@@ -130,11 +136,11 @@ extension SimulatedAppleID {
                 <noscript><button type="submit">Continue</button></noscript>
                 </form></body></html>
                 """
-            return SimpleResponse(contentType: "text/html; charset=utf-8", page)
+            return SimulatorResponse(contentType: "text/html; charset=utf-8", page)
         }
     }
 
-    func consentPage(_ a: Authorization) -> SimpleResponse {
+    func consentPage(_ a: Authorization) -> SimulatorResponse {
         var users = grants.withLockedValue { $0.users.values.sorted { $0.sub < $1.sub } }
         if users.isEmpty {
             createUser()
@@ -163,7 +169,7 @@ extension SimulatedAppleID {
             <p class="note">Requested: \(a.scopes.isEmpty ? "no personal data" : Self.html(a.scopes.joined(separator: ", "))).</p>
             </main></body></html>
             """
-        return SimpleResponse(contentType: "text/html; charset=utf-8", page)
+        return SimulatorResponse(contentType: "text/html; charset=utf-8", page)
     }
 
     static func html(_ text: String) -> String {

@@ -1,6 +1,5 @@
 import AsyncHTTPClient
 import Foundation
-import HTTPProxy
 import NIOCore
 import NIOHTTP1
 
@@ -87,7 +86,7 @@ extension SimulatedAppleID {
 
     // MARK: HTTP
 
-    func controlEndpoint(_ request: SimpleRequest, path: String) -> SimpleResponse {
+    func controlEndpoint(_ request: SimulatorRequest, path: String) -> SimulatorResponse {
         let body = (try? JSONSerialization.jsonObject(with: Data(request.body.readableBytesView))) as? [String: Any] ?? [:]
         let parts = path.split(separator: "/").map(String.init)  // ["sim", ...]
         let route = Array(parts.dropFirst())

@@ -1,5 +1,4 @@
 import Foundation
-import HTTPProxy
 import NIOConcurrencyHelpers
 import NIOCore
 
@@ -93,8 +92,13 @@ extension SimulatedAppleID {
         return id
     }
 
-    func migrationEndpoint(_ request: SimpleRequest) -> SimpleResponse {
-        guard let form = Self.formFields(request), let clientID = form["client_id"], let secret = form["client_secret"] else {
+    func migrationEndpoint(_ request: SimulatorRequest) -> SimulatorResponse {
+        let form: [String: String]
+        switch Self.formFields(request) {
+        case .refused(let response): return response
+        case .ok(let fields): form = fields
+        }
+        guard let clientID = form["client_id"], let secret = form["client_secret"] else {
             return Self.error(.badRequest, "invalid_request", "client_id and client_secret are required")
         }
         let now = clock()

@@ -1,6 +1,5 @@
 import Crypto
 import Foundation
-import HTTPProxy
 import NIOCore
 import NIOHTTP1
 
@@ -49,16 +48,18 @@ extension SimulatedAppleID {
 
     // MARK: endpoints
 
-    static func withRetryAfter(_ response: SimpleResponse, _ faults: Faults) -> SimpleResponse {
+    static func withRetryAfter(_ response: SimulatorResponse, _ faults: Faults) -> SimulatorResponse {
         var response = response
         if let seconds = faults.retryAfter { response.headers.append(("retry-after", String(seconds))) }
         return response
     }
 
-    func tokenEndpoint(_ request: SimpleRequest) -> SimpleResponse {
+    func tokenEndpoint(_ request: SimulatorRequest) -> SimulatorResponse {
         let faults = self.faults.withLockedValue { $0 }
-        guard let form = Self.formFields(request) else {
-            return Self.error(.badRequest, "invalid_request", "invalid content type or malformed form")
+        let form: [String: String]
+        switch Self.formFields(request) {
+        case .refused(let response): return response
+        case .ok(let fields): form = fields
         }
         guard let clientID = form["client_id"], let secret = form["client_secret"] else {
             return Self.error(.badRequest, "invalid_request", "client_id and client_secret are required")
@@ -140,10 +141,14 @@ extension SimulatedAppleID {
         }
     }
 
-    func revokeEndpoint(_ request: SimpleRequest) -> SimpleResponse {
+    func revokeEndpoint(_ request: SimulatorRequest) -> SimulatorResponse {
         if let status = faults.withLockedValue({ $0.revokeFailureStatus }) { return Self.error(HTTPResponseStatus(statusCode: status), "server_error") }
-        guard let form = Self.formFields(request),
-              let clientID = form["client_id"], let secret = form["client_secret"], let token = form["token"] else {
+        let form: [String: String]
+        switch Self.formFields(request) {
+        case .refused(let response): return response
+        case .ok(let fields): form = fields
+        }
+        guard let clientID = form["client_id"], let secret = form["client_secret"], let token = form["token"] else {
             return Self.error(.badRequest, "invalid_request")
         }
         guard team.clients[clientID] != nil,
@@ -169,14 +174,19 @@ extension SimulatedAppleID {
             Task { _ = await self.sendNotification(.consentRevoked, sub: revokedSub, to: url) }
         }
         // 200 with an empty body, also for unknown tokens (§7).
-        return SimpleResponse(contentType: "text/plain", body: ByteBuffer())
+        return SimulatorResponse(contentType: "text/plain", body: ByteBuffer())
     }
 
-    /// The fields of a form-encoded POST; nil for another content type, a malformed body or a
-    /// duplicated field (all `invalid_request` at Apple).
-    static func formFields(_ request: SimpleRequest) -> [String: String]? {
-        guard let type = request.head.headers.first(name: "content-type"), type.lowercased().hasPrefix("application/x-www-form-urlencoded") else { return nil }
-        return FormBody.parse(Array(request.body.readableBytesView))
+    /// The fields of a form-encoded POST, or its refusal: another content type, a malformed body
+    /// or a duplicated field are all `invalid_request` at Apple (§3.1, §3.5).
+    static func formFields(_ request: SimulatorRequest) -> GrantCheck<[String: String]> {
+        guard let type = request.head.headers.first(name: "content-type"), type.lowercased().hasPrefix("application/x-www-form-urlencoded") else {
+            return .refused(Self.error(.badRequest, "invalid_request", "invalid content type"))
+        }
+        switch URLEncodedForm.parse(Array(request.body.readableBytesView)) {
+        case .success(let fields): return .ok(fields)
+        case .failure(let failure): return .refused(Self.error(.badRequest, "invalid_request", failure.description))
+        }
     }
 
     /// An identity token as `/auth/token` issues it (§6.5): string or JSON booleans by fault.
@@ -220,8 +230,9 @@ extension SimulatedAppleID {
 
 enum SimulatorError: Error { case unknownUser }
 
-/// A grant check: the grant, or the error response that refuses it.
+/// A check of a request: what it carries (a grant, an authorization, a form), or the error
+/// response that refuses it.
 enum GrantCheck<Grant> {
     case ok(Grant)
-    case refused(SimpleResponse)
+    case refused(SimulatorResponse)
 }

@@ -1,6 +1,5 @@
 import Crypto
 import Foundation
-import HTTPProxy
 import AsyncHTTPClient
 import NIOConcurrencyHelpers
 import NIOCore
@@ -101,12 +100,12 @@ public final class SimulatedAppleID: Sendable {
     let counters = NIOLockedValueBox<[String: Int]>([:])
     /// App transfers, shared with the simulators of the other teams (`TransferLedger`).
     public let ledger: TransferLedger
-    private let server: SimpleHTTPServer
+    private let server: SimulatorHTTPServer
 
     /// The origin to use as `apple.base_url`, e.g. `http://127.0.0.1:41234`.
     public let baseURL: String
 
-    private init(team: Team, signingKeys: SigningKeys, server: SimpleHTTPServer, baseURL: String, clock: @escaping @Sendable () -> Int64,
+    private init(team: Team, signingKeys: SigningKeys, server: SimulatorHTTPServer, baseURL: String, clock: @escaping @Sendable () -> Int64,
                  notifier: HTTPClient, notificationURL: String?, ledger: TransferLedger) {
         self.ledger = ledger
         ledger.state.withLockedValue { _ = $0.teams.insert(team.teamID) }
@@ -128,8 +127,8 @@ public final class SimulatedAppleID: Sendable {
     ) async throws -> SimulatedAppleID {
         let keys = try SigningKeys()
         let box = ResponderBox()
-        let server = try await SimpleHTTPServer.start(host: host, port: port, group: group) { request in
-            box.simulator?.respond(request) ?? SimpleResponse(status: .serviceUnavailable, "starting\n")
+        let server = try await SimulatorHTTPServer.start(host: host, port: port, group: group) { request in
+            box.simulator?.respond(request) ?? SimulatorResponse(status: .serviceUnavailable, "starting\n")
         }
         let bound = server.localAddress?.port ?? port
         let simulator = SimulatedAppleID(
@@ -158,8 +157,8 @@ public final class SimulatedAppleID: Sendable {
     /// How many requests reached `path` (e.g. `/auth/keys`); tests and the bench read these.
     public func requestCount(_ path: String) -> Int { counters.withLockedValue { $0[path] ?? 0 } }
 
-    func respond(_ request: SimpleRequest) -> SimpleResponse {
-        let path = request.head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.head.uri
+    func respond(_ request: SimulatorRequest) -> SimulatorResponse {
+        let path = String(request.path)
         counters.withLockedValue { $0[path, default: 0] += 1 }
         var response = route(request, path: path)
         if ["/auth/token", "/auth/revoke", "/auth/keys"].contains(path) {
@@ -169,7 +168,7 @@ public final class SimulatedAppleID: Sendable {
         return response
     }
 
-    func route(_ request: SimpleRequest, path: String) -> SimpleResponse {
+    func route(_ request: SimulatorRequest, path: String) -> SimulatorResponse {
         switch (request.head.method, path) {
         case (.GET, "/auth/keys"):
             return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
@@ -210,12 +209,12 @@ public final class SimulatedAppleID: Sendable {
         ]
     }
 
-    static func json(_ object: [String: Any]) -> SimpleResponse {
+    static func json(_ object: [String: Any]) -> SimulatorResponse {
         let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
-        return SimpleResponse(contentType: "application/json;charset=UTF-8", body: ByteBuffer(bytes: data), headers: [("pragma", "no-cache")])
+        return SimulatorResponse(contentType: "application/json;charset=UTF-8", body: ByteBuffer(bytes: data), headers: [("pragma", "no-cache")])
     }
 
-    static func error(_ status: HTTPResponseStatus, _ code: String, _ description: String? = nil) -> SimpleResponse {
+    static func error(_ status: HTTPResponseStatus, _ code: String, _ description: String? = nil) -> SimulatorResponse {
         var object: [String: Any] = ["error": code]
         if let description { object["error_description"] = description }
         var response = json(object)

@@ -1,5 +1,6 @@
-/// `application/x-www-form-urlencoded`: query strings and form bodies (the gateway's auth
-/// endpoints, the simulator).
+/// `application/x-www-form-urlencoded`: query strings and form bodies of the gateway's auth
+/// endpoints. The Apple ID simulator has its own reader (`URLEncodedForm`), so that a bug here
+/// does not hide on both sides of a sign-in.
 public enum FormBody {
     /// Fields in order; nil if a field appears twice (Apple: `invalid_request`) or an escape is bad.
     public static func parse(_ bytes: [UInt8]) -> [String: String]? {

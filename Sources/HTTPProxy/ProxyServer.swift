@@ -10,7 +10,7 @@ import NIOPosix
 public struct ProxyConfiguration: Sendable {
     public var listen: ListenAddress
     public var timeouts: Timeouts
-    public var limits: GatewayConfiguration.Limits
+    public var limits: ProxyLimits
     /// TLS termination on `listen`; nil: plain HTTP.
     public var tls: TLSTermination? = nil
 
@@ -35,7 +35,7 @@ public struct ProxyConfiguration: Sendable {
         }
     }
 
-    public init(listen: ListenAddress, timeouts: Timeouts = Timeouts(), limits: GatewayConfiguration.Limits = .init()) {
+    public init(listen: ListenAddress, timeouts: Timeouts = Timeouts(), limits: ProxyLimits = ProxyLimits()) {
         self.listen = listen
         self.timeouts = timeouts
         self.limits = limits
@@ -77,7 +77,7 @@ public final class RoutingSnapshot: Sendable {
 final class ProxyShared: Sendable {
     private let current: NIOLockedValueBox<RoutingSnapshot>
     let timeouts: ProxyConfiguration.Timeouts
-    let limits: GatewayConfiguration.Limits
+    let limits: ProxyLimits
     let observer: any ProxyObserver
     /// `X-Forwarded-Proto` for requests from untrusted peers: the listener's own scheme.
     let scheme: String

@@ -2,8 +2,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
-/// A request as the small built-in servers (admin listener, demo upstream, Apple ID simulator)
-/// see it.
+/// A request as the gateway's small built-in servers (admin listener, demo upstream) see it.
 public struct SimpleRequest: Sendable {
     public var head: HTTPRequestHead
     public var body: ByteBuffer

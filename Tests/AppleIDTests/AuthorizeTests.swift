@@ -56,6 +56,7 @@ struct AuthorizeTests {
         ("unknown scope", "response_type=code&scope=phone&response_mode=form_post", "invalid_scope"),
         ("unknown response_mode", "response_type=code&response_mode=web_message", "invalid_request"),
         ("duplicated parameter", "response_type=code&state=again", "invalid_request"),
+        ("duplicated once decoded", "response_type=code&%73tate=again", "invalid_request"),
     ])
     func refused(name: String, extra: String, error: String) async throws {
         try await Self.with { _, send in

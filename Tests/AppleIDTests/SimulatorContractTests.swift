@@ -37,6 +37,8 @@ struct SimulatorContractTests {
                 ("JSON instead of a form", #"{"client_id":"x"}"#, "application/json", "invalid_request"),
                 ("no client_secret", "client_id=\(web)&grant_type=refresh_token&refresh_token=r", "application/x-www-form-urlencoded", "invalid_request"),
                 ("a duplicated field", "client_id=\(web)&client_id=\(web)&client_secret=\(good)&grant_type=refresh_token", "application/x-www-form-urlencoded", "invalid_request"),
+                ("a value not percent-encoded", "client_id=\(web)&client_secret=\(good)&grant_type=refresh_token&refresh_token=a b", "application/x-www-form-urlencoded", "invalid_request"),
+                ("a malformed escape", "client_id=\(web)&client_secret=\(good)&grant_type=refresh_token&refresh_token=%+f", "application/x-www-form-urlencoded", "invalid_request"),
                 ("grant before client: bad secret, misspelled grant", "client_id=\(web)&client_secret=bad&grand_type=refresh_token", "application/x-www-form-urlencoded", "unsupported_grant_type"),
                 ("unknown client", "client_id=com.nobody&client_secret=\(good)&grant_type=refresh_token&refresh_token=r", "application/x-www-form-urlencoded", "invalid_client"),
                 ("client before grant: bad secret, bad code", "client_id=\(web)&client_secret=bad&grant_type=authorization_code&code=c", "application/x-www-form-urlencoded", "invalid_client"),

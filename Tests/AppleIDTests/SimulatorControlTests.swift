@@ -1,6 +1,5 @@
 import AsyncHTTPClient
 import Foundation
-import HTTPProxy
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -13,7 +12,7 @@ import Testing
 
 /// A receiver for notifications: records bodies, answers scripted statuses.
 final class NotificationReceiver: Sendable {
-    let server: SimpleHTTPServer
+    let server: SimulatorHTTPServer
     let bodies = NIOLockedValueBox<[[UInt8]]>([])
     let statuses: NIOLockedValueBox<[HTTPResponseStatus]>
 
@@ -24,11 +23,11 @@ final class NotificationReceiver: Sendable {
         let script = NIOLockedValueBox(statuses)
         let waiters = self.waiters
         self.statuses = script
-        server = try await SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
+        server = try await SimulatorHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
             bodies.withLockedValue { $0.append(Array(request.body.readableBytesView)) }
             waiters.withLockedValue { list in list.forEach { $0.resume() }; list.removeAll() }
             let status = script.withLockedValue { $0.isEmpty ? .ok : $0.removeFirst() }
-            return SimpleResponse(status: status, "")
+            return SimulatorResponse(status: status, "")
         }
     }
 

@@ -92,7 +92,7 @@ struct OverloadTests {
 
     @Test("over max_connections_per_client a connection is answered 503 with Retry-After at once; another client is served; a closed one frees its place")
     func perClientCap() async throws {
-        var limits = GatewayConfiguration.Limits()
+        var limits = ProxyLimits()
         limits.maxConnectionsPerClient = 5
         let h = try await ProxyHarness.start(limits: limits)
         defer { Task { await h.stop() } }
@@ -127,7 +127,7 @@ struct OverloadTests {
 
     @Test("over max_connections a connection from any address is answered 503 with Retry-After at once")
     func instanceCap() async throws {
-        var limits = GatewayConfiguration.Limits()
+        var limits = ProxyLimits()
         limits.maxConnections = 3
         let observer = Refusals()
         let h = try await ProxyHarness.start(limits: limits, observer: observer)
@@ -159,7 +159,7 @@ struct OverloadTests {
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         let silent = try await SilentUpstream.start(group: loops)
         let slowPort = silent.localAddress!.port!
-        var limits = GatewayConfiguration.Limits()
+        var limits = ProxyLimits()
         limits.maxConnectionsPerClient = 200
         let observer = Refusals()
         let h = try await ProxyHarness.start(

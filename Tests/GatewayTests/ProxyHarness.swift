@@ -14,7 +14,7 @@ struct ProxyHarness {
 
     static func start(
         timeouts: ProxyConfiguration.Timeouts = .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)),
-        limits: GatewayConfiguration.Limits = .init(),
+        limits: ProxyLimits = ProxyLimits(),
         trustedProxies: [CIDR] = [],
         upstreamPort: Int? = nil,
         upstreamHost: String = "127.0.0.1",

@@ -13,7 +13,8 @@ extension GatewayService {
                             upstreamResponse: .init(c.server.timeouts.upstreamResponse),
                             idle: .init(c.server.timeouts.idle), requestBody: .init(c.server.timeouts.requestBody),
                             requestHead: .init(c.server.timeouts.requestHead)),
-            limits: c.server.limits)
+            limits: ProxyLimits(maxHeaderBytes: c.server.limits.maxHeaderBytes, maxHeaderCount: c.server.limits.maxHeaderCount,
+                                maxConnections: c.server.limits.maxConnections, maxConnectionsPerClient: c.server.limits.maxConnectionsPerClient))
     }
 
     /// Routes as the proxy sees them, upstream names resolved, each with its session guard; the

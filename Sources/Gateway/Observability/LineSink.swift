@@ -2,6 +2,8 @@ import Foundation
 
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// Log lines for standard output or standard error, written by one thread of their own: an
@@ -78,7 +80,7 @@ public final class LineSink: @unchecked Sendable {
 
             var offset = 0
             while offset < batch.count {
-                let n = batch.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
+                let n = batch.withUnsafeBytes { Self.systemWrite(fd, $0.baseAddress! + offset, $0.count - offset) }
                 if n > 0 {
                     offset += n
                 } else if n < 0, errno == EINTR {
@@ -101,5 +103,16 @@ public final class LineSink: @unchecked Sendable {
             condition.broadcast()
             condition.unlock()
         }
+    }
+
+    /// write(2), named by its module: inside this class a bare `write` is `write(_:)` above.
+    private static func systemWrite(_ fd: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
+        #if canImport(Glibc)
+        return Glibc.write(fd, bytes, count)
+        #elseif canImport(Darwin)
+        return Darwin.write(fd, bytes, count)
+        #else
+        #error("LineSink writes with write(2) from Glibc or Darwin")
+        #endif
     }
 }
