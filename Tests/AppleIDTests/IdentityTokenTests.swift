@@ -85,15 +85,26 @@ struct IdentityTokenTests {
     func nonceSupportedFalse() async throws {
         try await VerifierFixture.with { f in
             let token = try f.sign(VerifierFixture.claims(["nonce": nil, "nonce_supported": "false"]))
-            _ = try await f.identityVerifier.verify(token, expectedNonce: "n-123")
+            let identity = try await f.identityVerifier.verify(token, expectedNonce: "n-123")
+            #expect(identity.subject == "001437.def535ddd9e24c4fa4367dca50fdfedb.1951")
+            #expect(identity.audience == "com.example.web")
+            #expect(identity.email == "x7c9q2m4tz@privaterelay.appleid.com")
+            #expect(identity.nonce == nil, "no nonce in the token")
+            #expect(identity.nonceSupported == false, "the string \"false\" read as the platform's word")
         }
     }
 
     @Test("within the leeway: just expired or issued a little ahead")
     func leeway() async throws {
         try await VerifierFixture.with { f in
-            _ = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims(["exp": VerifierFixture.now - 2])), expectedNonce: "n-123")
-            _ = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims(["iat": VerifierFixture.now + 3])), expectedNonce: "n-123")
+            let expired = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims(["exp": VerifierFixture.now - 2])), expectedNonce: "n-123")
+            #expect(expired.subject == "001437.def535ddd9e24c4fa4367dca50fdfedb.1951")
+            #expect(expired.audience == "com.example.web")
+            #expect(expired.expiresAt == VerifierFixture.now - 2, "two seconds past exp, within the leeway")
+            let ahead = try await f.identityVerifier.verify(try f.sign(VerifierFixture.claims(["iat": VerifierFixture.now + 3])), expectedNonce: "n-123")
+            #expect(ahead.subject == "001437.def535ddd9e24c4fa4367dca50fdfedb.1951")
+            #expect(ahead.audience == "com.example.web")
+            #expect(ahead.issuedAt == VerifierFixture.now + 3, "issued three seconds ahead, within the leeway")
         }
     }
 
