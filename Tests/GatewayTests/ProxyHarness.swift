@@ -12,7 +12,33 @@ struct ProxyHarness {
     let upstream: TestUpstream
     var port: Int { proxy.localAddress!.port! }
 
-    static func start(
+    /// Runs `body` with a started proxy and upstream; both are stopped before this returns or
+    /// rethrows.
+    static func with<Result>(
+        timeouts: ProxyConfiguration.Timeouts = .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)),
+        limits: GatewayConfiguration.Limits = .init(),
+        trustedProxies: [CIDR] = [],
+        upstreamPort: Int? = nil,
+        upstreamHost: String = "127.0.0.1",
+        extraAddressesFirst: [SocketAddress] = [],
+        guard requestGuard: any RequestGuard = PublicGuard(),
+        maxBodyBytes: Int = 0,
+        hiddenCookies: [String] = [],
+        origins: OriginPolicy = .sameHost,
+        upstreamTLS: Bool = false,
+        group: MultiThreadedEventLoopGroup = .singleton,
+        observer: any ProxyObserver = SilentProxyObserver(),
+        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil,
+        _ body: (ProxyHarness) async throws -> Result
+    ) async throws -> Result {
+        let harness = try await start(
+            timeouts: timeouts, limits: limits, trustedProxies: trustedProxies, upstreamPort: upstreamPort, upstreamHost: upstreamHost,
+            extraAddressesFirst: extraAddressesFirst, guard: requestGuard, maxBodyBytes: maxBodyBytes, hiddenCookies: hiddenCookies, origins: origins,
+            upstreamTLS: upstreamTLS, group: group, observer: observer, routes: makeRoutes)
+        return try await withTeardown(harness, stop: { await $0.stop() }, body)
+    }
+
+    private static func start(
         timeouts: ProxyConfiguration.Timeouts = .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)),
         limits: GatewayConfiguration.Limits = .init(),
         trustedProxies: [CIDR] = [],
@@ -82,7 +108,7 @@ struct ProxyHarness {
         }
     }
 
-    func stop() async {
+    private func stop() async {
         await proxy.shutdown(deadline: .seconds(1))
         await upstream.close()
     }

@@ -37,7 +37,18 @@ final class SignInHarness: @unchecked Sendable {
 
     enum Store { case memory, redis }
 
-    static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(10),  // the suites share 2 cores and one event-loop group: a 1 GiB transfer test starved a memory-store answer past 3 s once; tests of the timeout pass their own
+    /// Runs `body` with the whole product started; every part of it (extra instances too) is
+    /// stopped before this returns or rethrows.
+    static func with<Result>(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(10),
+                             localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
+                             assertion: Bool = false, clock: TestClock = TestClock(), teamID: String = "TEAM123456", ledger: TransferLedger = TransferLedger(),
+                             configure: (inout GatewayConfiguration) -> Void = { _ in }, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
+        let harness = try await start(store: store, redis: existing, storeTimeout: storeTimeout, localCacheTTL: localCacheTTL, idleTimeout: idleTimeout,
+                                      absoluteTimeout: absoluteTimeout, assertion: assertion, clock: clock, teamID: teamID, ledger: ledger, configure: configure)
+        return try await withTeardown(harness, stop: { await $0.stop() }, body)
+    }
+
+    private static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(10),  // the suites share 2 cores and one event-loop group: a 1 GiB transfer test starved a memory-store answer past 3 s once; tests of the timeout pass their own
                       localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
                       assertion: Bool = false, clock: TestClock = TestClock(), teamID: String = "TEAM123456", ledger: TransferLedger = TransferLedger(),
                       configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
@@ -141,7 +152,7 @@ final class SignInHarness: @unchecked Sendable {
 
     private var extraInstances: [(ServiceGroup, Task<Void, any Error>)] = []
 
-    func stop() async {
+    private func stop() async {
         for (group, task) in extraInstances {
             await group.triggerGracefulShutdown()
             _ = try? await task.value

@@ -34,6 +34,12 @@ final class TestUpstream: Sendable {
 
     var port: Int { channel.localAddress!.port! }
 
+    /// Runs `body` with a started upstream (https with `tls`), closed before this returns or
+    /// rethrows.
+    static func with<Result>(tls: NIOSSLContext? = nil, _ body: (TestUpstream) async throws -> Result) async throws -> Result {
+        try await withTeardown(try await start(tls: tls), stop: { await $0.close() }, body)
+    }
+
     /// With `tls`, it speaks https (the context holds its certificate).
     static func start(tls: NIOSSLContext? = nil) async throws -> TestUpstream {
         let box = NIOLockedValueBox<TestUpstream?>(nil)
