@@ -6,7 +6,7 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 
-/// A proxy in front of a `TestUpstream`, both real servers on loopback.
+/// A proxy in front of a `TestUpstream`, both real servers on loopback, on `group`'s loops.
 struct ProxyHarness {
     let proxy: ProxyServer
     let upstream: TestUpstream
@@ -54,7 +54,9 @@ struct ProxyHarness {
         observer: any ProxyObserver = SilentProxyObserver(),
         routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil
     ) async throws -> ProxyHarness {
-        let upstream = try await TestUpstream.start(tls: upstreamTLS ? try Self.upstreamCertificate.server : nil)
+        // The upstream on the proxy's loops: a test that gives the proxy loops of its own gives
+        // them to its upstream too.
+        let upstream = try await TestUpstream.start(tls: upstreamTLS ? try Self.upstreamCertificate.server : nil, group: group)
         var address = try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst)
         if upstreamTLS {
             // Verified by address: the certificate names 127.0.0.1 (and localhost).

@@ -11,8 +11,7 @@ import Testing
 struct RevalidationTests {
     /// Runs `body` with a gateway on Redis and a user of the simulator (their `sub`).
     static func with<Result>(appleTimeout: Duration? = nil, _ body: (SignInHarness, String) async throws -> Result) async throws -> Result {
-        // A generous store timeout: under the parallel suite a sign-in's save has taken over 3 s.
-        try await SignInHarness.with(store: .redis, storeTimeout: .seconds(15), localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400),
+        try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400),
                                      absoluteTimeout: .seconds(30 * 86_400), configure: { c in
             if let appleTimeout { c.apple?.timeout = appleTimeout }
             c.apple?.revalidateAfter = .seconds(3600)

@@ -175,8 +175,7 @@ struct SessionEdgeTests {
 
     @Test("a tunnel open on instance B closes when the user is revoked on instance A (Redis pub/sub)")
     func tunnelClosesAcrossInstances() async throws {
-        // A generous store timeout: under the parallel suite a sign-in's save has taken over 3 s.
-        try await SignInHarness.with(store: .redis, storeTimeout: .seconds(15), localCacheTTL: .seconds(3600)) { h in
+        try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600)) { h in
             let b = try await h.addInstance()
             let (browser, cookie) = try await Self.signedIn(h)
             let portB = try #require(Int(b.origin.split(separator: ":").last ?? ""))
@@ -189,9 +188,7 @@ struct SessionEdgeTests {
 
     @Test("a revocation no message announced (the subscriber was away) still closes the tunnel once the subscriber is back")
     func tunnelRecheckedAfterResubscribe() async throws {
-        // A generous store timeout: a sign-in's save once took over the default 3 s in a full
-        // parallel run on 2 cores (a 503 at sign-in, before anything this test checks).
-        try await SignInHarness.with(store: .redis, storeTimeout: .seconds(15), localCacheTTL: .seconds(3600)) { h in
+        try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600)) { h in
             let redis = try #require(h.redis)
             let b = try await h.addInstance()
             let browser = TestBrowser(gatewayOrigin: h.origin)
