@@ -138,9 +138,10 @@ final class SignInHarness: @unchecked Sendable {
     }
 
     /// Another gateway instance with the same configuration (same Redis, secret, simulator) on
-    /// its own port: a fleet of two. Stopped with the harness.
-    func addInstance() async throws -> (service: GatewayService, origin: String) {
+    /// its own port, changed by `configure`: a fleet of two. Stopped with the harness.
+    func addInstance(configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> (service: GatewayService, origin: String) {
         var c = configuration
+        configure(&c)
         let reserved = ReservedPort()  // held until the instance listens on it
         let port = reserved.port
         c.server.listen = ListenAddress(host: "127.0.0.1", port: port)
