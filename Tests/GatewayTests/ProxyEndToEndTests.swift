@@ -216,35 +216,39 @@ struct ProxyEndToEndTests {
 
     @Test("idle keep-alive connections are closed after the idle timeout")
     func idleTimeout() async throws {
-        // Five seconds of idle and ten for the response: the exchange itself must fit on 2 loaded
-        // cores (one second, then three, were each exceeded once in a full parallel run: a 504
-        // for the exchange, not a close after it).
-        try await ProxyHarness.with(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(10), idle: .seconds(5))) { h in
-            let port = h.port
-            let (status, closed) = try await blocking {
-                let c = try RawClient(port: port, timeoutSeconds: 15)
-                try c.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
-                let status = try c.readResponse().status
-                return (status, c.waitForClose())
+        // A second of idle, which the exchange itself must fit in: proxy and app on loops of
+        // their own, so no other test's traffic sits between them (on the shared loops the
+        // exchange ran past one second, then three, in full runs: a 504, not the close).
+        try await withEventLoops(1) { loops in
+            try await ProxyHarness.with(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(1)), group: loops) { h in
+                let port = h.port
+                let (status, closed) = try await blocking {
+                    let c = try RawClient(port: port, timeoutSeconds: 15)
+                    try c.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
+                    let status = try c.readResponse().status
+                    return (status, c.waitForClose())
+                }
+                #expect(status == 200)
+                #expect(closed)
             }
-            #expect(status == 200)
-            #expect(closed)
         }
     }
 
     @Test("a transfer that stalls past the idle timeout is aborted (upstream silent mid-body)")
     func stalledDownload() async throws {
-        // A second of idle: the response head must arrive within it on 2 loaded cores (at 300 ms
-        // a full run once answered 504 before the head, a complete response).
-        try await ProxyHarness.with(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(1))) { h in
-            let port = h.port
-            // The response head has arrived, so only the idle timeout can end this exchange.
-            let outcome = try await blocking { () -> String in
-                let c = try RawClient(port: port, timeoutSeconds: 15)
-                try c.send("GET /stall HTTP/1.1\r\nHost: a\r\n\r\n")
-                do { _ = try c.readResponse(); return "complete" } catch RawClient.Failure.closed { return "aborted" }
+        // 300 ms of idle, which the response head must arrive within: proxy and app on loops of
+        // their own (on the shared loops a full run once answered 504 before the head).
+        try await withEventLoops(1) { loops in
+            try await ProxyHarness.with(timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .milliseconds(300)), group: loops) { h in
+                let port = h.port
+                // The response head has arrived, so only the idle timeout can end this exchange.
+                let outcome = try await blocking { () -> String in
+                    let c = try RawClient(port: port, timeoutSeconds: 15)
+                    try c.send("GET /stall HTTP/1.1\r\nHost: a\r\n\r\n")
+                    do { _ = try c.readResponse(); return "complete" } catch RawClient.Failure.closed { return "aborted" }
+                }
+                #expect(outcome == "aborted")
             }
-            #expect(outcome == "aborted")
         }
     }
 
