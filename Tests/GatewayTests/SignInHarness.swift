@@ -175,10 +175,13 @@ final class SignInHarness: @unchecked Sendable {
 /// A minimal browser: follows nothing by itself, keeps the gateway's cookies (the simulator
 /// sets none), and sends them only to the gateway's origin.
 final class TestBrowser: @unchecked Sendable {
-    /// AsyncHTTPClient bounds a request's wait for a pooled connection (8 per host) by the
-    /// connect timeout: 200 concurrent requests to one gateway queue behind each other, which on
-    /// 2 loaded cores took over 5 s in full runs. Loopback connects are refused at once anyway.
-    static let http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .seconds(30), read: .seconds(10))))
+    /// Up to 256 connections per gateway, so that concurrent requests (200 at once in the
+    /// single-flight test) each have one and none queues: AsyncHTTPClient bounds a request's
+    /// wait for a pooled connection (8 per host by default) by the connect timeout, which a
+    /// queue of 200 ran past in full runs (the connect timeout was 30 s for a while for that).
+    static let http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(
+        redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5), read: .seconds(10)),
+        connectionPool: .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 256)))
 
     let gatewayOrigin: String
     var cookies: [String: String] = [:]
