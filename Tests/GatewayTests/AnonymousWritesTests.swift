@@ -67,7 +67,7 @@ struct AnonymousWritesTests {
     /// The login states and nonces in the harness's Redis.
     static func storedKeys(_ h: SignInHarness) async throws -> (logins: Int, nonces: Int) {
         let redis = try #require(h.redis)
-        try await withTeardown(RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
+        return try await withTeardown(RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
                                      group: .singleton, logger: Logger(label: "t")), stop: { await $0.close() }) { client in
             let prefix = h.configuration.store.keyPrefix
             func count(_ pattern: String) async throws -> Int {
