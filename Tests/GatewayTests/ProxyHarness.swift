@@ -39,20 +39,20 @@ struct ProxyHarness {
     }
 
     private static func start(
-        timeouts: ProxyConfiguration.Timeouts = .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)),
-        limits: GatewayConfiguration.Limits = .init(),
-        trustedProxies: [CIDR] = [],
-        upstreamPort: Int? = nil,
-        upstreamHost: String = "127.0.0.1",
-        extraAddressesFirst: [SocketAddress] = [],
-        guard requestGuard: any RequestGuard = PublicGuard(),
-        maxBodyBytes: Int = 0,
-        hiddenCookies: [String] = [],
-        origins: OriginPolicy = .sameHost,
-        upstreamTLS: Bool = false,
-        group: MultiThreadedEventLoopGroup = .singleton,
-        observer: any ProxyObserver = SilentProxyObserver(),
-        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil
+        timeouts: ProxyConfiguration.Timeouts,
+        limits: GatewayConfiguration.Limits,
+        trustedProxies: [CIDR],
+        upstreamPort: Int?,
+        upstreamHost: String,
+        extraAddressesFirst: [SocketAddress],
+        guard requestGuard: any RequestGuard,
+        maxBodyBytes: Int,
+        hiddenCookies: [String],
+        origins: OriginPolicy,
+        upstreamTLS: Bool,
+        group: MultiThreadedEventLoopGroup,
+        observer: any ProxyObserver,
+        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])?
     ) async throws -> ProxyHarness {
         // The upstream on the proxy's loops: a test that gives the proxy loops of its own gives
         // them to its upstream too.

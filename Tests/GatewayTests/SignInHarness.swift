@@ -53,10 +53,9 @@ final class SignInHarness: @unchecked Sendable {
         return try await withTeardown(harness, stop: { await $0.stop() }, body)
     }
 
-    private static func start(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration,
-                      localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
-                      assertion: Bool = false, clock: TestClock = TestClock(), teamID: String = "TEAM123456", ledger: TransferLedger = TransferLedger(),
-                      configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> SignInHarness {
+    private static func start(store: Store, redis existing: TestRedis?, storeTimeout: Duration, localCacheTTL: Duration, idleTimeout: Duration,
+                              absoluteTimeout: Duration, assertion: Bool, clock: TestClock, teamID: String, ledger: TransferLedger,
+                              configure: (inout GatewayConfiguration) -> Void) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let appleKey = P256.Signing.PrivateKey()
