@@ -143,7 +143,7 @@ struct AnonymousWritesTests {
         try await SignInHarness.with(configure: {
             $0.server.trustedProxies = [CIDR.parse("127.0.0.1/32")!]
             $0.apple?.loginsPerMinute = 3
-        }) { h in
+        }) { h throws in  // (its only throwing calls are inside #expect, which a closure does not count)
             func logins(from source: String, forwardedFor: [String]) async throws -> [Int] {
                 let port = h.gatewayPort
                 return try await blocking {

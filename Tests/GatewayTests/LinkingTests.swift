@@ -167,7 +167,7 @@ struct LinkingTests {
             #expect(try await h.service.authenticator.store.account(linkedTo: sub, on: loop).get() == nil)
             #expect(try await Self.post(browser, #"{"sub":"another.1","account":"acct-9"}"#).status == 200, "the account is free")
 
-            try await SignInHarness.with(store: .memory) { plain in
+            try await SignInHarness.with(store: .memory) { plain throws in  // (its only throwing call is inside #expect)
                 #expect(try await Self.post(TestBrowser(gatewayOrigin: plain.origin), #"{"sub":"a.1","account":"x"}"#).status == 404)
             }
         }

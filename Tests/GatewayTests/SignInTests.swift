@@ -379,8 +379,10 @@ struct RedisSessionEndToEndTests {
             _ = try await b.signIn(from: "/x", as: h.simulator.createUser())
             #expect(try await b.request("/x").status == 200)
             let redis = try #require(h.redis)
-            try await withTeardown(RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
-                                         group: .singleton, logger: Logger(label: "t"))  // seconds: the whole suite shares 2 cores, stop: { await $0.close() }) { client in
+            // Seconds for this client's commands: the whole suite shares 2 cores.
+            let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
+                                         group: .singleton, logger: Logger(label: "t"))
+            try await withTeardown(client, stop: { await $0.close() }) { client in
                 let prefix = h.configuration.store.keyPrefix
                 let keys = try await client.send(["KEYS", .string(prefix + "session:*")])
                 guard case .array(let items?) = keys, let key = items.first?.string else { Issue.record("no session key"); return }
