@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import TestSupport
 import Testing
 
 @testable import AppleID
@@ -85,80 +86,80 @@ struct SimulatorContractTests {
             teamB.teamID = "TEAMB12345"
             teamB.clock = f.clock
             let clock = f.clock
-            let b = try await SimulatedAppleID.start(
+            try await withTeardown(SimulatedAppleID.start(
                 team: .init(teamID: teamB.teamID, keys: [teamB.keyID: teamB.key.publicKey], clients: [TokenFixture.web: [TokenFixture.returnURL]]),
-                clock: { clock.now }, ledger: f.simulator.ledger)
-            defer { Task { await b.stop() } }
-            let bTokens = AppleTokenClient(baseURL: b.baseURL, httpClient: f.client, secrets: try teamB.minter(), logger: Logger(label: "b"))
+                clock: { clock.now }, ledger: f.simulator.ledger), stop: { await $0.stop() }) { b in
+                let bTokens = AppleTokenClient(baseURL: b.baseURL, httpClient: f.client, secrets: try teamB.minter(), logger: Logger(label: "b"))
 
-            let refresh = try await f.refreshToken()
-            let sub = f.simulator.grants.withLockedValue { $0.refreshTokens[refresh]!.sub }
-            let revoked = f.simulator.createUser()
-            guard case .success(let credentials) = await f.tokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("client_credentials"); return }
-            let access = credentials.accessToken
-            let bearer = [("authorization", "Bearer \(access)")]
-            let ask = "client_id=\(TokenFixture.web)&client_secret=\(try f.secret())&sub=\(sub)&target=TEAMB12345"
+                let refresh = try await f.refreshToken()
+                let sub = f.simulator.grants.withLockedValue { $0.refreshTokens[refresh]!.sub }
+                let revoked = f.simulator.createUser()
+                guard case .success(let credentials) = await f.tokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("client_credentials"); return }
+                let access = credentials.accessToken
+                let bearer = [("authorization", "Bearer \(access)")]
+                let ask = "client_id=\(TokenFixture.web)&client_secret=\(try f.secret())&sub=\(sub)&target=TEAMB12345"
 
-            // Before the transfer: the sending team prepares transfer ids (TN3159).
-            guard case .transferSubject(let transferSub) = await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) else {
-                Issue.record("a transfer id before the transfer"); return
+                // Before the transfer: the sending team prepares transfer ids (TN3159).
+                guard case .transferSubject(let transferSub) = await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) else {
+                    Issue.record("a transfer id before the transfer"); return
+                }
+                #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) == .transferSubject(transferSub), "stable")
+                let refusals: [(String, String, [(String, String)], String)] = [
+                    ("no bearer token", ask, [], "invalid_request"),
+                    ("another team's bearer token", ask, [("authorization", "Bearer a-not-ours")], "invalid_request"),
+                    ("an unknown target team", ask.replacingOccurrences(of: "TEAMB12345", with: "TEAMC12345"), bearer, "invalid_request"),
+                    ("our own team as target", ask.replacingOccurrences(of: "TEAMB12345", with: f.team.teamID), bearer, "invalid_request"),
+                    ("a user who never consented", ask.replacingOccurrences(of: sub, with: revoked), bearer, "invalid_request"),
+                    ("a bad client secret", "client_id=\(TokenFixture.web)&client_secret=bad&sub=\(sub)&target=TEAMB12345", bearer, "invalid_client"),
+                    ("both forms at once", ask + "&transfer_sub=\(transferSub)", bearer, "invalid_request"),
+                ]
+                for (name, form, headers, error) in refusals {
+                    let (status, json) = try await f.post("/auth/usermigrationinfo", form, headers: headers)
+                    #expect(status == 400 && json["error"] as? String == error, "\(name): \(json)")
+                }
+                guard case .success(let bAccess) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("B's client_credentials"); return }
+                #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
+                        "the recipient cannot exchange before the transfer")
+
+                SimulatedAppleID.transfer(from: f.simulator, to: b)
+                #expect(await f.tokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: access) == .refused(reason: "invalid_request"),
+                        "the sending team cannot exchange: the id is for team B")
+                guard case .subject(let newSub, let email, let privateEmail) = await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) else {
+                    Issue.record("the exchange"); return
+                }
+                #expect(newSub != sub && privateEmail && email?.hasSuffix("@privaterelay.appleid.com") == true)
+                #expect(email != f.simulator.grants.withLockedValue { $0.users[sub]?.email }, "a new relay address at the new team")
+
+                // The user signs in at team B: the token carries the new sub and the transfer id.
+                let code = b.issueCode(sub: newSub, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL, nonce: nil)
+                guard case .success(let tokens) = await bTokens.exchange(code: code, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL) else { Issue.record("exchange at B"); return }
+                let bKeys = AppleKeySet(baseURL: b.baseURL, httpClient: f.client, logger: Logger(label: "b"))
+                let verifier = IdentityTokenVerifier(keySet: bKeys, clientIDs: [TokenFixture.web], now: { clock.now })
+                let identity = try await verifier.verify(try #require(tokens.idToken), expectedNonce: nil)
+                #expect(identity.subject == newSub && identity.transferSubject == transferSub)
+
+                // A user who revokes at B before the exchange: invalid_request (TN3107).
+                let other = f.simulator.createUser()
+                _ = f.simulator.grants.withLockedValue { $0.users[other]?.authorized = true }
+                guard case .transferSubject(let otherID) = await f.tokens.transferSubject(of: other, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) else {
+                    Issue.record("no transfer id: consent came with the transfer? \(other)"); return
+                }
+                #expect(await bTokens.exchange(transferSubject: otherID, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
+                        "a user who consented only after the transfer did not move")
+
+                // The client_credentials token lives its expires_in (3600 s), then a new one is needed.
+                f.clock.advance(3601)
+                #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"), "expired token")
+                guard case .success(let renewed) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("renewal"); return }
+                #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: renewed.accessToken) == .subject(sub: newSub, email: email, privateEmail: true))
+
+                f.clock.advance(60 * 86_400)
+                guard case .success(let lateA) = await f.tokens.migrationAccessToken(clientID: TokenFixture.web),
+                      case .success(let lateB) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("tokens after the window"); return }
+                #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: lateA.accessToken) == .refused(reason: "invalid_request"), "the window has closed")
+                #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: lateB.accessToken) == .refused(reason: "invalid_request"))
+                #expect(b.activeTransferID(for: newSub, now: f.clock.now) == nil, "no more transfer_sub in tokens")
             }
-            #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) == .transferSubject(transferSub), "stable")
-            let refusals: [(String, String, [(String, String)], String)] = [
-                ("no bearer token", ask, [], "invalid_request"),
-                ("another team's bearer token", ask, [("authorization", "Bearer a-not-ours")], "invalid_request"),
-                ("an unknown target team", ask.replacingOccurrences(of: "TEAMB12345", with: "TEAMC12345"), bearer, "invalid_request"),
-                ("our own team as target", ask.replacingOccurrences(of: "TEAMB12345", with: f.team.teamID), bearer, "invalid_request"),
-                ("a user who never consented", ask.replacingOccurrences(of: sub, with: revoked), bearer, "invalid_request"),
-                ("a bad client secret", "client_id=\(TokenFixture.web)&client_secret=bad&sub=\(sub)&target=TEAMB12345", bearer, "invalid_client"),
-                ("both forms at once", ask + "&transfer_sub=\(transferSub)", bearer, "invalid_request"),
-            ]
-            for (name, form, headers, error) in refusals {
-                let (status, json) = try await f.post("/auth/usermigrationinfo", form, headers: headers)
-                #expect(status == 400 && json["error"] as? String == error, "\(name): \(json)")
-            }
-            guard case .success(let bAccess) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("B's client_credentials"); return }
-            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
-                    "the recipient cannot exchange before the transfer")
-
-            SimulatedAppleID.transfer(from: f.simulator, to: b)
-            #expect(await f.tokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: access) == .refused(reason: "invalid_request"),
-                    "the sending team cannot exchange: the id is for team B")
-            guard case .subject(let newSub, let email, let privateEmail) = await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) else {
-                Issue.record("the exchange"); return
-            }
-            #expect(newSub != sub && privateEmail && email?.hasSuffix("@privaterelay.appleid.com") == true)
-            #expect(email != f.simulator.grants.withLockedValue { $0.users[sub]?.email }, "a new relay address at the new team")
-
-            // The user signs in at team B: the token carries the new sub and the transfer id.
-            let code = b.issueCode(sub: newSub, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL, nonce: nil)
-            guard case .success(let tokens) = await bTokens.exchange(code: code, clientID: TokenFixture.web, redirectURI: TokenFixture.returnURL) else { Issue.record("exchange at B"); return }
-            let bKeys = AppleKeySet(baseURL: b.baseURL, httpClient: f.client, logger: Logger(label: "b"))
-            let verifier = IdentityTokenVerifier(keySet: bKeys, clientIDs: [TokenFixture.web], now: { clock.now })
-            let identity = try await verifier.verify(try #require(tokens.idToken), expectedNonce: nil)
-            #expect(identity.subject == newSub && identity.transferSubject == transferSub)
-
-            // A user who revokes at B before the exchange: invalid_request (TN3107).
-            let other = f.simulator.createUser()
-            _ = f.simulator.grants.withLockedValue { $0.users[other]?.authorized = true }
-            guard case .transferSubject(let otherID) = await f.tokens.transferSubject(of: other, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: access) else {
-                Issue.record("no transfer id: consent came with the transfer? \(other)"); return
-            }
-            #expect(await bTokens.exchange(transferSubject: otherID, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"),
-                    "a user who consented only after the transfer did not move")
-
-            // The client_credentials token lives its expires_in (3600 s), then a new one is needed.
-            f.clock.advance(3601)
-            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: bAccess.accessToken) == .refused(reason: "invalid_request"), "expired token")
-            guard case .success(let renewed) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("renewal"); return }
-            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: renewed.accessToken) == .subject(sub: newSub, email: email, privateEmail: true))
-
-            f.clock.advance(60 * 86_400)
-            guard case .success(let lateA) = await f.tokens.migrationAccessToken(clientID: TokenFixture.web),
-                  case .success(let lateB) = await bTokens.migrationAccessToken(clientID: TokenFixture.web) else { Issue.record("tokens after the window"); return }
-            #expect(await f.tokens.transferSubject(of: sub, target: "TEAMB12345", clientID: TokenFixture.web, accessToken: lateA.accessToken) == .refused(reason: "invalid_request"), "the window has closed")
-            #expect(await bTokens.exchange(transferSubject: transferSub, clientID: TokenFixture.web, accessToken: lateB.accessToken) == .refused(reason: "invalid_request"))
-            #expect(b.activeTransferID(for: newSub, now: f.clock.now) == nil, "no more transfer_sub in tokens")
         }
     }
 }

@@ -5,6 +5,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import TestSupport
 import Testing
 
 @testable import AppleID
@@ -116,23 +117,23 @@ struct SimulatorFidelityTests {
     func controlNotifies() async throws {
         let receiver = try await NotificationReceiver(statuses: [])
         let team = TeamFixture()
-        let simulator = try await SimulatedAppleID.start(
+        try await withTeardown(SimulatedAppleID.start(
             team: .init(teamID: team.teamID, keys: [team.keyID: team.key.publicKey], clients: [TokenFixture.web: [TokenFixture.returnURL], TokenFixture.app: []]),
-            notificationURL: receiver.url)
-        defer { Task { await simulator.stop() } }
-        let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
-        defer { Task { try? await client.shutdown() } }
-        for (index, action) in ["revoke-consent", "delete-account"].enumerated() {
-            let sub = simulator.createUser()
-            var request = HTTPClientRequest(url: simulator.baseURL + "/sim/users/\(sub)/\(action)")
-            request.method = .POST
-            let response = try await client.execute(request, timeout: .seconds(5))
-            #expect(response.status == .ok)
-            await receiver.waitForBodies(index + 1)
-            let body = try #require(receiver.bodies.withLockedValue { $0.last })
-            let payload = try #require((try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any])?["payload"] as? String)
-            let events = Self.claims(payload)["events"] as? String ?? ""
-            #expect(events.contains(action == "revoke-consent" ? "consent-revoked" : "account-delete") && events.contains(sub), "\(events)")
+            notificationURL: receiver.url), stop: { await $0.stop() }) { simulator in
+            try await withTeardown(HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton)), stop: { try? await $0.shutdown() }) { client in
+                for (index, action) in ["revoke-consent", "delete-account"].enumerated() {
+                    let sub = simulator.createUser()
+                    var request = HTTPClientRequest(url: simulator.baseURL + "/sim/users/\(sub)/\(action)")
+                    request.method = .POST
+                    let response = try await client.execute(request, timeout: .seconds(5))
+                    #expect(response.status == .ok)
+                    await receiver.waitForBodies(index + 1)
+                    let body = try #require(receiver.bodies.withLockedValue { $0.last })
+                    let payload = try #require((try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any])?["payload"] as? String)
+                    let events = Self.claims(payload)["events"] as? String ?? ""
+                    #expect(events.contains(action == "revoke-consent" ? "consent-revoked" : "account-delete") && events.contains(sub), "\(events)")
+                }
+            }
         }
     }
 }

@@ -28,7 +28,12 @@ final class EventReceiver: Sendable {
         self.url = url
     }
 
-    static func start() async throws -> EventReceiver {
+    /// Runs `body` with a started receiver, stopped before this returns or rethrows.
+    static func with<Result>(_ body: (EventReceiver) async throws -> Result) async throws -> Result {
+        try await withTeardown(try await start(), stop: { await $0.stop() }, body)
+    }
+
+    private static func start() async throws -> EventReceiver {
         let box = NIOLockedValueBox<EventReceiver?>(nil)
         let server = try await SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
             box.withLockedValue { $0 }?.receive(request) ?? SimpleResponse(status: .serviceUnavailable, "starting")
@@ -92,87 +97,90 @@ struct AppEventsTests {
         return try await Base64URLTest.verifiedClaims(token, gateway: gateway)
     }
 
-    static func start(_ receiver: EventReceiver, store: SignInHarness.Store = .memory, deletions: EventReceiver? = nil) async throws -> SignInHarness {
-        try await SignInHarness.start(store: store, assertion: true) { c in
+    static func with<Result>(_ receiver: EventReceiver, store: SignInHarness.Store = .memory, deletions: EventReceiver? = nil,
+                             _ body: (SignInHarness) async throws -> Result) async throws -> Result {
+        try await SignInHarness.with(store: store, assertion: true, configure: { c in
             c.events.url = receiver.url
             if let deletions { c.events.urls["user.deleted"] = deletions.url }
-        }
+        }, body)
     }
 
     @Test("each kind reaches the app, signed: session ended, email changed, revoked, deleted (to its own URL)")
     func kinds() async throws {
-        let receiver = try await EventReceiver.start(), deletions = try await EventReceiver.start()
-        defer { Task { await receiver.stop(); await deletions.stop() } }
-        let h = try await Self.start(receiver, deletions: deletions)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: sub)
-        #expect(try await browser.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
-        let ended = try await Self.verified(try #require(await receiver.waitFor(1).first), gateway: browser)
-        #expect(ended["type"] as? String == "session.ended" && ended["sub"] as? String == sub && ended["reason"] as? String == "logout")
-        #expect(ended["iss"] as? String == h.origin && ended["aud"] as? String == receiver.url && (ended["jti"] as? String)?.isEmpty == false)
-        #expect((ended["session"] as? String)?.count == 12, "a short store key, never the session id")
+        try await EventReceiver.with { receiver in
+            try await EventReceiver.with { deletions in
+                try await Self.with(receiver, deletions: deletions) { h in
+                    let sub = h.simulator.createUser()
+                    let browser = TestBrowser(gatewayOrigin: h.origin)
+                    _ = try await browser.signIn(from: "/x", as: sub)
+                    #expect(try await browser.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+                    let ended = try await Self.verified(try #require(await receiver.waitFor(1).first), gateway: browser)
+                    #expect(ended["type"] as? String == "session.ended" && ended["sub"] as? String == sub && ended["reason"] as? String == "logout")
+                    #expect(ended["iss"] as? String == h.origin && ended["aud"] as? String == receiver.url && (ended["jti"] as? String)?.isEmpty == false)
+                    #expect((ended["session"] as? String)?.count == 12, "a short store key, never the session id")
 
-        let url = h.origin + "/_auth/apple/notifications"
-        _ = try await browser.signIn(from: "/x", as: sub)
-        #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, retryDelays: []).status == 200)
-        let changed = try await Self.verified(try #require(await receiver.waitFor(2).last), gateway: browser)
-        #expect(changed["type"] as? String == "user.email_changed" && changed["email_forwarding"] as? String == "disabled")
+                    let url = h.origin + "/_auth/apple/notifications"
+                    _ = try await browser.signIn(from: "/x", as: sub)
+                    #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, retryDelays: []).status == 200)
+                    let changed = try await Self.verified(try #require(await receiver.waitFor(2).last), gateway: browser)
+                    #expect(changed["type"] as? String == "user.email_changed" && changed["email_forwarding"] as? String == "disabled")
 
-        #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, retryDelays: []).status == 200)
-        let revoked = try await Self.verified(try #require(await receiver.waitFor(3).last), gateway: browser)
-        #expect(revoked["type"] as? String == "user.revoked" && revoked["reason"] as? String == "consent_revoked")
+                    #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, retryDelays: []).status == 200)
+                    let revoked = try await Self.verified(try #require(await receiver.waitFor(3).last), gateway: browser)
+                    #expect(revoked["type"] as? String == "user.revoked" && revoked["reason"] as? String == "consent_revoked")
 
-        _ = try await browser.signIn(from: "/x", as: sub)
-        #expect(await h.simulator.sendNotification(.accountDelete, sub: sub, to: url, retryDelays: []).status == 200)
-        let deleted = try await Self.verified(try #require(await deletions.waitFor(1).first), gateway: browser)
-        #expect(deleted["type"] as? String == "user.deleted" && deleted["reason"] as? String == "account_deleted" && deleted["aud"] as? String == deletions.url)
-        #expect(receiver.received.allSatisfy { $0.type != "user.deleted" }, "user.deleted goes to its own URL")
-        #expect(receiver.received.map(\.type) == ["session.ended", "user.email_changed", "user.revoked"])
+                    _ = try await browser.signIn(from: "/x", as: sub)
+                    #expect(await h.simulator.sendNotification(.accountDelete, sub: sub, to: url, retryDelays: []).status == 200)
+                    let deleted = try await Self.verified(try #require(await deletions.waitFor(1).first), gateway: browser)
+                    #expect(deleted["type"] as? String == "user.deleted" && deleted["reason"] as? String == "account_deleted" && deleted["aud"] as? String == deletions.url)
+                    #expect(receiver.received.allSatisfy { $0.type != "user.deleted" }, "user.deleted goes to its own URL")
+                    #expect(receiver.received.map(\.type) == ["session.ended", "user.email_changed", "user.revoked"])
+                }
+            }
+        }
     }
 
     @Test("the app down for a while: events wait in the store's outbox and arrive once it is back")
     func receiverDown() async throws {
-        let receiver = try await EventReceiver.start()
-        defer { Task { await receiver.stop() } }
-        let h = try await Self.start(receiver, store: .redis)
-        defer { Task { await h.stop() } }
-        // The test drives the outbox's passes itself: its timer would race them. The session
-        // clock stands still, so that no backoff runs out while a loaded machine signs the three
-        // users in (a full parallel run took longer than the first backoff, and a job was due).
-        h.service.core.outbox.stop()
-        h.clock.freeze()
-        receiver.setDown(true)
-        var subs: [String] = []
-        for _ in 0..<3 {
-            let sub = h.simulator.createUser()
-            subs.append(sub)
-            let browser = TestBrowser(gatewayOrigin: h.origin)
-            _ = try await browser.signIn(from: "/x", as: sub)
-            #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204,
-                    "the app being down never blocks the user")
+        try await EventReceiver.with { receiver in
+            try await Self.with(receiver, store: .redis) { h in
+                // The test drives the outbox's passes itself: its timer would race them. The session
+                // clock stands still, so that no backoff runs out while a loaded machine signs the three
+                // users in (a full parallel run took longer than the first backoff, and a job was due).
+                h.service.core.outbox.stop()
+                h.clock.freeze()
+                receiver.setDown(true)
+                var subs: [String] = []
+                for _ in 0..<3 {
+                    let sub = h.simulator.createUser()
+                    subs.append(sub)
+                    let browser = TestBrowser(gatewayOrigin: h.origin)
+                    _ = try await browser.signIn(from: "/x", as: sub)
+                    #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204,
+                            "the app being down never blocks the user")
+                }
+                let outbox = h.service.core.outbox
+                // Each event's first attempt runs in the background: wait until all three have failed once.
+                var pending: [OutboxJob] = []
+                for _ in 0..<500 {
+                    pending = try await h.service.core.store.jobs(on: outbox.loop).get().filter { $0.kind == .event }
+                    if pending.count == 3, pending.allSatisfy({ $0.attempts == 1 }) { break }
+                    try await Task.sleep(for: .milliseconds(10))
+                }
+                #expect(pending.count == 3 && pending.allSatisfy { $0.attempts == 1 }, "\(pending.map(\.attempts))")
+                #expect(receiver.received.isEmpty)
+                receiver.setDown(false)
+                #expect(await outbox.runDue().isEmpty, "not due before the backoff")
+                h.clock.advance(by: .seconds(6))
+                #expect(await outbox.runDue().count == 3)
+                let delivered = await receiver.waitFor(3)
+                #expect(Set(delivered.map(\.type)) == ["user.deleted"] && delivered.count == 3)
+                var told: Set<String> = []
+                for event in delivered { told.insert(try await Self.verified(event, gateway: TestBrowser(gatewayOrigin: h.origin))["sub"] as? String ?? "") }
+                #expect(told == Set(subs))
+                #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
+            }
         }
-        let outbox = h.service.core.outbox
-        // Each event's first attempt runs in the background: wait until all three have failed once.
-        var pending: [OutboxJob] = []
-        for _ in 0..<500 {
-            pending = try await h.service.core.store.jobs(on: outbox.loop).get().filter { $0.kind == .event }
-            if pending.count == 3, pending.allSatisfy({ $0.attempts == 1 }) { break }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        #expect(pending.count == 3 && pending.allSatisfy { $0.attempts == 1 }, "\(pending.map(\.attempts))")
-        #expect(receiver.received.isEmpty)
-        receiver.setDown(false)
-        #expect(await outbox.runDue().isEmpty, "not due before the backoff")
-        h.clock.advance(by: .seconds(6))
-        #expect(await outbox.runDue().count == 3)
-        let delivered = await receiver.waitFor(3)
-        #expect(Set(delivered.map(\.type)) == ["user.deleted"] && delivered.count == 3)
-        var told: Set<String> = []
-        for event in delivered { told.insert(try await Self.verified(event, gateway: TestBrowser(gatewayOrigin: h.origin))["sub"] as? String ?? "") }
-        #expect(told == Set(subs))
-        #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
     }
 
     @Test("events need the assertion key; URLs are checked")

@@ -112,10 +112,10 @@ struct CheckServeParityTests {
         try yaml.write(toFile: path, atomically: true, encoding: .utf8)
         let check = try await Self.run(["check", "--config", path])
         #expect(check.status == 0 && check.output.last == "ok", "\(check.output)")
-        let serve = try GatewayProcess(arguments: ["serve", "--config", path])
-        defer { serve.stop() }
-        _ = try await serve.ports()
-        serve.signal(SIGTERM)
-        #expect(await serve.waitForExit() == 0)
+        try await GatewayProcess.with(arguments: ["serve", "--config", path]) { serve in
+            _ = try await serve.ports()
+            serve.signal(SIGTERM)
+            #expect(await serve.waitForExit() == 0)
+        }
     }
 }

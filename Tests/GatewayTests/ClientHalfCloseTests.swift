@@ -33,30 +33,30 @@ struct ClientHalfCloseTests {
     func goneMidBody(_ name: String, halfClose: Bool) async throws {
         let app = try RawListener()
         let exchanges = RecordedExchanges()
-        let h = try await ProxyHarness.start(timeouts: Self.longTimeouts, upstreamPort: app.port, observer: exchanges)
-        defer { Task { await h.stop() } }
-        let port = h.port
-        let (appSawClose, seconds, answered) = try await blocking { () -> (Bool, Double, Bool) in
-            let client = try RawClient(port: port, timeoutSeconds: 10)
-            try client.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789")
-            // The app's side reads with a 3 s receive timeout: the upper bound of every wait below.
-            let upstream = try app.accept(timeoutSeconds: 3)
-            _ = try upstream.readUntil("\r\n\r\n")
-            _ = try upstream.read(count: 10)
-            if halfClose { shutdown(client.fd, Int32(SHUT_WR)) } else { client.disconnect() }
-            let start = Date()
-            let closed = upstream.waitForClose()
-            let seconds = Date().timeIntervalSince(start)
-            // Nothing can be answered to a request that never arrived whole.
-            let answered = halfClose && (try? client.readResponse()) != nil
-            return (closed, seconds, answered)
+        try await ProxyHarness.with(timeouts: Self.longTimeouts, upstreamPort: app.port, observer: exchanges) { h in
+            let port = h.port
+            let (appSawClose, seconds, answered) = try await blocking { () -> (Bool, Double, Bool) in
+                let client = try RawClient(port: port, timeoutSeconds: 10)
+                try client.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n0123456789")
+                // The app's side reads with a 3 s receive timeout: the upper bound of every wait below.
+                let upstream = try app.accept(timeoutSeconds: 3)
+                _ = try upstream.readUntil("\r\n\r\n")
+                _ = try upstream.read(count: 10)
+                if halfClose { shutdown(client.fd, Int32(SHUT_WR)) } else { client.disconnect() }
+                let start = Date()
+                let closed = upstream.waitForClose()
+                let seconds = Date().timeIntervalSince(start)
+                // Nothing can be answered to a request that never arrived whole.
+                let answered = halfClose && (try? client.readResponse()) != nil
+                return (closed, seconds, answered)
+            }
+            #expect(appSawClose, "\(name): the truncated request stays open at the app")
+            #expect(seconds < 2, "\(name): \(seconds) s")
+            #expect(!answered, "\(name)")
+            let records = exchanges.records.withLockedValue { $0 }
+            #expect(records.map(\.status) == [ExchangeRecord.clientClosedRequest], "\(name)")
+            #expect(records.map(\.aborted) == [true], "\(name)")
         }
-        #expect(appSawClose, "\(name): the truncated request stays open at the app")
-        #expect(seconds < 2, "\(name): \(seconds) s")
-        #expect(!answered, "\(name)")
-        let records = exchanges.records.withLockedValue { $0 }
-        #expect(records.map(\.status) == [ExchangeRecord.clientClosedRequest], "\(name)")
-        #expect(records.map(\.aborted) == [true], "\(name)")
     }
 
     static let get1 = "GET /echo/1 HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -70,39 +70,39 @@ struct ClientHalfCloseTests {
         ("a GET, then a POST cut short in its body", get1 + "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc", ["/echo/1"]),
     ])
     func finAfterPipelined(_ name: String, raw: String, answered: [String]) async throws {
-        let h = try await ProxyHarness.start(timeouts: Self.longTimeouts)
-        defer { Task { await h.stop() } }
-        let port = h.port
-        let (responses, closed) = try await blocking { () -> ([RawClient.Response], Bool) in
-            let client = try RawClient(port: port, timeoutSeconds: 3)
-            try client.send(raw)
-            shutdown(client.fd, Int32(SHUT_WR))
-            var responses: [RawClient.Response] = []
-            while responses.count < answered.count, let response = try? client.readResponse() { responses.append(response) }
-            return (responses, client.waitForClose())
+        try await ProxyHarness.with(timeouts: Self.longTimeouts) { h in
+            let port = h.port
+            let (responses, closed) = try await blocking { () -> ([RawClient.Response], Bool) in
+                let client = try RawClient(port: port, timeoutSeconds: 3)
+                try client.send(raw)
+                shutdown(client.fd, Int32(SHUT_WR))
+                var responses: [RawClient.Response] = []
+                while responses.count < answered.count, let response = try? client.readResponse() { responses.append(response) }
+                return (responses, client.waitForClose())
+            }
+            #expect(responses.map(\.status) == answered.map { _ in 200 }, "\(name)")
+            #expect(zip(responses, answered).allSatisfy { response, path in
+                path == "/upload" ? response.text.hasPrefix("n=5") : response.text.hasPrefix("GET \(path) ")
+            }, "\(name): \(responses.map(\.text))")
+            #expect(closed, "\(name): closed after the last answer, not at a timeout")
+            #expect(h.upstream.stats.withLockedValue { $0.completed } == answered, "\(name)")
         }
-        #expect(responses.map(\.status) == answered.map { _ in 200 }, "\(name)")
-        #expect(zip(responses, answered).allSatisfy { response, path in
-            path == "/upload" ? response.text.hasPrefix("n=5") : response.text.hasPrefix("GET \(path) ")
-        }, "\(name): \(responses.map(\.text))")
-        #expect(closed, "\(name): closed after the last answer, not at a timeout")
-        #expect(h.upstream.stats.withLockedValue { $0.completed } == answered, "\(name)")
     }
 
     @Test("a WebSocket handshake followed at once by the client's FIN: the tunnel passes the FIN on to the app, and closes")
     func finBeforeTunnel() async throws {
-        let h = try await ProxyHarness.start(timeouts: Self.longTimeouts)
-        defer { Task { await h.stop() } }
-        let port = h.port
-        let (status, closed) = try await blocking { () -> (Int, Bool) in
-            let client = try RawClient(port: port, timeoutSeconds: 3)
-            try client.send("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-            shutdown(client.fd, Int32(SHUT_WR))
-            let status = try client.readResponse().status
-            // The app (which closes on its peer's FIN) ends the tunnel: not an open half forever.
-            return (status, client.waitForClose())
+        try await ProxyHarness.with(timeouts: Self.longTimeouts) { h in
+            let port = h.port
+            let (status, closed) = try await blocking { () -> (Int, Bool) in
+                let client = try RawClient(port: port, timeoutSeconds: 3)
+                try client.send("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                shutdown(client.fd, Int32(SHUT_WR))
+                let status = try client.readResponse().status
+                // The app (which closes on its peer's FIN) ends the tunnel: not an open half forever.
+                return (status, client.waitForClose())
+            }
+            #expect(status == 101)
+            #expect(closed)
         }
-        #expect(status == 101)
-        #expect(closed)
     }
 }

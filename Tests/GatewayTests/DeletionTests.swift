@@ -31,98 +31,98 @@ struct DeletionTests {
 
     @Test("the user deletes their account: every token they gave is revoked at Apple, the profile is gone", arguments: [SignInHarness.Store.memory, .redis])
     func disconnect(store: SignInHarness.Store) async throws {
-        let h = try await SignInHarness.start(store: store)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
-        let web = try await Self.signInEverywhere(h, sub)
-        #expect(Self.tokens(of: sub, at: h.simulator).count == 3)
-        let revokes = h.simulator.requestCount("/auth/revoke")
-        let loop = h.service.core.outbox.loop
-        #expect(try await h.service.core.store.profile(of: sub, on: loop).get() != nil)
-        let answer = try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: [])
-        #expect(answer.status == 204)
-        let tokens = Self.tokens(of: sub, at: h.simulator)
-        // One call per client's latest token (web, app): Apple's revocation ends the user's whole
-        // authorization, the logged-out session's older token with it.
-        #expect(h.simulator.requestCount("/auth/revoke") - revokes == 2)
-        #expect(tokens.count == 3 && tokens.allSatisfy { $0.revoked }, "\(tokens)")
-        #expect(try await h.service.core.store.profile(of: sub, on: loop).get() == nil, "the profile is deleted")
-        #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get().isEmpty)
-        #expect(try await h.service.core.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
+        try await SignInHarness.with(store: store) { h in
+            let sub = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
+            let web = try await Self.signInEverywhere(h, sub)
+            #expect(Self.tokens(of: sub, at: h.simulator).count == 3)
+            let revokes = h.simulator.requestCount("/auth/revoke")
+            let loop = h.service.core.outbox.loop
+            #expect(try await h.service.core.store.profile(of: sub, on: loop).get() != nil)
+            let answer = try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: [])
+            #expect(answer.status == 204)
+            let tokens = Self.tokens(of: sub, at: h.simulator)
+            // One call per client's latest token (web, app): Apple's revocation ends the user's whole
+            // authorization, the logged-out session's older token with it.
+            #expect(h.simulator.requestCount("/auth/revoke") - revokes == 2)
+            #expect(tokens.count == 3 && tokens.allSatisfy { $0.revoked }, "\(tokens)")
+            #expect(try await h.service.core.store.profile(of: sub, on: loop).get() == nil, "the profile is deleted")
+            #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get().isEmpty)
+            #expect(try await h.service.core.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
+        }
     }
 
     @Test("Apple down during the deletion: the user is revoked here at once; the outbox revokes the tokens when Apple is back")
     func outboxRetries() async throws {
-        let h = try await SignInHarness.start(store: .redis)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let web = try await Self.signInEverywhere(h, sub)
-        // The test drives the outbox's passes itself: its timer would race them.
-        h.service.core.outbox.stop()
-        h.simulator.setFaults { $0.revokeFailureStatus = 503 }
-        #expect(try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
-        #expect(try await web.request("/x").status == 302, "revoked here whatever Apple said")
-        let outbox = h.service.core.outbox
-        let pending = try await h.service.core.store.jobs(on: outbox.loop).get()
-        #expect(pending.count == 2 && pending.allSatisfy { $0.kind == .appleRevoke && $0.attempts == 1 }, "one per client: \(pending)")
-        #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { !$0.revoked })
-        // Not due yet: a pass does nothing.
-        #expect(await outbox.runDue().isEmpty)
-        h.simulator.setFaults { $0.revokeFailureStatus = nil }
-        h.clock.advance(by: .seconds(6))  // past the first backoff (5 s)
-        #expect(await outbox.runDue().count == 2)
-        #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { $0.revoked })
-        #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
+        try await SignInHarness.with(store: .redis) { h in
+            let sub = h.simulator.createUser()
+            let web = try await Self.signInEverywhere(h, sub)
+            // The test drives the outbox's passes itself: its timer would race them.
+            h.service.core.outbox.stop()
+            h.simulator.setFaults { $0.revokeFailureStatus = 503 }
+            #expect(try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+            #expect(try await web.request("/x").status == 302, "revoked here whatever Apple said")
+            let outbox = h.service.core.outbox
+            let pending = try await h.service.core.store.jobs(on: outbox.loop).get()
+            #expect(pending.count == 2 && pending.allSatisfy { $0.kind == .appleRevoke && $0.attempts == 1 }, "one per client: \(pending)")
+            #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { !$0.revoked })
+            // Not due yet: a pass does nothing.
+            #expect(await outbox.runDue().isEmpty)
+            h.simulator.setFaults { $0.revokeFailureStatus = nil }
+            h.clock.advance(by: .seconds(6))  // past the first backoff (5 s)
+            #expect(await outbox.runDue().count == 2)
+            #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { $0.revoked })
+            #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
+        }
     }
 
     @Test("a queued revocation this gateway's key cannot open is dropped, not retried forever")
     func unopenableRevocationDropped() async throws {
-        let h = try await SignInHarness.start(store: .memory)
-        defer { Task { await h.stop() } }
-        let outbox = h.service.core.outbox
-        outbox.stop()
-        let store = h.service.core.store
-        let foreign = AppleRevocation(clientID: SignInHarness.webClient, context: SessionKeys.userContext("001.x"), sealedToken: "c2VhbGVkLWVsc2V3aGVyZQ")
-        let t = h.clock.now()
-        try await store.putJob(OutboxJob(id: foreign.jobID, kind: .appleRevoke, payload: foreign.payload, nextAttempt: t, created: t), on: outbox.loop).get()
-        let revokes = h.simulator.requestCount("/auth/revoke")
-        #expect(await outbox.runDue().isEmpty, "not done")
-        #expect(try await store.jobs(on: outbox.loop).get().isEmpty, "dropped")
-        #expect(h.simulator.requestCount("/auth/revoke") == revokes, "Apple was not called")
+        try await SignInHarness.with(store: .memory) { h in
+            let outbox = h.service.core.outbox
+            outbox.stop()
+            let store = h.service.core.store
+            let foreign = AppleRevocation(clientID: SignInHarness.webClient, context: SessionKeys.userContext("001.x"), sealedToken: "c2VhbGVkLWVsc2V3aGVyZQ")
+            let t = h.clock.now()
+            try await store.putJob(OutboxJob(id: foreign.jobID, kind: .appleRevoke, payload: foreign.payload, nextAttempt: t, created: t), on: outbox.loop).get()
+            let revokes = h.simulator.requestCount("/auth/revoke")
+            #expect(await outbox.runDue().isEmpty, "not done")
+            #expect(try await store.jobs(on: outbox.loop).get().isEmpty, "dropped")
+            #expect(h.simulator.requestCount("/auth/revoke") == revokes, "Apple was not called")
+        }
     }
 
     @Test("a consent-revoked delivered after the user signed in again ends only the sessions from before it")
     func lateNotification() async throws {
-        let h = try await SignInHarness.start(store: .redis)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let before = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await before.signIn(from: "/x", as: sub)
-        let eventTime = h.clock.now() / 1000 + 30  // the user revoked consent 30 s after this sign-in
-        h.clock.advance(by: .seconds(60))
-        let after = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await after.signIn(from: "/x", as: sub)  // … and signed in again 30 s later
-        let delivery = await h.simulator.sendNotification(.consentRevoked, sub: sub, to: h.origin + "/_auth/apple/notifications",
-                                                          eventTime: eventTime, retryDelays: [])
-        #expect(delivery.status == 200)
-        #expect(try await before.request("/x").status == 302, "created before the event: ended")
-        #expect(try await after.request("/x").status == 200, "created after it: kept")
+        try await SignInHarness.with(store: .redis) { h in
+            let sub = h.simulator.createUser()
+            let before = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await before.signIn(from: "/x", as: sub)
+            let eventTime = h.clock.now() / 1000 + 30  // the user revoked consent 30 s after this sign-in
+            h.clock.advance(by: .seconds(60))
+            let after = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await after.signIn(from: "/x", as: sub)  // … and signed in again 30 s later
+            let delivery = await h.simulator.sendNotification(.consentRevoked, sub: sub, to: h.origin + "/_auth/apple/notifications",
+                                                              eventTime: eventTime, retryDelays: [])
+            #expect(delivery.status == 200)
+            #expect(try await before.request("/x").status == 302, "created before the event: ended")
+            #expect(try await after.request("/x").status == 200, "created after it: kept")
+        }
     }
 
     @Test("email notifications apply in event order: an older one arriving late is ignored")
     func emailOrdering() async throws {
-        let h = try await SignInHarness.start(store: .memory)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: sub)
-        let url = h.origin + "/_auth/apple/notifications"
-        let now = Int64(Date().timeIntervalSince1970)
-        #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, eventTime: now, retryDelays: []).status == 200)
-        #expect(await h.simulator.sendNotification(.emailEnabled, sub: sub, to: url, eventTime: now - 100, retryDelays: []).status == 200)
-        let info = try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")])
-        #expect(info.body.contains(#""email_forwarding":"disabled""#), "the newer event stands: \(info.body)")
-        #expect(await h.simulator.sendNotification(.emailEnabled, sub: sub, to: url, eventTime: now + 1, retryDelays: []).status == 200)
-        #expect(try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")]).body.contains(#""email_forwarding":"enabled""#))
+        try await SignInHarness.with(store: .memory) { h in
+            let sub = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            let url = h.origin + "/_auth/apple/notifications"
+            let now = Int64(Date().timeIntervalSince1970)
+            #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, eventTime: now, retryDelays: []).status == 200)
+            #expect(await h.simulator.sendNotification(.emailEnabled, sub: sub, to: url, eventTime: now - 100, retryDelays: []).status == 200)
+            let info = try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")])
+            #expect(info.body.contains(#""email_forwarding":"disabled""#), "the newer event stands: \(info.body)")
+            #expect(await h.simulator.sendNotification(.emailEnabled, sub: sub, to: url, eventTime: now + 1, retryDelays: []).status == 200)
+            #expect(try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")]).body.contains(#""email_forwarding":"enabled""#))
+        }
     }
 }

@@ -32,56 +32,56 @@ struct ForwardAuthTests {
     }
 
     @Test func nginxForwardAuth() async throws {
-        let h = try await SignInHarness.start()
-        defer { Task { await h.stop() } }
-        let nginxPort = try closedPort()
-        let directory = NSTemporaryDirectory() + "nginx-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory + "/logs", withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let example = try String(contentsOfFile: "\(repositoryRoot)/conf/nginx-forward-auth.conf", encoding: .utf8)
-            .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(h.gatewayPort)")
-            .replacingOccurrences(of: "127.0.0.1:9000", with: "127.0.0.1:\(h.upstream.port)")
-            .replacingOccurrences(of: "listen 80;", with: "listen 127.0.0.1:\(nginxPort);")
-        try """
-            daemon on;
-            pid \(directory)/nginx.pid;
-            error_log \(directory)/error.log warn;
-            events { worker_connections 64; }
-            http {
-              access_log off;
-              \(example)
+        try await SignInHarness.with { h in
+            let nginxPort = try closedPort()
+            let directory = NSTemporaryDirectory() + "nginx-\(UUID().uuidString)"
+            try FileManager.default.createDirectory(atPath: directory + "/logs", withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let example = try String(contentsOfFile: "\(repositoryRoot)/conf/nginx-forward-auth.conf", encoding: .utf8)
+                .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(h.gatewayPort)")
+                .replacingOccurrences(of: "127.0.0.1:9000", with: "127.0.0.1:\(h.upstream.port)")
+                .replacingOccurrences(of: "listen 80;", with: "listen 127.0.0.1:\(nginxPort);")
+            try """
+                daemon on;
+                pid \(directory)/nginx.pid;
+                error_log \(directory)/error.log warn;
+                events { worker_connections 64; }
+                http {
+                  access_log off;
+                  \(example)
+                }
+                """.write(toFile: directory + "/nginx.conf", atomically: true, encoding: .utf8)
+            // nginx daemonizes: the command returns once it listens.
+            let status = try await blocking { runToCompletion("/usr/sbin/nginx", ["-c", directory + "/nginx.conf", "-p", directory]) }
+            try #require(status == 0, "nginx did not start: \((try? String(contentsOfFile: directory + "/error.log", encoding: .utf8)) ?? "")")
+            defer {
+                if let pid = (try? String(contentsOfFile: directory + "/nginx.pid", encoding: .utf8)).flatMap({ Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) {
+                    kill(pid, SIGTERM)
+                }
             }
-            """.write(toFile: directory + "/nginx.conf", atomically: true, encoding: .utf8)
-        // nginx daemonizes: the command returns once it listens.
-        let status = try await blocking { runToCompletion("/usr/sbin/nginx", ["-c", directory + "/nginx.conf", "-p", directory]) }
-        try #require(status == 0, "nginx did not start: \((try? String(contentsOfFile: directory + "/error.log", encoding: .utf8)) ?? "")")
-        defer {
-            if let pid = (try? String(contentsOfFile: directory + "/nginx.pid", encoding: .utf8)).flatMap({ Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) {
-                kill(pid, SIGTERM)
-            }
+            // nginx cannot remove headers by prefix: only the configured names are replaced.
+            try await Self.exercise(h, front: "http://127.0.0.1:\(nginxPort)", stripsPrefix: false)
         }
-        // nginx cannot remove headers by prefix: only the configured names are replaced.
-        try await Self.exercise(h, front: "http://127.0.0.1:\(nginxPort)", stripsPrefix: false)
     }
 
     @Test func caddyForwardAuth() async throws {
-        let h = try await SignInHarness.start()
-        defer { Task { await h.stop() } }
-        let caddyPort = try closedPort()
-        let directory = NSTemporaryDirectory() + "caddy-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let example = try String(contentsOfFile: "\(repositoryRoot)/conf/Caddyfile.forward-auth", encoding: .utf8)
-            .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(h.gatewayPort)")
-            .replacingOccurrences(of: "127.0.0.1:9000", with: "127.0.0.1:\(h.upstream.port)")
-            .replacingOccurrences(of: ":80 {", with: "http://127.0.0.1:\(caddyPort) {")
-        // No admin API (its port may be taken), no state outside the test's directory.
-        try "{\n\tadmin off\n}\n\n\(example)".write(toFile: directory + "/Caddyfile", atomically: true, encoding: .utf8)
-        let caddy = try GatewayProcess(arguments: ["run", "--config", directory + "/Caddyfile", "--adapter", "caddyfile"], executable: "/usr/bin/caddy",
-                                       environment: ["HOME": directory, "XDG_DATA_HOME": directory, "XDG_CONFIG_HOME": directory])
-        defer { caddy.stop() }
-        try #require(await caddy.waitForLine(containing: "serving initial configuration") != nil, "caddy did not start: \(caddy.output)")
-        try await Self.exercise(h, front: "http://127.0.0.1:\(caddyPort)", stripsPrefix: true)
+        try await SignInHarness.with { h in
+            let caddyPort = try closedPort()
+            let directory = NSTemporaryDirectory() + "caddy-\(UUID().uuidString)"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let example = try String(contentsOfFile: "\(repositoryRoot)/conf/Caddyfile.forward-auth", encoding: .utf8)
+                .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(h.gatewayPort)")
+                .replacingOccurrences(of: "127.0.0.1:9000", with: "127.0.0.1:\(h.upstream.port)")
+                .replacingOccurrences(of: ":80 {", with: "http://127.0.0.1:\(caddyPort) {")
+            // No admin API (its port may be taken), no state outside the test's directory.
+            try "{\n\tadmin off\n}\n\n\(example)".write(toFile: directory + "/Caddyfile", atomically: true, encoding: .utf8)
+            try await GatewayProcess.with(arguments: ["run", "--config", directory + "/Caddyfile", "--adapter", "caddyfile"], executable: "/usr/bin/caddy",
+                                           environment: ["HOME": directory, "XDG_DATA_HOME": directory, "XDG_CONFIG_HOME": directory]) { caddy in
+                try #require(await caddy.waitForLine(containing: "serving initial configuration") != nil, "caddy did not start: \(caddy.output)")
+                try await Self.exercise(h, front: "http://127.0.0.1:\(caddyPort)", stripsPrefix: true)
+            }
+        }
     }
 
     /// The same requests through either front proxy.

@@ -68,43 +68,43 @@ struct FramingTests {
 
     @Test("rejected, closed, never forwarded", arguments: cases)
     func rejected(_ c: Case) async throws {
-        let h = try await ProxyHarness.start()
-        defer { Task { await h.stop() } }
-        let port = h.port
-        let (status, closed) = try await blocking {
-            // 38 cases run in parallel with the other suites on 2 cores: seconds of margin.
-            let client = try RawClient(port: port, timeoutSeconds: 20)
-            try client.send(c.raw)
-            let response = try client.readResponse()
-            return (response.status, client.waitForClose())
+        try await ProxyHarness.with { h in
+            let port = h.port
+            let (status, closed) = try await blocking {
+                // 38 cases run in parallel with the other suites on 2 cores: seconds of margin.
+                let client = try RawClient(port: port, timeoutSeconds: 20)
+                try client.send(c.raw)
+                let response = try client.readResponse()
+                return (response.status, client.waitForClose())
+            }
+            #expect(status == c.status)
+            #expect(closed, "the connection must be closed after a framing error")
+            #expect(h.upstream.stats.withLockedValue { $0.requests } == 0, "nothing may reach the upstream")
         }
-        #expect(status == c.status)
-        #expect(closed, "the connection must be closed after a framing error")
-        #expect(h.upstream.stats.withLockedValue { $0.requests } == 0, "nothing may reach the upstream")
     }
 
     @Test("bytes sent after an upgrade request, before any answer, are bounded")
     func floodAfterUpgradeRequest() async throws {
-        let h = try await ProxyHarness.start()
-        defer { Task { await h.stop() } }
-        let flood = String(repeating: "x", count: 64 * 1024)
-        let response = try await h.request("GET /hang HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" + flood)
-        #expect(response.status == 431)
+        try await ProxyHarness.with { h in
+            let flood = String(repeating: "x", count: 64 * 1024)
+            let response = try await h.request("GET /hang HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" + flood)
+            #expect(response.status == 431)
+        }
     }
 
     @Test("a well-formed request on the same socket after a smuggling attempt is never served")
     func noDesync() async throws {
-        let h = try await ProxyHarness.start()
-        defer { Task { await h.stop() } }
-        let port = h.port
-        let responses = try await blocking { () -> [Int] in
-            let client = try RawClient(port: port, timeoutSeconds: 5)
-            try client.send("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 44\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin HTTP/1.1\r\nHost: a\r\n\r\n")
-            var statuses = [try client.readResponse().status]
-            while let r = try? client.readResponse() { statuses.append(r.status) }
-            return statuses
+        try await ProxyHarness.with { h in
+            let port = h.port
+            let responses = try await blocking { () -> [Int] in
+                let client = try RawClient(port: port, timeoutSeconds: 5)
+                try client.send("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 44\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin HTTP/1.1\r\nHost: a\r\n\r\n")
+                var statuses = [try client.readResponse().status]
+                while let r = try? client.readResponse() { statuses.append(r.status) }
+                return statuses
+            }
+            #expect(responses == [400])
+            #expect(h.upstream.stats.withLockedValue { $0.paths }.isEmpty)
         }
-        #expect(responses == [400])
-        #expect(h.upstream.stats.withLockedValue { $0.paths }.isEmpty)
     }
 }

@@ -173,6 +173,33 @@ final class GatewayProcess: @unchecked Sendable {
         if process.isRunning { process.terminate() }
         if !configPath.isEmpty { try? FileManager.default.removeItem(atPath: configPath) }
     }
+
+    /// Runs `body` with `serve` started on a configuration written from `yaml`; the process is
+    /// ended and has exited before this returns or rethrows.
+    static func with<Result>(yaml: String, _ body: (GatewayProcess) async throws -> Result) async throws -> Result {
+        try await withTeardown(try serve(yaml: yaml), stop: { await $0.stopAndWait() }, body)
+    }
+
+    /// Runs `body` with `sessiongate` (or `executable`) started with `arguments`; the process is
+    /// ended and has exited before this returns or rethrows.
+    static func with<Result>(arguments: [String], configPath: String = "", executable: String? = nil, environment: [String: String]? = nil,
+                             _ body: (GatewayProcess) async throws -> Result) async throws -> Result {
+        let process = try GatewayProcess(arguments: arguments, configPath: configPath, executable: executable, environment: environment)
+        return try await withTeardown(process, stop: { await $0.stopAndWait() }, body)
+    }
+
+    /// SIGTERM (a graceful drain), SIGKILL if it has not exited within `grace`; returns once it
+    /// has exited, so that a test's process never outlives the test.
+    func stopAndWait(grace: Duration = .seconds(10)) async {
+        stop()
+        let pid = process.processIdentifier
+        let kill9 = Task {
+            try await Task.sleep(for: grace)
+            kill(pid, SIGKILL)
+        }
+        _ = await waitForExit()
+        kill9.cancel()
+    }
 }
 
 func gatewayYAML(upstreamPort: Int, extraServer: String = "", routes: String? = nil) -> String {

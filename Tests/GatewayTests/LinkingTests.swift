@@ -15,11 +15,11 @@ import Testing
 struct LinkingTests {
     static let secret = String(repeating: "s3cr3t-", count: 6)
 
-    static func start(store: SignInHarness.Store) async throws -> SignInHarness {
+    static func with<Result>(store: SignInHarness.Store, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
         setenv("SG_TEST_LINKS_SECRET", secret, 1)
-        return try await SignInHarness.start(store: store, assertion: true) { c in
+        return try await SignInHarness.with(store: store, assertion: true, configure: { c in
             c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
-        }
+        }, body)
     }
 
     static func post(_ b: TestBrowser, _ json: String, method: HTTPMethodName = .POST, bearer: String? = secret) async throws -> TestBrowser.Response {
@@ -34,61 +34,61 @@ struct LinkingTests {
 
     @Test("the app links and unlinks; X-Auth-Account follows at once, in the assertion too; clients cannot send it", arguments: [SignInHarness.Store.memory, .redis])
     func linkAndUnlink(store: SignInHarness.Store) async throws {
-        let h = try await Self.start(store: store)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: sub)
-        let spoof = [("accept", "text/html"), ("X-Auth-Account", "admin"), ("x_auth_account", "admin")]
-        #expect(try await browser.request("/x", headers: spoof).status == 200)
-        #expect(seen(h, "x-auth-account").isEmpty, "unlinked: absent, whatever the client sent")
+        try await Self.with(store: store) { h in
+            let sub = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            let spoof = [("accept", "text/html"), ("X-Auth-Account", "admin"), ("x_auth_account", "admin")]
+            #expect(try await browser.request("/x", headers: spoof).status == 200)
+            #expect(seen(h, "x-auth-account").isEmpty, "unlinked: absent, whatever the client sent")
 
-        let app = TestBrowser(gatewayOrigin: h.origin)
-        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#, bearer: nil).status == 401)
-        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#, bearer: "wrong").status == 401)
-        #expect(try await Self.post(app, #"{"account":"acct-1"}"#).status == 400)
-        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"bad\u0001"}"#).status == 400)
-        #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#).status == 200)
+            let app = TestBrowser(gatewayOrigin: h.origin)
+            #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#, bearer: nil).status == 401)
+            #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#, bearer: "wrong").status == 401)
+            #expect(try await Self.post(app, #"{"account":"acct-1"}"#).status == 400)
+            #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"bad\u0001"}"#).status == 400)
+            #expect(try await Self.post(app, #"{"sub":"\#(sub)","account":"acct-1"}"#).status == 200)
 
-        #expect(try await browser.request("/x", headers: spoof).status == 200)
-        #expect(seen(h, "x-auth-account") == ["acct-1"], "linked: the gateway's value only")
-        let assertion = try #require(seen(h, "x-auth-assertion").first)
-        #expect(try await Base64URLTest.verifiedClaims(assertion, gateway: browser)["account"] as? String == "acct-1")
+            #expect(try await browser.request("/x", headers: spoof).status == 200)
+            #expect(seen(h, "x-auth-account") == ["acct-1"], "linked: the gateway's value only")
+            let assertion = try #require(seen(h, "x-auth-assertion").first)
+            #expect(try await Base64URLTest.verifiedClaims(assertion, gateway: browser)["account"] as? String == "acct-1")
 
-        let other = h.simulator.createUser()
-        let conflict = try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#)
-        #expect(conflict.status == 409 && conflict.body.contains("another Apple identity"))
+            let other = h.simulator.createUser()
+            let conflict = try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#)
+            #expect(conflict.status == 409 && conflict.body.contains("another Apple identity"))
 
-        let unlinked = try await Self.post(app, #"{"sub":"\#(sub)"}"#, method: .DELETE)
-        #expect(unlinked.status == 200 && unlinked.body.contains(#""unlinked":"acct-1""#))
-        #expect(try await browser.request("/x").status == 200)
-        #expect(seen(h, "x-auth-account").isEmpty)
-        #expect(try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#).status == 200, "the account is free again")
+            let unlinked = try await Self.post(app, #"{"sub":"\#(sub)"}"#, method: .DELETE)
+            #expect(unlinked.status == 200 && unlinked.body.contains(#""unlinked":"acct-1""#))
+            #expect(try await browser.request("/x").status == 200)
+            #expect(seen(h, "x-auth-account").isEmpty)
+            #expect(try await Self.post(app, #"{"sub":"\#(other)","account":"acct-1"}"#).status == 200, "the account is free again")
+        }
     }
 
     @Test("require_link: an unlinked user goes to the app's link page (browsers) or gets 403 naming it; linked, the route opens")
     func requireLink() async throws {
         setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
-        let h = try await SignInHarness.start(store: .memory) { c in
+        try await SignInHarness.with(store: .memory, configure: { c in
             c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
             c.identity.linkURL = "/link-account"
             c.routes[c.routes.count - 1].requireLink = true  // the catch-all route
             c.routes.insert(.init(name: "linking", pathPrefix: "/link-account", upstream: c.routes[0].upstream, auth: .required), at: 0)
+        }) { h in
+            let sub = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/link-account", as: sub)
+            let page = try await browser.request("/orders?id=7")
+            #expect(page.status == 302 && page.location == "/link-account?rd=%2Forders%3Fid%3D7", "\(page.status) \(page.location ?? "")")
+            let sneaky = try await browser.request("//evil.example/x")
+            #expect(sneaky.status == 302 && sneaky.location?.contains("%2F%2F") == false, "rd is the canonical path, never //host: \(sneaky.location ?? "")")
+            let api = try await browser.request("/orders", headers: [("accept", "application/json")])
+            #expect(api.status == 403 && api.body.contains("link_required") && api.body.contains("/link-account"))
+            #expect(try await browser.request("/link-account").status == 200, "the link page itself is open to the unlinked user")
+            #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-5"}"#).status == 200)
+            #expect(try await browser.request("/orders?id=7").status == 200)
+            #expect(seen(h, "x-auth-account") == ["acct-5"])
         }
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/link-account", as: sub)
-        let page = try await browser.request("/orders?id=7")
-        #expect(page.status == 302 && page.location == "/link-account?rd=%2Forders%3Fid%3D7", "\(page.status) \(page.location ?? "")")
-        let sneaky = try await browser.request("//evil.example/x")
-        #expect(sneaky.status == 302 && sneaky.location?.contains("%2F%2F") == false, "rd is the canonical path, never //host: \(sneaky.location ?? "")")
-        let api = try await browser.request("/orders", headers: [("accept", "application/json")])
-        #expect(api.status == 403 && api.body.contains("link_required") && api.body.contains("/link-account"))
-        #expect(try await browser.request("/link-account").status == 200, "the link page itself is open to the unlinked user")
-        #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-5"}"#).status == 200)
-        #expect(try await browser.request("/orders?id=7").status == 200)
-        #expect(seen(h, "x-auth-account") == ["acct-5"])
     }
 
     @Test("require_link needs identity.link_url and a route that knows the user")
@@ -108,68 +108,68 @@ struct LinkingTests {
     func lookup() async throws {
         let asked = NIOLockedValueBox<[(authorization: String?, body: String)]>([])
         let down = NIOLockedValueBox(false)
-        let app = try await SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
+        try await withTeardown(SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
             let body = String(buffer: request.body)
             asked.withLockedValue { $0.append((request.head.headers.first(name: "authorization"), body)) }
             if down.withLockedValue({ $0 }) { return SimpleResponse(status: .internalServerError, "down") }
             return body.contains("ada@example.org")
                 ? SimpleResponse(contentType: "application/json", #"{"account":"legacy-17"}"#)
                 : SimpleResponse(status: .notFound, "")
+        }, stop: { await $0.close() }) { app in
+            setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
+            try await SignInHarness.with(store: .memory, configure: { c in
+                c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
+                c.identity.linkLookupURL = "http://127.0.0.1:\(app.localAddress?.port ?? 0)/lookup"
+            }) { h in
+
+                let ada = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await browser.signIn(from: "/x", as: ada)
+                #expect(try await browser.request("/x").status == 200)
+                #expect(seen(h, "x-auth-account") == ["legacy-17"], "linked before the first request")
+                let first = try #require(asked.withLockedValue { $0.first })
+                #expect(first.authorization == "Bearer \(Self.secret)" && first.body.contains(ada))
+
+                // Linked now: later sign-ins do not ask again.
+                _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: ada)
+                #expect(asked.withLockedValue { $0.count } == 1)
+
+                // A private relay address is never sent.
+                let hidden = h.simulator.createUser(privateEmail: true)
+                _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: hidden)
+                #expect(asked.withLockedValue { $0.count } == 1, "relay emails match no legacy account and are never sent")
+
+                // An unknown email: 404, no link. The app down: the sign-in goes on.
+                let bob = h.simulator.createUser(email: "bob@example.org", privateEmail: false)
+                let b = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await b.signIn(from: "/x", as: bob)
+                #expect(try await b.request("/x").status == 200)
+                #expect(seen(h, "x-auth-account").isEmpty)
+                down.withLockedValue { $0 = true }
+                let carol = h.simulator.createUser(email: "carol@example.org", privateEmail: false)
+                let c = TestBrowser(gatewayOrigin: h.origin)
+                #expect(try await c.signIn(from: "/x", as: carol).callback?.status == 303)
+                #expect(try await c.request("/x").status == 200)
+                #expect(asked.withLockedValue { $0.count } == 3)
+            }
         }
-        defer { Task { await app.close() } }
-        setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
-        let h = try await SignInHarness.start(store: .memory) { c in
-            c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
-            c.identity.linkLookupURL = "http://127.0.0.1:\(app.localAddress?.port ?? 0)/lookup"
-        }
-        defer { Task { await h.stop() } }
-
-        let ada = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: ada)
-        #expect(try await browser.request("/x").status == 200)
-        #expect(seen(h, "x-auth-account") == ["legacy-17"], "linked before the first request")
-        let first = try #require(asked.withLockedValue { $0.first })
-        #expect(first.authorization == "Bearer \(Self.secret)" && first.body.contains(ada))
-
-        // Linked now: later sign-ins do not ask again.
-        _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: ada)
-        #expect(asked.withLockedValue { $0.count } == 1)
-
-        // A private relay address is never sent.
-        let hidden = h.simulator.createUser(privateEmail: true)
-        _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: hidden)
-        #expect(asked.withLockedValue { $0.count } == 1, "relay emails match no legacy account and are never sent")
-
-        // An unknown email: 404, no link. The app down: the sign-in goes on.
-        let bob = h.simulator.createUser(email: "bob@example.org", privateEmail: false)
-        let b = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await b.signIn(from: "/x", as: bob)
-        #expect(try await b.request("/x").status == 200)
-        #expect(seen(h, "x-auth-account").isEmpty)
-        down.withLockedValue { $0 = true }
-        let carol = h.simulator.createUser(email: "carol@example.org", privateEmail: false)
-        let c = TestBrowser(gatewayOrigin: h.origin)
-        #expect(try await c.signIn(from: "/x", as: carol).callback?.status == 303)
-        #expect(try await c.request("/x").status == 200)
-        #expect(asked.withLockedValue { $0.count } == 3)
     }
 
     @Test("a deletion removes the link; without identity.links.secret_file there is no links API")
     func deletionAndNoAPI() async throws {
-        let h = try await Self.start(store: .redis)
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let browser = TestBrowser(gatewayOrigin: h.origin)
-        _ = try await browser.signIn(from: "/x", as: sub)
-        #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-9"}"#).status == 200)
-        #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
-        let loop = h.service.core.outbox.loop
-        #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == nil)
-        #expect(try await Self.post(browser, #"{"sub":"another.1","account":"acct-9"}"#).status == 200, "the account is free")
+        try await Self.with(store: .redis) { h in
+            let sub = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-9"}"#).status == 200)
+            #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+            let loop = h.service.core.outbox.loop
+            #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == nil)
+            #expect(try await Self.post(browser, #"{"sub":"another.1","account":"acct-9"}"#).status == 200, "the account is free")
 
-        let plain = try await SignInHarness.start(store: .memory)
-        defer { Task { await plain.stop() } }
-        #expect(try await Self.post(TestBrowser(gatewayOrigin: plain.origin), #"{"sub":"a.1","account":"x"}"#).status == 404)
+            try await SignInHarness.with(store: .memory) { plain throws in  // (its only throwing call is inside #expect)
+                #expect(try await Self.post(TestBrowser(gatewayOrigin: plain.origin), #"{"sub":"a.1","account":"x"}"#).status == 404)
+            }
+        }
     }
 }

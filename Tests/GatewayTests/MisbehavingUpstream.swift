@@ -1,6 +1,7 @@
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import TestSupport
 
 /// An app server that gets HTTP wrong the way old ones do, on purpose, with raw bytes. It reads
 /// requests itself (head, then `Content-Length` bytes of body) and answers by path:
@@ -31,7 +32,12 @@ final class MisbehavingUpstream: Sendable {
     /// Every request the app parsed: its request line and the `X-Auth-User` it carried.
     var requests: [(line: String, user: String?)] { log.withLockedValue { $0 } }
 
-    static func start(group: any EventLoopGroup) async throws -> MisbehavingUpstream {
+    /// Runs `body` with a started upstream, closed before this returns or rethrows.
+    static func with<Result>(group: any EventLoopGroup, _ body: (MisbehavingUpstream) async throws -> Result) async throws -> Result {
+        try await withTeardown(try await start(group: group), stop: { await $0.close() }, body)
+    }
+
+    private static func start(group: any EventLoopGroup) async throws -> MisbehavingUpstream {
         let log = NIOLockedValueBox<[(line: String, user: String?)]>([])
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)

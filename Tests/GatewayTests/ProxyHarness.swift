@@ -6,13 +6,15 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 
-/// A proxy in front of a `TestUpstream`, both real servers on loopback.
+/// A proxy in front of a `TestUpstream`, both real servers on loopback, on `group`'s loops.
 struct ProxyHarness {
     let proxy: ProxyServer
     let upstream: TestUpstream
     var port: Int { proxy.localAddress!.port! }
 
-    static func start(
+    /// Runs `body` with a started proxy and upstream; both are stopped before this returns or
+    /// rethrows.
+    static func with<Result>(
         timeouts: ProxyConfiguration.Timeouts = .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)),
         limits: ProxyLimits = ProxyLimits(),
         trustedProxies: [CIDR] = [],
@@ -26,9 +28,35 @@ struct ProxyHarness {
         upstreamTLS: Bool = false,
         group: MultiThreadedEventLoopGroup = .singleton,
         observer: any ProxyObserver = SilentProxyObserver(),
-        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil
+        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil,
+        _ body: (ProxyHarness) async throws -> Result
+    ) async throws -> Result {
+        let harness = try await start(
+            timeouts: timeouts, limits: limits, trustedProxies: trustedProxies, upstreamPort: upstreamPort, upstreamHost: upstreamHost,
+            extraAddressesFirst: extraAddressesFirst, guard: requestGuard, maxBodyBytes: maxBodyBytes, hiddenCookies: hiddenCookies, origins: origins,
+            upstreamTLS: upstreamTLS, group: group, observer: observer, routes: makeRoutes)
+        return try await withTeardown(harness, stop: { await $0.stop() }, body)
+    }
+
+    private static func start(
+        timeouts: ProxyConfiguration.Timeouts,
+        limits: ProxyLimits,
+        trustedProxies: [CIDR],
+        upstreamPort: Int?,
+        upstreamHost: String,
+        extraAddressesFirst: [SocketAddress],
+        guard requestGuard: any RequestGuard,
+        maxBodyBytes: Int,
+        hiddenCookies: [String],
+        origins: OriginPolicy,
+        upstreamTLS: Bool,
+        group: MultiThreadedEventLoopGroup,
+        observer: any ProxyObserver,
+        routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])?
     ) async throws -> ProxyHarness {
-        let upstream = try await TestUpstream.start(tls: upstreamTLS ? try Self.upstreamCertificate.server : nil)
+        // The upstream on the proxy's loops: a test that gives the proxy loops of its own gives
+        // them to its upstream too.
+        let upstream = try await TestUpstream.start(tls: upstreamTLS ? try Self.upstreamCertificate.server : nil, group: group)
         var address = try Self.address(upstreamHost, upstreamPort ?? upstream.port, extraAddressesFirst)
         if upstreamTLS {
             // Verified by address: the certificate names 127.0.0.1 (and localhost).
@@ -82,7 +110,7 @@ struct ProxyHarness {
         }
     }
 
-    func stop() async {
+    private func stop() async {
         await proxy.shutdown(deadline: .seconds(1))
         await upstream.close()
     }

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import TestSupport
 
 /// A blocking listening socket on loopback, for the app's side of a test that must see which
 /// bytes reach the app and when its connection closes (`RawClient.waitForClose` on what

@@ -1,6 +1,7 @@
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import TestSupport
 
 /// An upstream that answers every request head with fixed bytes, exactly as given: for
 /// responses no well-behaved server library would produce (ambiguous framing, odd statuses).
@@ -8,7 +9,12 @@ final class RawUpstream: Sendable {
     let channel: any Channel
     var port: Int { channel.localAddress!.port! }
 
-    static func start(response: String) async throws -> RawUpstream {
+    /// Runs `body` with a started upstream, closed before this returns or rethrows.
+    static func with<Result>(response: String, _ body: (RawUpstream) async throws -> Result) async throws -> Result {
+        try await withTeardown(try await start(response: response), stop: { await $0.close() }, body)
+    }
+
+    private static func start(response: String) async throws -> RawUpstream {
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in

@@ -113,163 +113,163 @@ struct ReloadProcessTests {
         defer { withExtendedLifetime(reserved) {} }
         let port = reserved.port
         let origin = "http://localhost:\(port)"
-        let simulator = try await SimulatedAppleID.start(team: .init(
+        try await withTeardown(SimulatedAppleID.start(team: .init(
             teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
-            clients: [SignInHarness.webClient: [origin + "/_auth/callback", origin + "/auth2/callback"]], allowsLoopbackHTTP: true))
-        defer { Task { await simulator.stop() } }
-        let alice = simulator.createUser(email: "alice@example.org", privateEmail: false, firstName: "Alice", lastName: "A")
-        let upstream = try await TestUpstream.start()
-        defer { Task { await upstream.close() } }
-        let render = { (s: Settings) in Self.yaml(s, directory: directory, simulator: simulator.baseURL, upstream: upstream.port) }
+            clients: [SignInHarness.webClient: [origin + "/_auth/callback", origin + "/auth2/callback"]], allowsLoopbackHTTP: true)), stop: { await $0.stop() }) { simulator in
+            let alice = simulator.createUser(email: "alice@example.org", privateEmail: false, firstName: "Alice", lastName: "A")
+            try await TestUpstream.with { upstream in
+                let render = { (s: Settings) in Self.yaml(s, directory: directory, simulator: simulator.baseURL, upstream: upstream.port) }
 
-        var settings = Settings(publicURL: origin)
-        settings.listen = "127.0.0.1:\(port)"
-        let gateway = try GatewayProcess.serve(yaml: render(settings))
-        defer { gateway.stop() }
-        let admin = try await gateway.ports().admin
-        let browser = TestBrowser(gatewayOrigin: origin)
-        _ = try await browser.signIn(from: "/api/x", as: alice)
+                var settings = Settings(publicURL: origin)
+                settings.listen = "127.0.0.1:\(port)"
+                try await GatewayProcess.with(yaml: render(settings)) { gateway in
+                    let admin = try await gateway.ports().admin
+                    let browser = TestBrowser(gatewayOrigin: origin)
+                    _ = try await browser.signIn(from: "/api/x", as: alice)
 
-        func upstreamHeaders(_ path: String, _ extra: [(String, String)] = [], by who: TestBrowser? = nil) async throws -> (Int, HTTPHeaders) {
-            let response = try await (who ?? browser).request(path, headers: [("accept", "application/json")] + extra)
-            return (response.status, upstream.stats.withLockedValue { $0.lastHeaders })
+                    func upstreamHeaders(_ path: String, _ extra: [(String, String)] = [], by who: TestBrowser? = nil) async throws -> (Int, HTTPHeaders) {
+                        let response = try await (who ?? browser).request(path, headers: [("accept", "application/json")] + extra)
+                        return (response.status, upstream.stats.withLockedValue { $0.lastHeaders })
+                    }
+                    let spoofs = [("X-Auth-User", "admin"), ("X-User", "admin"), ("X-Auth-Email", "evil@example.com"), ("X-Mail", "evil@example.com"),
+                                  ("X_Auth_User", "admin"), ("X-Gw-Role", "admin"), ("X-Legacy-User", "admin"), ("Remote_User", "admin")]
+
+                    // Before: the default names, spoofs stripped under them.
+                    var (status, seen) = try await upstreamHeaders("/api/who", spoofs)
+                    #expect(status == 200)
+                    #expect(seen["X-Auth-User"] == [alice])
+                    #expect(seen["X-Auth-Email"] == ["alice@example.org"])
+                    #expect(seen["X-User"] == ["admin"], "not yet an identity header")
+                    #expect(seen["X-Gw-Role"] == ["admin"], "not yet under the identity prefix")
+                    #expect(seen["X-Legacy-User"] == ["admin"], "not yet in identity.strip_headers")
+                    #expect(seen["Remote_User"].isEmpty && seen["Remote-User"].isEmpty, "another proxy's identity header: always removed")
+                    let firstAssertion = try #require(seen.first(name: "X-Auth-Assertion"))
+                    let firstClaims = Self.claims(firstAssertion)
+                    #expect((firstClaims["exp"] as? Int).map { $0 - (firstClaims["iat"] as? Int ?? 0) } == 60)
+                    #expect(try await browser.request("/staff/x").status == 200)
+                    #expect(try await browser.request("/api/upload", method: .POST, headers: [("accept", "application/json")], form: [("a", String(repeating: "x", count: 40))]).status == 200)
+                    let anonymous = TestBrowser(gatewayOrigin: origin)
+                    #expect(try await anonymous.request("/extra/x").status == 302, "no such route yet: the app route wants a session")
+                    let login = try await anonymous.request("/_auth/login?rd=/")
+                    #expect(login.location?.contains("scope=name%20email") == true, "\(login.location ?? "")")
+                    #expect(try await anonymous.request("/_auth/sign-in?rd=https://docs.example.com/x").body.contains("docs.example.com") == false)
+                    #expect(try await anonymous.request("/_auth/logout", method: .POST, headers: [("origin", "https://other.example.com")]).status == 403)
+                    (_, seen) = try await upstreamHeaders("/public/x", [("X-Forwarded-For", "192.0.2.7")], by: anonymous)
+                    #expect(seen["X-Forwarded-For"] == ["127.0.0.1"], "an untrusted peer's X-Forwarded-For is replaced")
+
+                    // Reload B: a new auth prefix, every identity header renamed, lists, limits, lifetimes.
+                    settings.authPrefix = "/auth2"
+                    settings.headers = ["user": "X-User", "email": "X-Mail", "email_verified": "X-Mail-Verified", "private_email": "X-Mail-Private",
+                                        "email_forwarding": "X-Mail-Forwarding", "name": "X-Name", "real_user_status": "X-Real", "assertion": "X-Proof"]
+                    settings.trustedProxies = ["127.0.0.1/32"]
+                    settings.stripHeaders = ["X-Legacy-User"]
+                    settings.redirectHosts = ["docs.example.com"]
+                    settings.origins = ["https://other.example.com"]
+                    settings.maxBodyBytes = 10
+                    settings.scopes = ["email"]
+                    settings.absolute = "7d"
+                    settings.assertionTTL = "120s"
+                    settings.staffUsers = ["someone.else"]
+                    settings.extraRoute = true
+                    #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
+
+                    // The session signed in before the reload: new names at once, spoofs under old and new names stripped.
+                    (status, seen) = try await upstreamHeaders("/api/who", spoofs)
+                    #expect(status == 200)
+                    #expect(seen["X-User"] == [alice])
+                    #expect(seen["X-Mail"] == ["alice@example.org"])
+                    #expect(seen["X-Mail-Verified"] == ["true"])
+                    #expect(seen["X-Name"] == ["Alice%20A"], "\(seen)")
+                    #expect(seen["X-Auth-User"].isEmpty && seen["X_Auth_User"].isEmpty && seen["X-Auth-Email"].isEmpty, "old names: stripped (identity prefix)")
+                    #expect(seen["X-Auth-Assertion"].isEmpty)
+                    #expect(seen["X-Legacy-User"].isEmpty, "identity.strip_headers applies at once")
+                    #expect(seen["Remote_User"].isEmpty && seen["Remote-User"].isEmpty)
+                    let assertion = try #require(seen.first(name: "X-Proof"))
+                    let claims = Self.claims(assertion)
+                    #expect((claims["exp"] as? Int).map { $0 - (claims["iat"] as? Int ?? 0) } == 120)
+                    #expect(try await browser.request("/staff/x").status == 403, "the allow list changed")
+                    #expect(try await browser.request("/api/upload", method: .POST, headers: [("accept", "application/json")], form: [("a", String(repeating: "x", count: 40))]).status == 413)
+                    #expect(try await anonymous.request("/extra/x").status == 200, "the new route")
+                    let redirected = try await anonymous.request("/x")
+                    #expect(redirected.status == 302 && redirected.location?.hasPrefix("/auth2/sign-in?rd=") == true, "\(redirected.location ?? "")")
+                    let login2 = try await anonymous.request("/auth2/login?rd=/")
+                    #expect(login2.location?.contains("scope=email&") == true || login2.location?.hasSuffix("scope=email") == true, "\(login2.location ?? "")")
+                    #expect(login2.location?.contains("redirect_uri=\(FormBody.escape(origin + "/auth2/callback"))") == true, "\(login2.location ?? "")")
+                    #expect(try await anonymous.request("/auth2/sign-in?rd=https://docs.example.com/x").body.contains("docs.example.com"))
+                    #expect(try await anonymous.request("/auth2/logout", method: .POST, headers: [("origin", "https://other.example.com")]).status != 403)
+                    (_, seen) = try await upstreamHeaders("/public/x", [("X-Forwarded-For", "192.0.2.7")], by: anonymous)
+                    #expect(seen["X-Forwarded-For"] == ["192.0.2.7, 127.0.0.1"], "a trusted peer's X-Forwarded-For is kept")
+                    // A sign-in under the new prefix completes (no redirect loop) with the new lifetime.
+                    let second = TestBrowser(gatewayOrigin: origin)
+                    _ = try await second.signIn(from: "/api/y", as: alice, prefix: "/auth2")
+                    #expect(second.setCookies.contains { $0.hasPrefix("__Host-sessiongate=") && $0.contains("Max-Age=604800") }, "\(second.setCookies)")
+                    #expect(try await second.request("/api/y", headers: [("accept", "application/json")]).status == 200)
+
+                    // Reload C: another identity prefix and public URL.
+                    settings.headerPrefix = "X-Gw-"
+                    settings.publicURL = "http://127.0.0.1:\(port)"
+                    #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
+                    (status, seen) = try await upstreamHeaders("/api/who", spoofs)
+                    #expect(status == 200)
+                    #expect(seen["X-Gw-Role"].isEmpty, "the new identity prefix strips")
+                    #expect(seen["X-User"] == [alice])
+                    let login3 = try await anonymous.request("/auth2/login?rd=/")
+                    #expect(login3.location?.contains("redirect_uri=\(FormBody.escape("http://127.0.0.1:\(port)/auth2/callback"))") == true, "\(login3.location ?? "")")
+                    // Reload D changes restart-only keys beside a reloadable one: refused as a whole.
+                    var refused = settings
+                    refused.listen = "127.0.0.1:\(port + 1)"
+                    refused.keyPrefix = "other:"
+                    refused.headers["email"] = "X-Refused-Mail"
+                    let text = render(refused)
+                    let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+                    let listenLine = try #require(lines.firstIndex { $0.hasPrefix("  listen:") }) + 1
+                    let prefixLine = try #require(lines.firstIndex { $0.hasPrefix("  key_prefix:") }) + 1
+                    for attempt in 1...2 {
+                        let mark = gateway.output.count
+                        #expect(try await gateway.reload(yaml: text)?.contains("configuration reload refused") == true)
+                        let logged = gateway.output.dropFirst(mark)
+                        #expect(logged.contains { $0.contains("\(gateway.configPath):\(listenLine):3: error: server.listen: changes only at restart") }, "attempt \(attempt): \(logged)")
+                        #expect(logged.contains { $0.contains("\(gateway.configPath):\(prefixLine):3: error: store.key_prefix: changes only at restart") })
+                        #expect(!logged.contains { $0.contains("identity.headers") }, "only restart-only keys are named")
+                    }
+                    _ = try await browser.request("/api/who", headers: [("accept", "application/json"), ("X-Refused-Mail", "evil")])
+                    seen = upstream.stats.withLockedValue { $0.lastHeaders }
+                    #expect(seen["X-Mail"] == ["alice@example.org"], "nothing of the refused file applied")
+                    #expect(seen["X-Refused-Mail"] == ["evil"])
+                    let metrics = try await blocking {
+                        let c = try RawClient(port: admin)
+                        try c.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+                        return try c.readResponse().text
+                    }
+                    #expect(metrics.contains(#"sessiongate_config_reloads_total{result="ok"} 2"#))
+                    #expect(metrics.contains(#"sessiongate_config_reloads_total{result="refused"} 2"#))
+                    #expect(metrics.contains(#"sessiongate_config_reloads_total{result="invalid"} 0"#))
+
+                    // A secret replaced in place is read only at start: the reload says so instead of
+                    // pretending to apply it; put back, the same file reloads again.
+                    let secretPath = directory + "/session.key"
+                    let original = try Data(contentsOf: URL(fileURLWithPath: secretPath))
+                    try Data(String(repeating: "r", count: 64).utf8).write(to: URL(fileURLWithPath: secretPath))
+                    let mark = gateway.output.count
+                    #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reload refused") == true)
+                    #expect(gateway.output.dropFirst(mark).contains { $0.contains("error: session.secret_file: \(secretPath): the content changed") }, "\(gateway.output.dropFirst(mark))")
+                    try original.write(to: URL(fileURLWithPath: secretPath))
+
+                    // Reload E: idle lifetime and drain deadline. Under idle_timeout 2s a session unused for
+                    // longer has ended (nothing to await but time); under 1h it was live.
+                    settings.idle = "2s"
+                    settings.shutdown = "7s"
+                    #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
+                    try await Task.sleep(for: .seconds(3))
+                    #expect(try await second.request("/api/y", headers: [("accept", "application/json")]).status == 401)
+
+                    let drained = gateway.output.count
+                    gateway.signal(SIGTERM)
+                    #expect(await gateway.waitForLine(containing: "shutting down", after: drained)?.contains("deadline=7s") == true)
+                    #expect(await gateway.waitForExit() == 0)
+                }
+            }
         }
-        let spoofs = [("X-Auth-User", "admin"), ("X-User", "admin"), ("X-Auth-Email", "evil@example.com"), ("X-Mail", "evil@example.com"),
-                      ("X_Auth_User", "admin"), ("X-Gw-Role", "admin"), ("X-Legacy-User", "admin"), ("Remote_User", "admin")]
-
-        // Before: the default names, spoofs stripped under them.
-        var (status, seen) = try await upstreamHeaders("/api/who", spoofs)
-        #expect(status == 200)
-        #expect(seen["X-Auth-User"] == [alice])
-        #expect(seen["X-Auth-Email"] == ["alice@example.org"])
-        #expect(seen["X-User"] == ["admin"], "not yet an identity header")
-        #expect(seen["X-Gw-Role"] == ["admin"], "not yet under the identity prefix")
-        #expect(seen["X-Legacy-User"] == ["admin"], "not yet in identity.strip_headers")
-        #expect(seen["Remote_User"].isEmpty && seen["Remote-User"].isEmpty, "another proxy's identity header: always removed")
-        let firstAssertion = try #require(seen.first(name: "X-Auth-Assertion"))
-        let firstClaims = Self.claims(firstAssertion)
-        #expect((firstClaims["exp"] as? Int).map { $0 - (firstClaims["iat"] as? Int ?? 0) } == 60)
-        #expect(try await browser.request("/staff/x").status == 200)
-        #expect(try await browser.request("/api/upload", method: .POST, headers: [("accept", "application/json")], form: [("a", String(repeating: "x", count: 40))]).status == 200)
-        let anonymous = TestBrowser(gatewayOrigin: origin)
-        #expect(try await anonymous.request("/extra/x").status == 302, "no such route yet: the app route wants a session")
-        let login = try await anonymous.request("/_auth/login?rd=/")
-        #expect(login.location?.contains("scope=name%20email") == true, "\(login.location ?? "")")
-        #expect(try await anonymous.request("/_auth/sign-in?rd=https://docs.example.com/x").body.contains("docs.example.com") == false)
-        #expect(try await anonymous.request("/_auth/logout", method: .POST, headers: [("origin", "https://other.example.com")]).status == 403)
-        (_, seen) = try await upstreamHeaders("/public/x", [("X-Forwarded-For", "192.0.2.7")], by: anonymous)
-        #expect(seen["X-Forwarded-For"] == ["127.0.0.1"], "an untrusted peer's X-Forwarded-For is replaced")
-
-        // Reload B: a new auth prefix, every identity header renamed, lists, limits, lifetimes.
-        settings.authPrefix = "/auth2"
-        settings.headers = ["user": "X-User", "email": "X-Mail", "email_verified": "X-Mail-Verified", "private_email": "X-Mail-Private",
-                            "email_forwarding": "X-Mail-Forwarding", "name": "X-Name", "real_user_status": "X-Real", "assertion": "X-Proof"]
-        settings.trustedProxies = ["127.0.0.1/32"]
-        settings.stripHeaders = ["X-Legacy-User"]
-        settings.redirectHosts = ["docs.example.com"]
-        settings.origins = ["https://other.example.com"]
-        settings.maxBodyBytes = 10
-        settings.scopes = ["email"]
-        settings.absolute = "7d"
-        settings.assertionTTL = "120s"
-        settings.staffUsers = ["someone.else"]
-        settings.extraRoute = true
-        #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
-
-        // The session signed in before the reload: new names at once, spoofs under old and new names stripped.
-        (status, seen) = try await upstreamHeaders("/api/who", spoofs)
-        #expect(status == 200)
-        #expect(seen["X-User"] == [alice])
-        #expect(seen["X-Mail"] == ["alice@example.org"])
-        #expect(seen["X-Mail-Verified"] == ["true"])
-        #expect(seen["X-Name"] == ["Alice%20A"], "\(seen)")
-        #expect(seen["X-Auth-User"].isEmpty && seen["X_Auth_User"].isEmpty && seen["X-Auth-Email"].isEmpty, "old names: stripped (identity prefix)")
-        #expect(seen["X-Auth-Assertion"].isEmpty)
-        #expect(seen["X-Legacy-User"].isEmpty, "identity.strip_headers applies at once")
-        #expect(seen["Remote_User"].isEmpty && seen["Remote-User"].isEmpty)
-        let assertion = try #require(seen.first(name: "X-Proof"))
-        let claims = Self.claims(assertion)
-        #expect((claims["exp"] as? Int).map { $0 - (claims["iat"] as? Int ?? 0) } == 120)
-        #expect(try await browser.request("/staff/x").status == 403, "the allow list changed")
-        #expect(try await browser.request("/api/upload", method: .POST, headers: [("accept", "application/json")], form: [("a", String(repeating: "x", count: 40))]).status == 413)
-        #expect(try await anonymous.request("/extra/x").status == 200, "the new route")
-        let redirected = try await anonymous.request("/x")
-        #expect(redirected.status == 302 && redirected.location?.hasPrefix("/auth2/sign-in?rd=") == true, "\(redirected.location ?? "")")
-        let login2 = try await anonymous.request("/auth2/login?rd=/")
-        #expect(login2.location?.contains("scope=email&") == true || login2.location?.hasSuffix("scope=email") == true, "\(login2.location ?? "")")
-        #expect(login2.location?.contains("redirect_uri=\(FormBody.escape(origin + "/auth2/callback"))") == true, "\(login2.location ?? "")")
-        #expect(try await anonymous.request("/auth2/sign-in?rd=https://docs.example.com/x").body.contains("docs.example.com"))
-        #expect(try await anonymous.request("/auth2/logout", method: .POST, headers: [("origin", "https://other.example.com")]).status != 403)
-        (_, seen) = try await upstreamHeaders("/public/x", [("X-Forwarded-For", "192.0.2.7")], by: anonymous)
-        #expect(seen["X-Forwarded-For"] == ["192.0.2.7, 127.0.0.1"], "a trusted peer's X-Forwarded-For is kept")
-        // A sign-in under the new prefix completes (no redirect loop) with the new lifetime.
-        let second = TestBrowser(gatewayOrigin: origin)
-        _ = try await second.signIn(from: "/api/y", as: alice, prefix: "/auth2")
-        #expect(second.setCookies.contains { $0.hasPrefix("__Host-sessiongate=") && $0.contains("Max-Age=604800") }, "\(second.setCookies)")
-        #expect(try await second.request("/api/y", headers: [("accept", "application/json")]).status == 200)
-
-        // Reload C: another identity prefix and public URL.
-        settings.headerPrefix = "X-Gw-"
-        settings.publicURL = "http://127.0.0.1:\(port)"
-        #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
-        (status, seen) = try await upstreamHeaders("/api/who", spoofs)
-        #expect(status == 200)
-        #expect(seen["X-Gw-Role"].isEmpty, "the new identity prefix strips")
-        #expect(seen["X-User"] == [alice])
-        let login3 = try await anonymous.request("/auth2/login?rd=/")
-        #expect(login3.location?.contains("redirect_uri=\(FormBody.escape("http://127.0.0.1:\(port)/auth2/callback"))") == true, "\(login3.location ?? "")")
-        // Reload D changes restart-only keys beside a reloadable one: refused as a whole.
-        var refused = settings
-        refused.listen = "127.0.0.1:\(port + 1)"
-        refused.keyPrefix = "other:"
-        refused.headers["email"] = "X-Refused-Mail"
-        let text = render(refused)
-        let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-        let listenLine = try #require(lines.firstIndex { $0.hasPrefix("  listen:") }) + 1
-        let prefixLine = try #require(lines.firstIndex { $0.hasPrefix("  key_prefix:") }) + 1
-        for attempt in 1...2 {
-            let mark = gateway.output.count
-            #expect(try await gateway.reload(yaml: text)?.contains("configuration reload refused") == true)
-            let logged = gateway.output.dropFirst(mark)
-            #expect(logged.contains { $0.contains("\(gateway.configPath):\(listenLine):3: error: server.listen: changes only at restart") }, "attempt \(attempt): \(logged)")
-            #expect(logged.contains { $0.contains("\(gateway.configPath):\(prefixLine):3: error: store.key_prefix: changes only at restart") })
-            #expect(!logged.contains { $0.contains("identity.headers") }, "only restart-only keys are named")
-        }
-        _ = try await browser.request("/api/who", headers: [("accept", "application/json"), ("X-Refused-Mail", "evil")])
-        seen = upstream.stats.withLockedValue { $0.lastHeaders }
-        #expect(seen["X-Mail"] == ["alice@example.org"], "nothing of the refused file applied")
-        #expect(seen["X-Refused-Mail"] == ["evil"])
-        let metrics = try await blocking {
-            let c = try RawClient(port: admin)
-            try c.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
-            return try c.readResponse().text
-        }
-        #expect(metrics.contains(#"sessiongate_config_reloads_total{result="ok"} 2"#))
-        #expect(metrics.contains(#"sessiongate_config_reloads_total{result="refused"} 2"#))
-        #expect(metrics.contains(#"sessiongate_config_reloads_total{result="invalid"} 0"#))
-
-        // A secret replaced in place is read only at start: the reload says so instead of
-        // pretending to apply it; put back, the same file reloads again.
-        let secretPath = directory + "/session.key"
-        let original = try Data(contentsOf: URL(fileURLWithPath: secretPath))
-        try Data(String(repeating: "r", count: 64).utf8).write(to: URL(fileURLWithPath: secretPath))
-        let mark = gateway.output.count
-        #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reload refused") == true)
-        #expect(gateway.output.dropFirst(mark).contains { $0.contains("error: session.secret_file: \(secretPath): the content changed") }, "\(gateway.output.dropFirst(mark))")
-        try original.write(to: URL(fileURLWithPath: secretPath))
-
-        // Reload E: idle lifetime and drain deadline. Under idle_timeout 2s a session unused for
-        // longer has ended (nothing to await but time); under 1h it was live.
-        settings.idle = "2s"
-        settings.shutdown = "7s"
-        #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
-        try await Task.sleep(for: .seconds(3))
-        #expect(try await second.request("/api/y", headers: [("accept", "application/json")]).status == 401)
-
-        let drained = gateway.output.count
-        gateway.signal(SIGTERM)
-        #expect(await gateway.waitForLine(containing: "shutting down", after: drained)?.contains("deadline=7s") == true)
-        #expect(await gateway.waitForExit() == 0)
     }
 }
 

@@ -12,12 +12,13 @@ struct RetryCadenceTests {
     static let minute: Duration = .seconds(60)
     static let day: Duration = .seconds(86_400)
 
-    static func start(store: SignInHarness.Store = .redis) async throws -> SignInHarness {
-        try await SignInHarness.start(store: store, localCacheTTL: .seconds(86_400), idleTimeout: .seconds(10 * 86_400), absoluteTimeout: .seconds(30 * 86_400)) { c in
-            c.apple?.revalidateAfter = .seconds(86_400)
-            c.apple?.revalidateGrace = .seconds(3600)
-            c.apple?.outageGrace = .seconds(3 * 86_400)
-        }
+    static func with<Result>(store: SignInHarness.Store = .redis, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
+        try await SignInHarness.with(store: store, localCacheTTL: .seconds(86_400), idleTimeout: .seconds(10 * 86_400), absoluteTimeout: .seconds(30 * 86_400),
+                                     configure: { c in
+                                         c.apple?.revalidateAfter = .seconds(86_400)
+                                         c.apple?.revalidateGrace = .seconds(3600)
+                                         c.apple?.outageGrace = .seconds(3 * 86_400)
+                                     }, body)
     }
 
     /// `count` users signed in, one browser each.
@@ -60,66 +61,66 @@ struct RetryCadenceTests {
 
     @Test("a throttling Apple: each token backs off, the session is kept within outage_grace, then denied without another call")
     func throttled() async throws {
-        let h = try await Self.start()
-        defer { Task { await h.stop() } }
-        let browsers = try await Self.signIn(h, count: 10)
-        h.simulator.setFaults { $0.throttleInterval = 10 * 365 * 86_400 }  // every refresh is throttled (429)
-        let (statuses, calls) = try await Self.drive(h, browsers, for: .seconds(4 * 86_400))
-        let perToken = calls.map { Double($0) / Double(browsers.count) }
-        print("retry cadence, throttling Apple: refresh calls per token by simulated day \(perToken); statuses by day \(statuses)")
-        // Day 0: nothing due. Days 1–2: due and failing; exponential backoff, then every 3–6 h.
-        #expect(calls[0] == 0)
-        #expect(calls[1] + calls[2] > 0)
-        #expect(perToken[1] <= 16 && perToken[2] <= 8, "backed off: \(perToken)")
-        // Three days after the last success every session is denied; Apple is asked nothing more.
-        #expect(calls[3] == 0, "no calls once outage_grace has ended the sessions: \(perToken)")
-        let dayOne: [Int: Int] = statuses[1] ?? [:]
-        #expect(dayOne.keys.sorted() == [200], "kept within outage_grace: \(statuses)")
-        #expect((statuses[3]?[503] ?? 0) > 0 && statuses[3]?[200] == nil, "denied after it: \(statuses)")
+        try await Self.with() { h in
+            let browsers = try await Self.signIn(h, count: 10)
+            h.simulator.setFaults { $0.throttleInterval = 10 * 365 * 86_400 }  // every refresh is throttled (429)
+            let (statuses, calls) = try await Self.drive(h, browsers, for: .seconds(4 * 86_400))
+            let perToken = calls.map { Double($0) / Double(browsers.count) }
+            print("retry cadence, throttling Apple: refresh calls per token by simulated day \(perToken); statuses by day \(statuses)")
+            // Day 0: nothing due. Days 1–2: due and failing; exponential backoff, then every 3–6 h.
+            #expect(calls[0] == 0)
+            #expect(calls[1] + calls[2] > 0)
+            #expect(perToken[1] <= 16 && perToken[2] <= 8, "backed off: \(perToken)")
+            // Three days after the last success every session is denied; Apple is asked nothing more.
+            #expect(calls[3] == 0, "no calls once outage_grace has ended the sessions: \(perToken)")
+            let dayOne: [Int: Int] = statuses[1] ?? [:]
+            #expect(dayOne.keys.sorted() == [200], "kept within outage_grace: \(statuses)")
+            #expect((statuses[3]?[503] ?? 0) > 0 && statuses[3]?[200] == nil, "denied after it: \(statuses)")
+        }
     }
 
     @Test("Apple's Retry-After is honoured: no call before it, however many requests")
     func retryAfter() async throws {
-        let h = try await Self.start(store: .memory)
-        defer { Task { await h.stop() } }
-        let browsers = try await Self.signIn(h, count: 3)
-        h.simulator.setFaults {
-            $0.throttleInterval = 10 * 365 * 86_400
-            $0.retryAfter = 4 * 3600
+        try await Self.with(store: .memory) { h in
+            let browsers = try await Self.signIn(h, count: 3)
+            h.simulator.setFaults {
+                $0.throttleInterval = 10 * 365 * 86_400
+                $0.retryAfter = 4 * 3600
+            }
+            h.clock.advance(by: Self.day + .seconds(2 * 3600))  // due and stale beyond the grace: requests wait for Apple
+            for b in browsers { #expect(try await b.request("/x").status == 200) }
+            let first = h.simulator.grantCount("refresh_token")
+            #expect(first >= 3)
+            let (_, during) = try await Self.drive(h, browsers, for: .seconds(4 * 3600 - 600))
+            #expect(during.reduce(0, +) == 0, "asked again within Apple's Retry-After")
+            let (_, after) = try await Self.drive(h, browsers, for: .seconds(1200))
+            #expect(after.reduce(0, +) == browsers.count, "one call per token once Retry-After has passed")
         }
-        h.clock.advance(by: Self.day + .seconds(2 * 3600))  // due and stale beyond the grace: requests wait for Apple
-        for b in browsers { #expect(try await b.request("/x").status == 200) }
-        let first = h.simulator.grantCount("refresh_token")
-        #expect(first >= 3)
-        let (_, during) = try await Self.drive(h, browsers, for: .seconds(4 * 3600 - 600))
-        #expect(during.reduce(0, +) == 0, "asked again within Apple's Retry-After")
-        let (_, after) = try await Self.drive(h, browsers, for: .seconds(1200))
-        #expect(after.reduce(0, +) == browsers.count, "one call per token once Retry-After has passed")
     }
 
     @Test("Apple refuses our client: one probe for the fleet, not one call per session; sessions resume when it is mended")
     func circuit() async throws {
-        let h = try await Self.start()
-        defer { Task { await h.stop() } }
-        let b = try await h.addInstance()
-        var browsers = try await Self.signIn(h, count: 6)
-        for source in browsers.prefix(3) {  // half of the sessions are used on the second instance
-            let onB = TestBrowser(gatewayOrigin: b.origin)
-            onB.cookies = source.cookies
-            browsers.append(onB)
+        try await Self.with() { h in
+            let b = try await h.addInstance()
+            var browsers = try await Self.signIn(h, count: 6)
+            for source in browsers.prefix(3) {  // half of the sessions are used on the second instance
+                let onB = TestBrowser(gatewayOrigin: b.origin)
+                onB.cookies = source.cookies
+                browsers.append(onB)
+            }
+            browsers.removeFirst(3)
+            h.simulator.setFaults { $0.rejectClientSecrets = true }
+            h.clock.advance(by: Self.day - .seconds(300))
+            let (statuses, calls) = try await Self.drive(h, browsers, for: Self.day)
+            print("retry cadence, invalid_client: refresh calls for 6 sessions over a simulated day: \(calls)")
+            let kept: [Int: Int] = statuses[0] ?? [:]
+            #expect(kept.keys.sorted() == [200], "sessions kept within outage_grace: \(statuses)")
+            // Probes back off like a token's retries (~10 in the first 8 hours, then every 3–6 h),
+            // for the whole fleet: without the circuit each of the 6 sessions would call as often.
+            #expect(calls.reduce(0, +) <= 20, "\(calls)")
+            h.simulator.setFaults { $0.rejectClientSecrets = false }
+            let (_, mended) = try await Self.drive(h, browsers, for: .seconds(7 * 3600))
+            #expect(mended.reduce(0, +) == browsers.count, "the probe that finds the client mended, then each other token once: \(mended)")
         }
-        browsers.removeFirst(3)
-        h.simulator.setFaults { $0.rejectClientSecrets = true }
-        h.clock.advance(by: Self.day - .seconds(300))
-        let (statuses, calls) = try await Self.drive(h, browsers, for: Self.day)
-        print("retry cadence, invalid_client: refresh calls for 6 sessions over a simulated day: \(calls)")
-        let kept: [Int: Int] = statuses[0] ?? [:]
-        #expect(kept.keys.sorted() == [200], "sessions kept within outage_grace: \(statuses)")
-        // Probes back off like a token's retries (~10 in the first 8 hours, then every 3–6 h),
-        // for the whole fleet: without the circuit each of the 6 sessions would call as often.
-        #expect(calls.reduce(0, +) <= 20, "\(calls)")
-        h.simulator.setFaults { $0.rejectClientSecrets = false }
-        let (_, mended) = try await Self.drive(h, browsers, for: .seconds(7 * 3600))
-        #expect(mended.reduce(0, +) == browsers.count, "the probe that finds the client mended, then each other token once: \(mended)")
     }
 }

@@ -195,68 +195,68 @@ struct SignInRulesTests {
 
     @Test("native nonce required: issued, single use, bound to the app; the app may pass its SHA-256 to Apple")
     func nativeNonce() async throws {
-        let h = try await SignInHarness.start { $0.apple?.nativeNonce = .required }
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let app = TestBrowser(gatewayOrigin: h.origin)
-        func issue(_ body: String = "") async throws -> [String: Any] {
-            let r = try await app.request("/_auth/native/nonce", method: .POST, headers: [("accept", "application/json")], json: body)
-            #expect(r.status == 200, "\(r.body)")
-            return try #require(JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any])
+        try await SignInHarness.with(configure: { $0.apple?.nativeNonce = .required }) { h in
+            let sub = h.simulator.createUser()
+            let app = TestBrowser(gatewayOrigin: h.origin)
+            func issue(_ body: String = "") async throws -> [String: Any] {
+                let r = try await app.request("/_auth/native/nonce", method: .POST, headers: [("accept", "application/json")], json: body)
+                #expect(r.status == 200, "\(r.body)")
+                return try #require(JSONSerialization.jsonObject(with: Data(r.body.utf8)) as? [String: Any])
+            }
+            func signIn(nonceInToken: String?, nonceSent: String?) async throws -> TestBrowser.Response {
+                let auth = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nonceInToken)
+                var fields = #""identity_token":"\#(auth.identityToken)","authorization_code":"\#(auth.authorizationCode)""#
+                if let nonceSent { fields += #","nonce":"\#(nonceSent)""# }
+                return try await app.request("/_auth/native", method: .POST, json: "{\(fields)}")
+            }
+            let issued = try await issue(#"{"client_id":"\#(SignInHarness.appClient)"}"#)
+            let nonce = try #require(issued["nonce"] as? String)
+            #expect(issued["nonce_sha256"] as? String == sha256Hex(nonce))
+            // Apple's sample: the app passes SHA-256(nonce) to Apple and sends the nonce itself.
+            #expect(try await signIn(nonceInToken: sha256Hex(nonce), nonceSent: nonce).status == 200)
+            let replay = try await signIn(nonceInToken: sha256Hex(nonce), nonceSent: nonce)
+            #expect(replay.status == 400 && replay.body.contains("invalid_nonce"), "single use: \(replay.body)")
+            let missing = try await signIn(nonceInToken: nil, nonceSent: nil)
+            #expect(missing.status == 400 && missing.body.contains("invalid_nonce"))
+            let invented = try await signIn(nonceInToken: "mine", nonceSent: "mine")
+            #expect(invented.status == 400 && invented.body.contains("invalid_nonce"), "a nonce the gateway never issued")
+            let forWeb = try #require(try await issue(#"{"client_id":"\#(SignInHarness.webClient)"}"#)["nonce"] as? String)
+            let otherApp = try await signIn(nonceInToken: forWeb, nonceSent: forWeb)
+            #expect(otherApp.status == 400 && otherApp.body.contains("another app"))
+            let plain = try #require(try await issue()["nonce"] as? String)
+            let mismatch = try await signIn(nonceInToken: "something else", nonceSent: plain)
+            #expect(mismatch.status == 401 && mismatch.body.contains("invalid_identity_token"), "the token must carry the nonce or its hash")
+            // A token from a platform without nonces is not bound to the issued one: refused when required.
+            h.simulator.setFaults { $0.nonceUnsupported = true }
+            let unbound = try #require(try await issue()["nonce"] as? String)
+            let noClaim = try await signIn(nonceInToken: unbound, nonceSent: unbound)
+            #expect(noClaim.status == 401 && noClaim.body.contains("invalid_identity_token"), "\(noClaim.body)")
+            h.simulator.setFaults { $0.nonceUnsupported = false }
+            #expect(try await app.request("/_auth/native/nonce", method: .POST, json: #"{"client_id":"com.unknown"}"#).status == 400)
+            #expect(try await app.request("/_auth/native/nonce", method: .GET).status == 405)
         }
-        func signIn(nonceInToken: String?, nonceSent: String?) async throws -> TestBrowser.Response {
-            let auth = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nonceInToken)
-            var fields = #""identity_token":"\#(auth.identityToken)","authorization_code":"\#(auth.authorizationCode)""#
-            if let nonceSent { fields += #","nonce":"\#(nonceSent)""# }
-            return try await app.request("/_auth/native", method: .POST, json: "{\(fields)}")
-        }
-        let issued = try await issue(#"{"client_id":"\#(SignInHarness.appClient)"}"#)
-        let nonce = try #require(issued["nonce"] as? String)
-        #expect(issued["nonce_sha256"] as? String == sha256Hex(nonce))
-        // Apple's sample: the app passes SHA-256(nonce) to Apple and sends the nonce itself.
-        #expect(try await signIn(nonceInToken: sha256Hex(nonce), nonceSent: nonce).status == 200)
-        let replay = try await signIn(nonceInToken: sha256Hex(nonce), nonceSent: nonce)
-        #expect(replay.status == 400 && replay.body.contains("invalid_nonce"), "single use: \(replay.body)")
-        let missing = try await signIn(nonceInToken: nil, nonceSent: nil)
-        #expect(missing.status == 400 && missing.body.contains("invalid_nonce"))
-        let invented = try await signIn(nonceInToken: "mine", nonceSent: "mine")
-        #expect(invented.status == 400 && invented.body.contains("invalid_nonce"), "a nonce the gateway never issued")
-        let forWeb = try #require(try await issue(#"{"client_id":"\#(SignInHarness.webClient)"}"#)["nonce"] as? String)
-        let otherApp = try await signIn(nonceInToken: forWeb, nonceSent: forWeb)
-        #expect(otherApp.status == 400 && otherApp.body.contains("another app"))
-        let plain = try #require(try await issue()["nonce"] as? String)
-        let mismatch = try await signIn(nonceInToken: "something else", nonceSent: plain)
-        #expect(mismatch.status == 401 && mismatch.body.contains("invalid_identity_token"), "the token must carry the nonce or its hash")
-        // A token from a platform without nonces is not bound to the issued one: refused when required.
-        h.simulator.setFaults { $0.nonceUnsupported = true }
-        let unbound = try #require(try await issue()["nonce"] as? String)
-        let noClaim = try await signIn(nonceInToken: unbound, nonceSent: unbound)
-        #expect(noClaim.status == 401 && noClaim.body.contains("invalid_identity_token"), "\(noClaim.body)")
-        h.simulator.setFaults { $0.nonceUnsupported = false }
-        #expect(try await app.request("/_auth/native/nonce", method: .POST, json: #"{"client_id":"com.unknown"}"#).status == 400)
-        #expect(try await app.request("/_auth/native/nonce", method: .GET).status == 405)
     }
 
     @Test("exchanges per minute: a replayed identity token cannot make the gateway call Apple without end")
     func exchangeRateLimit() async throws {
-        let h = try await SignInHarness.start { $0.apple?.exchangesPerMinute = 3 }
-        defer { Task { await h.stop() } }
-        let sub = h.simulator.createUser()
-        let auth = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
-        let app = TestBrowser(gatewayOrigin: h.origin)
-        let before = h.simulator.grantCount("authorization_code")
-        var statuses: [Int] = []
-        for i in 0..<6 {  // the same token with junk codes
-            let body = #"{"identity_token":"\#(auth.identityToken)","authorization_code":"junk-\#(i)"}"#
-            let r = try await app.request("/_auth/native", method: .POST, json: body)
-            statuses.append(r.status)
-            if r.status == 429 { #expect(r.headers.first(name: "retry-after").flatMap(Int.init).map { $0 >= 1 && $0 <= 60 } == true) }
+        try await SignInHarness.with(configure: { $0.apple?.exchangesPerMinute = 3 }) { h in
+            let sub = h.simulator.createUser()
+            let auth = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+            let app = TestBrowser(gatewayOrigin: h.origin)
+            let before = h.simulator.grantCount("authorization_code")
+            var statuses: [Int] = []
+            for i in 0..<6 {  // the same token with junk codes
+                let body = #"{"identity_token":"\#(auth.identityToken)","authorization_code":"junk-\#(i)"}"#
+                let r = try await app.request("/_auth/native", method: .POST, json: body)
+                statuses.append(r.status)
+                if r.status == 429 { #expect(r.headers.first(name: "retry-after").flatMap(Int.init).map { $0 >= 1 && $0 <= 60 } == true) }
+            }
+            #expect(statuses == [400, 400, 400, 429, 429, 429], "\(statuses)")
+            #expect(h.simulator.grantCount("authorization_code") - before == 3, "Apple was called three times, not six")
+            h.clock.advance(by: .seconds(61))
+            let fresh = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+            let ok = try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(fresh.identityToken)","authorization_code":"\#(fresh.authorizationCode)"}"#)
+            #expect(ok.status == 200, "a new minute: \(ok.body)")
         }
-        #expect(statuses == [400, 400, 400, 429, 429, 429], "\(statuses)")
-        #expect(h.simulator.grantCount("authorization_code") - before == 3, "Apple was called three times, not six")
-        h.clock.advance(by: .seconds(61))
-        let fresh = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
-        let ok = try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(fresh.identityToken)","authorization_code":"\#(fresh.authorizationCode)"}"#)
-        #expect(ok.status == 200, "a new minute: \(ok.body)")
     }
 }

@@ -106,112 +106,113 @@ struct TLSProcessTests {
         let upstreamTLS = try NIOSSLContext(configuration: .makeServerConfiguration(
             certificateChain: try NIOSSLCertificate.fromPEMFile(upstreamLeaf.certificateFile).map { .certificate($0) },
             privateKey: .privateKey(try NIOSSLPrivateKey(file: upstreamLeaf.privateKeyFile, format: .pem))))
-        let plain = try await TestUpstream.start()
-        let secure = try await TestUpstream.start(tls: upstreamTLS)
-        defer { Task { await plain.close(); await secure.close() } }
-        try Self.install(first, in: directory)
+        try await TestUpstream.with { plain in
+            try await TestUpstream.with(tls: upstreamTLS) { secure in
+                try Self.install(first, in: directory)
 
-        let reserved = (ReservedPort(), ReservedPort())
-        defer { withExtendedLifetime(reserved) {} }
-        let (listen, redirect) = (reserved.0.port, reserved.1.port)
-        let yaml = Self.yaml(directory: directory, listen: listen, redirect: redirect, upstream: plain.port, secureUpstream: secure.port, ca: ca.certificateFile)
-        let gateway = try GatewayProcess.serve(yaml: yaml)
-        defer { gateway.signal(SIGKILL) }
-        let ports = try await gateway.ports()
-        #expect(ports.proxy == listen)
-        let http = try Self.client(trusting: ca.certificateFile)
-        defer { Task { try? await http.shutdown() } }
+                let reserved = (ReservedPort(), ReservedPort())
+                defer { withExtendedLifetime(reserved) {} }
+                let (listen, redirect) = (reserved.0.port, reserved.1.port)
+                let yaml = Self.yaml(directory: directory, listen: listen, redirect: redirect, upstream: plain.port, secureUpstream: secure.port, ca: ca.certificateFile)
+                let gateway = try GatewayProcess.serve(yaml: yaml)
+                defer { gateway.signal(SIGKILL) }
+                let ports = try await gateway.ports()
+                #expect(ports.proxy == listen)
+                try await withTeardown(Self.client(trusting: ca.certificateFile), stop: { try? await $0.shutdown() }) { http in
 
-        // TLS to the app: X-Forwarded-Proto says https.
-        let echo = try await http.get(url: "https://localhost:\(listen)/echo").get()
-        #expect(echo.status == .ok)
-        let echoed = String(buffer: echo.body ?? ByteBuffer()).lowercased()
-        #expect(echoed.contains("x-forwarded-proto: https"), "\(echoed)")
+                    // TLS to the app: X-Forwarded-Proto says https.
+                    let echo = try await http.get(url: "https://localhost:\(listen)/echo").get()
+                    #expect(echo.status == .ok)
+                    let echoed = String(buffer: echo.body ?? ByteBuffer()).lowercased()
+                    #expect(echoed.contains("x-forwarded-proto: https"), "\(echoed)")
 
-        // The handshake: TLS 1.2 or 1.3, ALPN http/1.1, the first certificate; TLS 1.1 refused.
-        let hello = try await Self.handshake(port: listen, ca: ca.certificateFile)
-        #expect(hello.contains("CN = first"), "\(hello)")
-        #expect(hello.contains("ALPN protocol: http/1.1"), "\(hello)")
-        #expect(hello.contains("Verify return code: 0 (ok)"), "\(hello)")
-        let old = try await Self.handshake(port: listen, ca: ca.certificateFile, extra: ["-tls1_1"])
-        #expect(!old.contains("CN = first"), "\(old)")
+                    // The handshake: TLS 1.2 or 1.3, ALPN http/1.1, the first certificate; TLS 1.1 refused.
+                    let hello = try await Self.handshake(port: listen, ca: ca.certificateFile)
+                    #expect(hello.contains("CN = first"), "\(hello)")
+                    #expect(hello.contains("ALPN protocol: http/1.1"), "\(hello)")
+                    #expect(hello.contains("Verify return code: 0 (ok)"), "\(hello)")
+                    let old = try await Self.handshake(port: listen, ca: ca.certificateFile, extra: ["-tls1_1"])
+                    #expect(!old.contains("CN = first"), "\(old)")
 
-        // Plain HTTP on the TLS port: a plain 400 from the gateway, nothing to the app.
-        let requestsBefore = plain.stats.withLockedValue { $0.requests }
-        let refused = try await blocking {
-            let c = try RawClient(port: listen)
-            try c.send("GET /echo HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            return try c.readResponse()
-        }
-        #expect(refused.status == 400)
-        #expect(String(decoding: refused.body, as: UTF8.self).contains("speaks HTTPS"))
-        #expect(plain.stats.withLockedValue { $0.requests } == requestsBefore)
+                    // Plain HTTP on the TLS port: a plain 400 from the gateway, nothing to the app.
+                    let requestsBefore = plain.stats.withLockedValue { $0.requests }
+                    let refused = try await blocking {
+                        let c = try RawClient(port: listen)
+                        try c.send("GET /echo HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                        return try c.readResponse()
+                    }
+                    #expect(refused.status == 400)
+                    #expect(String(decoding: refused.body, as: UTF8.self).contains("speaks HTTPS"))
+                    #expect(plain.stats.withLockedValue { $0.requests } == requestsBefore)
 
-        // A client that never says hello is closed after tls_handshake (1 s).
-        let closed = try await blocking {
-            let c = try RawClient(port: listen, timeoutSeconds: 10)
-            return c.waitForClose()
-        }
-        #expect(closed)
-        // A client that closes TCP without TLS's close_notify (common) is not a malformed request.
-        let abrupt = try await Self.output(of: "/usr/bin/python3", ["-c", """
-            import socket, ssl
-            context = ssl.create_default_context(cafile="\(ca.certificateFile)")
-            s = context.wrap_socket(socket.create_connection(("127.0.0.1", \(listen))), server_hostname="localhost")
-            s.sendall(b"GET /echo HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n")
-            print(s.recv(12).decode())
-            s.close()
-            """])
-        #expect(abrupt.hasPrefix("HTTP/1.1 200"), "\(abrupt)")
-        let counted = try await Self.metrics(admin: ports.admin)
-        #expect(counted.contains(#"sessiongate_requests_total{route="-",status_class="4xx"} 0"#), "an unclean TLS close is not answered 400")
-        #expect(counted.contains(#"sessiongate_tls_handshake_failures_total{reason="plaintext"} 1"#), "\(counted)")
-        #expect(counted.contains(#"sessiongate_tls_handshake_failures_total{reason="timeout"} 1"#), "\(counted)")
-        #expect(!counted.contains(#"sessiongate_tls_handshake_failures_total{reason="handshake"} 0"#), "the TLS 1.1 hello is counted")
-        #expect(counted.contains("sessiongate_tls_certificate_expiry_timestamp_seconds"))
+                    // A client that never says hello is closed after tls_handshake (1 s).
+                    let closed = try await blocking {
+                        let c = try RawClient(port: listen, timeoutSeconds: 10)
+                        return c.waitForClose()
+                    }
+                    #expect(closed)
+                    // A client that closes TCP without TLS's close_notify (common) is not a malformed request.
+                    let abrupt = try await Self.output(of: "/usr/bin/python3", ["-c", """
+                        import socket, ssl
+                        context = ssl.create_default_context(cafile="\(ca.certificateFile)")
+                        s = context.wrap_socket(socket.create_connection(("127.0.0.1", \(listen))), server_hostname="localhost")
+                        s.sendall(b"GET /echo HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n")
+                        print(s.recv(12).decode())
+                        s.close()
+                        """])
+                    #expect(abrupt.hasPrefix("HTTP/1.1 200"), "\(abrupt)")
+                    let counted = try await Self.metrics(admin: ports.admin)
+                    #expect(counted.contains(#"sessiongate_requests_total{route="-",status_class="4xx"} 0"#), "an unclean TLS close is not answered 400")
+                    #expect(counted.contains(#"sessiongate_tls_handshake_failures_total{reason="plaintext"} 1"#), "\(counted)")
+                    #expect(counted.contains(#"sessiongate_tls_handshake_failures_total{reason="timeout"} 1"#), "\(counted)")
+                    #expect(!counted.contains(#"sessiongate_tls_handshake_failures_total{reason="handshake"} 0"#), "the TLS 1.1 hello is counted")
+                    #expect(counted.contains("sessiongate_tls_certificate_expiry_timestamp_seconds"))
 
-        // https upstreams: verified by name with the CA file; by address the name does not
-        // match; without the CA file the system store does not know the test CA.
-        let verified = try await http.get(url: "https://localhost:\(listen)/secure/echo").get()
-        #expect(verified.status == .ok)
-        let byAddress = try await http.get(url: "https://localhost:\(listen)/by-address/echo").get()
-        #expect(byAddress.status == .badGateway)
-        let untrusted = try await http.get(url: "https://localhost:\(listen)/system-store/echo").get()
-        #expect(untrusted.status == .badGateway)
-        #expect(await gateway.waitForLine(containing: "upstream TLS handshake failed", timeout: 10) != nil)
-        let upstreamErrors = try await Self.metrics(admin: ports.admin)
-        #expect(upstreamErrors.contains(#"sessiongate_upstream_errors_total{route="system-store",kind="tls_handshake"} 1"#), "\(upstreamErrors)")
-        // Keep-alive to an https upstream: a second request reuses the pooled connection.
-        let connections = secure.stats.withLockedValue { $0.connections }
-        #expect(try await http.get(url: "https://localhost:\(listen)/secure/echo").get().status == .ok)
-        #expect(secure.stats.withLockedValue { $0.connections } == connections)
+                    // https upstreams: verified by name with the CA file; by address the name does not
+                    // match; without the CA file the system store does not know the test CA.
+                    let verified = try await http.get(url: "https://localhost:\(listen)/secure/echo").get()
+                    #expect(verified.status == .ok)
+                    let byAddress = try await http.get(url: "https://localhost:\(listen)/by-address/echo").get()
+                    #expect(byAddress.status == .badGateway)
+                    let untrusted = try await http.get(url: "https://localhost:\(listen)/system-store/echo").get()
+                    #expect(untrusted.status == .badGateway)
+                    #expect(await gateway.waitForLine(containing: "upstream TLS handshake failed", timeout: 10) != nil)
+                    let upstreamErrors = try await Self.metrics(admin: ports.admin)
+                    #expect(upstreamErrors.contains(#"sessiongate_upstream_errors_total{route="system-store",kind="tls_handshake"} 1"#), "\(upstreamErrors)")
+                    // Keep-alive to an https upstream: a second request reuses the pooled connection.
+                    let connections = secure.stats.withLockedValue { $0.connections }
+                    #expect(try await http.get(url: "https://localhost:\(listen)/secure/echo").get().status == .ok)
+                    #expect(secure.stats.withLockedValue { $0.connections } == connections)
 
-        // SIGHUP re-reads the pair: new connections get the second certificate.
-        try Self.install(second, in: directory)
-        let reloaded = try await gateway.reload(yaml: yaml)
-        #expect(reloaded?.contains("configuration reloaded") == true, "\(reloaded ?? "-")")
-        #expect(try await Self.handshake(port: listen, ca: ca.certificateFile).contains("CN = second"))
+                    // SIGHUP re-reads the pair: new connections get the second certificate.
+                    try Self.install(second, in: directory)
+                    let reloaded = try await gateway.reload(yaml: yaml)
+                    #expect(reloaded?.contains("configuration reloaded") == true, "\(reloaded ?? "-")")
+                    #expect(try await Self.handshake(port: listen, ca: ca.certificateFile).contains("CN = second"))
 
-        // A key that does not fit the certificate refuses the reload; the second pair stays.
-        try Self.install(first, key: second, in: directory)
-        let mark = gateway.output.count
-        let rejected = try await gateway.reload(yaml: yaml)
-        #expect(rejected?.contains("configuration reload rejected") == true, "\(rejected ?? "-")")
-        let reason = gateway.output.dropFirst(mark).first { $0.contains("server.tls.private_key_file") }
-        #expect(reason?.contains("does not belong to the certificate") == true, "\(gateway.output.suffix(5))")
-        #expect(reason?.contains(":10:") == true, "the error points at the key's line: \(reason ?? "-")")
-        #expect(try await Self.handshake(port: listen, ca: ca.certificateFile).contains("CN = second"))
+                    // A key that does not fit the certificate refuses the reload; the second pair stays.
+                    try Self.install(first, key: second, in: directory)
+                    let mark = gateway.output.count
+                    let rejected = try await gateway.reload(yaml: yaml)
+                    #expect(rejected?.contains("configuration reload rejected") == true, "\(rejected ?? "-")")
+                    let reason = gateway.output.dropFirst(mark).first { $0.contains("server.tls.private_key_file") }
+                    #expect(reason?.contains("does not belong to the certificate") == true, "\(gateway.output.suffix(5))")
+                    #expect(reason?.contains(":10:") == true, "the error points at the key's line: \(reason ?? "-")")
+                    #expect(try await Self.handshake(port: listen, ca: ca.certificateFile).contains("CN = second"))
 
-        // The plain-HTTP listener: 308 to https, path and query kept; a foreign Host goes to
-        // public_url's host.
-        for (host, expected) in [("localhost:\(redirect)", "https://localhost:\(listen)/a/b?c=1"), ("evil.example", "https://localhost:\(listen)/a/b?c=1")] {
-            let moved = try await blocking {
-                let c = try RawClient(port: redirect)
-                try c.send("POST /a/b?c=1 HTTP/1.1\r\nHost: \(host)\r\nContent-Length: 0\r\n\r\n")
-                return try c.readResponse()
+                    // The plain-HTTP listener: 308 to https, path and query kept; a foreign Host goes to
+                    // public_url's host.
+                    for (host, expected) in [("localhost:\(redirect)", "https://localhost:\(listen)/a/b?c=1"), ("evil.example", "https://localhost:\(listen)/a/b?c=1")] {
+                        let moved = try await blocking {
+                            let c = try RawClient(port: redirect)
+                            try c.send("POST /a/b?c=1 HTTP/1.1\r\nHost: \(host)\r\nContent-Length: 0\r\n\r\n")
+                            return try c.readResponse()
+                        }
+                        #expect(moved.status == 308)
+                        #expect(moved.header("location") == expected)
+                    }
+                }
             }
-            #expect(moved.status == 308)
-            #expect(moved.header("location") == expected)
         }
     }
 

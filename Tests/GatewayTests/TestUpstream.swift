@@ -34,10 +34,17 @@ final class TestUpstream: Sendable {
 
     var port: Int { channel.localAddress!.port! }
 
+    /// Runs `body` with a started upstream (https with `tls`) on `group`'s loops, closed before
+    /// this returns or rethrows.
+    static func with<Result>(tls: NIOSSLContext? = nil, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+                             _ body: (TestUpstream) async throws -> Result) async throws -> Result {
+        try await withTeardown(try await start(tls: tls, group: group), stop: { await $0.close() }, body)
+    }
+
     /// With `tls`, it speaks https (the context holds its certificate).
-    static func start(tls: NIOSSLContext? = nil) async throws -> TestUpstream {
+    static func start(tls: NIOSSLContext? = nil, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> TestUpstream {
         let box = NIOLockedValueBox<TestUpstream?>(nil)
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {

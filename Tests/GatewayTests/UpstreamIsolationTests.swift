@@ -62,25 +62,24 @@ struct UpstreamIsolationTests {
     /// alice (or an anonymous client) sends `shape.first` on one connection and reads its answer;
     /// then admin sends `GET /b` on another connection of the same event loop.
     static func run(_ shape: Shape, reuse: GatewayConfiguration.UpstreamReuse) async throws -> Outcome {
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let app = try await MisbehavingUpstream.start(group: MultiThreadedEventLoopGroup.singleton)
-        let h = try await ProxyHarness.start(upstreamPort: app.port, group: group) { address in
-            [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)]
+        try await withEventLoops(1) { group in
+            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
+                try await ProxyHarness.with(upstreamPort: app.port, group: group, routes: { address in
+                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)]
+                }) { h in
+                    let port = h.port
+                    let second = try await blocking { () -> RawClient.Response? in
+                        let first = try RawClient(port: port, timeoutSeconds: 5)
+                        try first.send(shape.first)
+                        _ = try first.readResponse(head: shape.firstIsHead)
+                        let admin = try RawClient(port: port, timeoutSeconds: 5)
+                        try admin.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: admin\r\n\r\n")
+                        return try? admin.readResponse()
+                    }
+                    return Outcome(second: second, adminLines: app.requests.filter { $0.user == "admin" }.map { $0.line })
+                }
+            }
         }
-        let port = h.port
-        let second = try await blocking { () -> RawClient.Response? in
-            let first = try RawClient(port: port, timeoutSeconds: 5)
-            try first.send(shape.first)
-            _ = try first.readResponse(head: shape.firstIsHead)
-            let admin = try RawClient(port: port, timeoutSeconds: 5)
-            try admin.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: admin\r\n\r\n")
-            return try? admin.readResponse()
-        }
-        let adminLines = app.requests.filter { $0.user == "admin" }.map { $0.line }
-        await h.stop()
-        await app.close()
-        try await group.shutdownGracefully()
-        return Outcome(second: second, adminLines: adminLines)
     }
 
     @Test("principal (the default): the second user gets their own answer, never a byte of the first's", arguments: shapes)
@@ -102,24 +101,24 @@ struct UpstreamIsolationTests {
 
     @Test("principal: anonymous requests through a trusted proxy (whose connection carries many clients) each get a connection of their own")
     func anonymousThroughProxy() async throws {
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let app = try await MisbehavingUpstream.start(group: MultiThreadedEventLoopGroup.singleton)
-        let h = try await ProxyHarness.start(trustedProxies: [CIDR.parse("127.0.0.1/32")!], upstreamPort: app.port, group: group) { address in
-            [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard())]
+        try await withEventLoops(1) { group in
+            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
+                try await ProxyHarness.with(trustedProxies: [CIDR.parse("127.0.0.1/32")!], upstreamPort: app.port, group: group, routes: { address in
+                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard())]
+                }) { h in
+                    let port = h.port
+                    let second = try await blocking { () -> RawClient.Response in
+                        // One front-proxy connection: anonymous user X's request, then anonymous user Y's.
+                        let front = try RawClient(port: port, timeoutSeconds: 5)
+                        try front.send("GET /late-extra HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n")
+                        _ = try front.readResponse()
+                        try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.2\r\n\r\n")
+                        return try front.readResponse()
+                    }
+                    #expect(second.text == "line=GET /b HTTP/1.1;user=-")
+                }
+            }
         }
-        let port = h.port
-        let second = try await blocking { () -> RawClient.Response in
-            // One front-proxy connection: anonymous user X's request, then anonymous user Y's.
-            let front = try RawClient(port: port, timeoutSeconds: 5)
-            try front.send("GET /late-extra HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n")
-            _ = try front.readResponse()
-            try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.2\r\n\r\n")
-            return try front.readResponse()
-        }
-        await h.stop()
-        await app.close()
-        try await group.shutdownGracefully()
-        #expect(second.text == "line=GET /b HTTP/1.1;user=-")
     }
 
     /// What `shared` still lets through, written down: a connection is not reused after a

@@ -46,14 +46,14 @@ struct RedisTLSTests {
 
     /// The error of the first command on a new client (nil if it succeeded), and how long it took.
     static func firstCommandError(_ configuration: RedisClient.Configuration) async throws -> (RedisError?, Duration) {
-        let redis = try client(configuration)
-        defer { Task { await redis.close() } }
-        let started = ContinuousClock.now
-        do {
-            _ = try await redis.send(["PING"])
-            return (nil, ContinuousClock.now - started)
-        } catch let error as RedisError {
-            return (error, ContinuousClock.now - started)
+        try await withTeardown(client(configuration), stop: { await $0.close() }) { redis in
+            let started = ContinuousClock.now
+            do {
+                _ = try await redis.send(["PING"])
+                return (nil, ContinuousClock.now - started)
+            } catch let error as RedisError {
+                return (error, ContinuousClock.now - started)
+            }
         }
     }
 

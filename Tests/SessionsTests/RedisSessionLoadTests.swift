@@ -22,9 +22,12 @@ struct RedisSessionLoadTests {
         return calls
     }
 
-    static func client(_ server: RedisServerProcess, user: String? = nil, password: String? = nil) throws -> RedisClient {
-        try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, username: user, password: password, commandTimeout: .seconds(3)),
-                        group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+    /// Runs `body` with a client of `server`, closed before this returns or rethrows.
+    static func withClient<Result>(_ server: RedisServerProcess, user: String? = nil, password: String? = nil,
+                                   _ body: (RedisClient) async throws -> Result) async throws -> Result {
+        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, username: user, password: password, commandTimeout: .seconds(3)),
+                                     group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+        return try await withTeardown(client, stop: { await $0.close() }, body)
     }
 
     static func storeAndRead(_ store: RedisSessionStore, _ admin: RedisClient) async throws -> (StoredSession?, [String: Int]) {
@@ -43,16 +46,17 @@ struct RedisSessionLoadTests {
     func oneRoundTrip() async throws {
         let server = try RedisServerProcess()
         defer { server.stop() }
-        let client = try Self.client(server)
-        let admin = try Self.client(server)
-        defer { Task { await client.close(); await admin.close() } }
-        let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
-        let session = try #require(loaded)
-        #expect(session.user.name == "Grace Hopper" && session.user.email == "grace@example.com")
-        #expect(session.revokedAt != nil)
-        // Two loads (one found, one unknown): two commands from the gateway, whatever the
-        // script did inside.
-        #expect(calls["eval"] == 2, "\(calls)")
+        try await Self.withClient(server) { client in
+            try await Self.withClient(server) { admin in
+                let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
+                let session = try #require(loaded)
+                #expect(session.user.name == "Grace Hopper" && session.user.email == "grace@example.com")
+                #expect(session.revokedAt != nil)
+                // Two loads (one found, one unknown): two commands from the gateway, whatever the
+                // script did inside.
+                #expect(calls["eval"] == 2, "\(calls)")
+            }
+        }
     }
 
     enum ScriptsRefused: String, CaseIterable, CustomTestStringConvertible, Sendable {
@@ -70,15 +74,17 @@ struct RedisSessionLoadTests {
             ? ["--user", "gateway", "on", ">pw", "~*", "&*", "+@all", "-@scripting"]
             : ["--rename-command", "EVAL", ""])
         defer { server.stop() }
-        let client = refusal == .acl ? try Self.client(server, user: "gateway", password: "pw") : try Self.client(server)
-        let admin = try Self.client(server)
-        defer { Task { await client.close(); await admin.close() } }
-        let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
-        let session = try #require(loaded)
-        #expect(session.user.name == "Grace Hopper")
-        #expect(session.revokedAt != nil)
-        #expect((calls["eval"] ?? 0) == 0, "refused once, then not tried again: \(calls)")
-        #expect(calls["hgetall"] == 3, "\(calls)")
+        let (user, password) = refusal == .acl ? ("gateway", "pw") : (nil, nil) as (String?, String?)
+        try await Self.withClient(server, user: user, password: password) { client in
+            try await Self.withClient(server) { admin in
+                let (loaded, calls) = try await Self.storeAndRead(RedisSessionStore(client: client), admin)
+                let session = try #require(loaded)
+                #expect(session.user.name == "Grace Hopper")
+                #expect(session.revokedAt != nil)
+                #expect((calls["eval"] ?? 0) == 0, "refused once, then not tried again: \(calls)")
+                #expect(calls["hgetall"] == 3, "\(calls)")
+            }
+        }
     }
 }
 

@@ -21,7 +21,12 @@ struct StoreFixture {
     let client: RedisClient?
     let prefix: String
 
-    static func make(_ kind: StoreKind) throws -> StoreFixture {
+    /// Runs `body` with a fresh store of `kind`, closed before this returns or rethrows.
+    static func with<Result>(_ kind: StoreKind, _ body: (StoreFixture) async throws -> Result) async throws -> Result {
+        try await withTeardown(try make(kind), stop: { await $0.close() }, body)
+    }
+
+    private static func make(_ kind: StoreKind) throws -> StoreFixture {
         let group = MultiThreadedEventLoopGroup.singleton
         switch kind {
         case .memory:
@@ -56,265 +61,265 @@ struct SessionStoreContractTests {
 
     @Test(arguments: StoreKind.allCases)
     func createLoadAndMergeProfile(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let (_, s) = record("user.1", created: now)
-        try await f.store.create(s, profile: UserProfile(sub: "user.1", name: "Ada Lovelace", email: "ada@example.com", emailVerified: true, privateEmail: false),
-                                 expiresAt: now + 60_000, on: f.loop).get()
-        let loaded = try #require(try await f.store.load(s.handle, on: f.loop).get())
-        #expect(loaded.session == s)
-        #expect(loaded.user.name == "Ada Lovelace")
-        #expect(loaded.user.emailVerified == true)
-        #expect(loaded.user.privateEmail == false)
-        #expect(loaded.revokedAt == nil)
-        #expect(keys.open(try #require(loaded.session.sealedRefreshToken), for: s.handle) == "rt-secret-value")
+        try await StoreFixture.with(kind) { f in
+            let (_, s) = record("user.1", created: now)
+            try await f.store.create(s, profile: UserProfile(sub: "user.1", name: "Ada Lovelace", email: "ada@example.com", emailVerified: true, privateEmail: false),
+                                     expiresAt: now + 60_000, on: f.loop).get()
+            let loaded = try #require(try await f.store.load(s.handle, on: f.loop).get())
+            #expect(loaded.session == s)
+            #expect(loaded.user.name == "Ada Lovelace")
+            #expect(loaded.user.emailVerified == true)
+            #expect(loaded.user.privateEmail == false)
+            #expect(loaded.revokedAt == nil)
+            #expect(keys.open(try #require(loaded.session.sealedRefreshToken), for: s.handle) == "rt-secret-value")
 
-        // A later sign-in without the name (Apple sends it once) keeps it.
-        let (_, later) = record("user.1", created: now + 1)
-        try await f.store.create(later, profile: UserProfile(sub: "user.1", email: "ada@example.com", emailVerified: true), expiresAt: now + 60_000, on: f.loop).get()
-        #expect(try await f.store.load(later.handle, on: f.loop).get()?.user.name == "Ada Lovelace")
-        #expect(try await f.store.profile(of: "user.1", on: f.loop).get()?.name == "Ada Lovelace")
-        try await f.store.saveProfile(UserProfile(sub: "user.1", emailForwarding: "disabled"), on: f.loop).get()
-        let profile = try #require(try await f.store.profile(of: "user.1", on: f.loop).get())
-        #expect(profile.emailForwarding == "disabled" && profile.name == "Ada Lovelace")
-        #expect(try await f.store.profile(of: "nobody", on: f.loop).get() == nil)
+            // A later sign-in without the name (Apple sends it once) keeps it.
+            let (_, later) = record("user.1", created: now + 1)
+            try await f.store.create(later, profile: UserProfile(sub: "user.1", email: "ada@example.com", emailVerified: true), expiresAt: now + 60_000, on: f.loop).get()
+            #expect(try await f.store.load(later.handle, on: f.loop).get()?.user.name == "Ada Lovelace")
+            #expect(try await f.store.profile(of: "user.1", on: f.loop).get()?.name == "Ada Lovelace")
+            try await f.store.saveProfile(UserProfile(sub: "user.1", emailForwarding: "disabled"), on: f.loop).get()
+            let profile = try #require(try await f.store.profile(of: "user.1", on: f.loop).get())
+            #expect(profile.emailForwarding == "disabled" && profile.name == "Ada Lovelace")
+            #expect(try await f.store.profile(of: "nobody", on: f.loop).get() == nil)
 
-        let (_, unknown) = record("user.1", created: now)
-        #expect(try await f.store.load(unknown.handle, on: f.loop).get() == nil)
+            let (_, unknown) = record("user.1", created: now)
+            #expect(try await f.store.load(unknown.handle, on: f.loop).get() == nil)
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func expiryAndTouch(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let (_, expired) = record("user.2", created: now - 10_000)
-        try await f.store.create(expired, profile: UserProfile(sub: "user.2"), expiresAt: now - 1, on: f.loop).get()
-        #expect(try await f.store.load(expired.handle, on: f.loop).get() == nil)
+        try await StoreFixture.with(kind) { f in
+            let (_, expired) = record("user.2", created: now - 10_000)
+            try await f.store.create(expired, profile: UserProfile(sub: "user.2"), expiresAt: now - 1, on: f.loop).get()
+            #expect(try await f.store.load(expired.handle, on: f.loop).get() == nil)
 
-        let (_, live) = record("user.2", created: now)
-        try await f.store.create(live, profile: UserProfile(sub: "user.2"), expiresAt: now + 60_000, on: f.loop).get()
-        try await f.store.touch(live.handle, lastSeen: now + 500, expiresAt: now + 120_000, on: f.loop).get()
-        #expect(try await f.store.load(live.handle, on: f.loop).get()?.session.lastSeen == now + 500)
-        // Touching to an expiry in the past ends the session (the idle timeout passed).
-        try await f.store.touch(live.handle, lastSeen: now + 600, expiresAt: now - 1, on: f.loop).get()
-        #expect(try await f.store.load(live.handle, on: f.loop).get() == nil)
-        // Touching a session that is gone does not bring it back.
-        try await f.store.touch(live.handle, lastSeen: now + 700, expiresAt: now + 60_000, on: f.loop).get()
-        #expect(try await f.store.load(live.handle, on: f.loop).get() == nil)
-        #expect(try await f.store.sessions(of: "user.2", on: f.loop).get().isEmpty)
+            let (_, live) = record("user.2", created: now)
+            try await f.store.create(live, profile: UserProfile(sub: "user.2"), expiresAt: now + 60_000, on: f.loop).get()
+            try await f.store.touch(live.handle, lastSeen: now + 500, expiresAt: now + 120_000, on: f.loop).get()
+            #expect(try await f.store.load(live.handle, on: f.loop).get()?.session.lastSeen == now + 500)
+            // Touching to an expiry in the past ends the session (the idle timeout passed).
+            try await f.store.touch(live.handle, lastSeen: now + 600, expiresAt: now - 1, on: f.loop).get()
+            #expect(try await f.store.load(live.handle, on: f.loop).get() == nil)
+            // Touching a session that is gone does not bring it back.
+            try await f.store.touch(live.handle, lastSeen: now + 700, expiresAt: now + 60_000, on: f.loop).get()
+            #expect(try await f.store.load(live.handle, on: f.loop).get() == nil)
+            #expect(try await f.store.sessions(of: "user.2", on: f.loop).get().isEmpty)
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func listDeleteAndRevoke(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let sessions = (0..<3).map { record("user.3", created: now + Int64($0)).record }
-        for s in sessions { try await f.store.create(s, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get() }
-        let (_, other) = record("user.4", created: now)
-        try await f.store.create(other, profile: UserProfile(sub: "user.4"), expiresAt: now + 60_000, on: f.loop).get()
+        try await StoreFixture.with(kind) { f in
+            let sessions = (0..<3).map { record("user.3", created: now + Int64($0)).record }
+            for s in sessions { try await f.store.create(s, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get() }
+            let (_, other) = record("user.4", created: now)
+            try await f.store.create(other, profile: UserProfile(sub: "user.4"), expiresAt: now + 60_000, on: f.loop).get()
 
-        #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().map(\.handle) == sessions.map(\.handle))
-        try await f.store.delete(sessions[0].handle, sub: "user.3", on: f.loop).get()
-        #expect(try await f.store.load(sessions[0].handle, on: f.loop).get() == nil)
-        #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().count == 2)
+            #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().map(\.handle) == sessions.map(\.handle))
+            try await f.store.delete(sessions[0].handle, sub: "user.3", on: f.loop).get()
+            #expect(try await f.store.load(sessions[0].handle, on: f.loop).get() == nil)
+            #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().count == 2)
 
-        #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: false, on: f.loop).get() == 2)
-        for s in sessions { #expect(try await f.store.load(s.handle, on: f.loop).get() == nil) }
-        #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().isEmpty)
-        // Another user is untouched.
-        let stillThere = try #require(try await f.store.load(other.handle, on: f.loop).get())
-        #expect(!stillThere.isRevoked)
+            #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: false, on: f.loop).get() == 2)
+            for s in sessions { #expect(try await f.store.load(s.handle, on: f.loop).get() == nil) }
+            #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().isEmpty)
+            // Another user is untouched.
+            let stillThere = try #require(try await f.store.load(other.handle, on: f.loop).get())
+            #expect(!stillThere.isRevoked)
 
-        // A session created after the revocation lives and carries the marker; one created
-        // before it (a racing sign-in on another instance) is dead on arrival.
-        let (_, after) = record("user.3", created: now + 11)
-        try await f.store.create(after, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
-        let loaded = try #require(try await f.store.load(after.handle, on: f.loop).get())
-        #expect(loaded.revokedAt == now + 10 && !loaded.isRevoked)
-        let (_, racing) = record("user.3", created: now + 9)
-        try await f.store.create(racing, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
-        #expect(try await f.store.load(racing.handle, on: f.loop).get()?.isRevoked == true)
+            // A session created after the revocation lives and carries the marker; one created
+            // before it (a racing sign-in on another instance) is dead on arrival.
+            let (_, after) = record("user.3", created: now + 11)
+            try await f.store.create(after, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
+            let loaded = try #require(try await f.store.load(after.handle, on: f.loop).get())
+            #expect(loaded.revokedAt == now + 10 && !loaded.isRevoked)
+            let (_, racing) = record("user.3", created: now + 9)
+            try await f.store.create(racing, profile: UserProfile(sub: "user.3"), expiresAt: now + 60_000, on: f.loop).get()
+            #expect(try await f.store.load(racing.handle, on: f.loop).get()?.isRevoked == true)
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func lateRevocationKeepsNewerSessionsAndForgets(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let (_, before) = record("user.5", created: now)
-        let (_, after) = record("user.5", created: now + 20)
-        for s in [before, after] { try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get() }
-        try await f.store.saveRefreshToken("sealed-web", clientID: "com.example.web", of: "user.5", on: f.loop).get()
-        try await f.store.saveRefreshToken("sealed-app", clientID: "com.example.app", of: "user.5", on: f.loop).get()
-        try await f.store.saveRefreshToken("sealed-app-2", clientID: "com.example.app", of: "user.5", on: f.loop).get()
-        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get() == ["com.example.web": "sealed-web", "com.example.app": "sealed-app-2"],
-                "the latest per client")
+        try await StoreFixture.with(kind) { f in
+            let (_, before) = record("user.5", created: now)
+            let (_, after) = record("user.5", created: now + 20)
+            for s in [before, after] { try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get() }
+            try await f.store.saveRefreshToken("sealed-web", clientID: "com.example.web", of: "user.5", on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed-app", clientID: "com.example.app", of: "user.5", on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed-app-2", clientID: "com.example.app", of: "user.5", on: f.loop).get()
+            #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get() == ["com.example.web": "sealed-web", "com.example.app": "sealed-app-2"],
+                    "the latest per client")
 
-        // A revocation that happened at now + 10, delivered after the user signed in again.
-        #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: true, on: f.loop).get() == 1)
-        #expect(try await f.store.load(before.handle, on: f.loop).get() == nil)
-        let survivor = try #require(try await f.store.load(after.handle, on: f.loop).get(), "signed in after the event: kept")
-        #expect(!survivor.isRevoked && survivor.revokedAt == now + 10)
-        #expect(try await f.store.sessions(of: "user.5", on: f.loop).get().map(\.handle) == [after.handle])
-        // The surviving session brought the profile and tokens it has: not forgotten.
-        #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
-        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().count == 2)
-        // An older revocation arriving later never moves the marker back.
-        #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: false, on: f.loop).get() == 0)
-        #expect(try await f.store.load(after.handle, on: f.loop).get()?.revokedAt == now + 10)
-        // Revoked after every session: forgotten, nothing but the marker left.
-        #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: true, on: f.loop).get() == 1)
-        #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
-        #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
-        // A user the gateway knows has a profile from the first session on, fields or not.
-        let (_, bare) = record("user.6", created: now)
-        try await f.store.create(bare, profile: UserProfile(sub: "user.6"), expiresAt: now + 60_000, on: f.loop).get()
-        #expect(try await f.store.profile(of: "user.6", on: f.loop).get() == UserProfile(sub: "user.6"))
+            // A revocation that happened at now + 10, delivered after the user signed in again.
+            #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: true, on: f.loop).get() == 1)
+            #expect(try await f.store.load(before.handle, on: f.loop).get() == nil)
+            let survivor = try #require(try await f.store.load(after.handle, on: f.loop).get(), "signed in after the event: kept")
+            #expect(!survivor.isRevoked && survivor.revokedAt == now + 10)
+            #expect(try await f.store.sessions(of: "user.5", on: f.loop).get().map(\.handle) == [after.handle])
+            // The surviving session brought the profile and tokens it has: not forgotten.
+            #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
+            #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().count == 2)
+            // An older revocation arriving later never moves the marker back.
+            #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: false, on: f.loop).get() == 0)
+            #expect(try await f.store.load(after.handle, on: f.loop).get()?.revokedAt == now + 10)
+            // Revoked after every session: forgotten, nothing but the marker left.
+            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: true, on: f.loop).get() == 1)
+            #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
+            #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
+            // A user the gateway knows has a profile from the first session on, fields or not.
+            let (_, bare) = record("user.6", created: now)
+            try await f.store.create(bare, profile: UserProfile(sub: "user.6"), expiresAt: now + 60_000, on: f.loop).get()
+            #expect(try await f.store.profile(of: "user.6", on: f.loop).get() == UserProfile(sub: "user.6"))
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func noncesAreSingleUseAndExpire(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        try await f.store.putNonce("h1", clientID: "com.example.app", ttl: 60_000, on: f.loop).get()
-        try await f.store.putNonce("h2", clientID: "", ttl: 60_000, on: f.loop).get()
-        #expect(try await f.store.takeNonce("h1", on: f.loop).get() == "com.example.app")
-        #expect(try await f.store.takeNonce("h1", on: f.loop).get() == nil, "single use")
-        #expect(try await f.store.takeNonce("h2", on: f.loop).get() == "", "unbound")
-        #expect(try await f.store.takeNonce("h3", on: f.loop).get() == nil)
-        #expect(try await f.store.takeLogin(state: "h2", on: f.loop).get() == nil, "nonces and web logins never meet")
+        try await StoreFixture.with(kind) { f in
+            try await f.store.putNonce("h1", clientID: "com.example.app", ttl: 60_000, on: f.loop).get()
+            try await f.store.putNonce("h2", clientID: "", ttl: 60_000, on: f.loop).get()
+            #expect(try await f.store.takeNonce("h1", on: f.loop).get() == "com.example.app")
+            #expect(try await f.store.takeNonce("h1", on: f.loop).get() == nil, "single use")
+            #expect(try await f.store.takeNonce("h2", on: f.loop).get() == "", "unbound")
+            #expect(try await f.store.takeNonce("h3", on: f.loop).get() == nil)
+            #expect(try await f.store.takeLogin(state: "h2", on: f.loop).get() == nil, "nonces and web logins never meet")
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func links(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let (_, session) = record("user.7", created: now)
-        try await f.store.create(session, profile: UserProfile(sub: "user.7"), expiresAt: now + 60_000, on: f.loop).get()
-        #expect(try await f.store.load(session.handle, on: f.loop).get()?.account == nil)
-        #expect(try await f.store.link("user.7", to: "acct-42", on: f.loop).get() == .linked)
-        #expect(try await f.store.load(session.handle, on: f.loop).get()?.account == "acct-42", "admission reads the link with the session")
-        #expect(try await f.store.link("user.7", to: "acct-42", on: f.loop).get() == .linked, "idempotent")
-        #expect(try await f.store.link("user.8", to: "acct-42", on: f.loop).get() == .conflict(sub: "user.7"), "one identity per account")
-        #expect(try await f.store.account(linkedTo: "user.8", on: f.loop).get() == nil)
-        // Relinking moves the identity: the old account is free again.
-        #expect(try await f.store.link("user.7", to: "acct-43", on: f.loop).get() == .linked)
-        #expect(try await f.store.link("user.8", to: "acct-42", on: f.loop).get() == .linked)
-        #expect(try await f.store.unlink("user.8", on: f.loop).get() == "acct-42")
-        #expect(try await f.store.unlink("user.8", on: f.loop).get() == nil)
-        #expect(try await f.store.link("user.9", to: "acct-42", on: f.loop).get() == .linked, "unlinked: the account is free")
-        // Forgetting a user (a deletion) removes their link and frees the account.
-        #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: true, on: f.loop).get() == 1)
-        #expect(try await f.store.account(linkedTo: "user.7", on: f.loop).get() == nil)
-        #expect(try await f.store.link("user.10", to: "acct-43", on: f.loop).get() == .linked)
-        // A revocation that forgets nothing keeps the link.
-        #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: false, on: f.loop).get() == 0)
-        #expect(try await f.store.account(linkedTo: "user.9", on: f.loop).get() == "acct-42")
+        try await StoreFixture.with(kind) { f in
+            let (_, session) = record("user.7", created: now)
+            try await f.store.create(session, profile: UserProfile(sub: "user.7"), expiresAt: now + 60_000, on: f.loop).get()
+            #expect(try await f.store.load(session.handle, on: f.loop).get()?.account == nil)
+            #expect(try await f.store.link("user.7", to: "acct-42", on: f.loop).get() == .linked)
+            #expect(try await f.store.load(session.handle, on: f.loop).get()?.account == "acct-42", "admission reads the link with the session")
+            #expect(try await f.store.link("user.7", to: "acct-42", on: f.loop).get() == .linked, "idempotent")
+            #expect(try await f.store.link("user.8", to: "acct-42", on: f.loop).get() == .conflict(sub: "user.7"), "one identity per account")
+            #expect(try await f.store.account(linkedTo: "user.8", on: f.loop).get() == nil)
+            // Relinking moves the identity: the old account is free again.
+            #expect(try await f.store.link("user.7", to: "acct-43", on: f.loop).get() == .linked)
+            #expect(try await f.store.link("user.8", to: "acct-42", on: f.loop).get() == .linked)
+            #expect(try await f.store.unlink("user.8", on: f.loop).get() == "acct-42")
+            #expect(try await f.store.unlink("user.8", on: f.loop).get() == nil)
+            #expect(try await f.store.link("user.9", to: "acct-42", on: f.loop).get() == .linked, "unlinked: the account is free")
+            // Forgetting a user (a deletion) removes their link and frees the account.
+            #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: true, on: f.loop).get() == 1)
+            #expect(try await f.store.account(linkedTo: "user.7", on: f.loop).get() == nil)
+            #expect(try await f.store.link("user.10", to: "acct-43", on: f.loop).get() == .linked)
+            // A revocation that forgets nothing keeps the link.
+            #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: false, on: f.loop).get() == 0)
+            #expect(try await f.store.account(linkedTo: "user.9", on: f.loop).get() == "acct-42")
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func transfersAndUsers(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        for sub in ["user.1", "user.2"] {
-            let (_, session) = record(sub, created: now)
-            try await f.store.create(session, profile: UserProfile(sub: sub), expiresAt: now + 60_000, on: f.loop).get()
+        try await StoreFixture.with(kind) { f in
+            for sub in ["user.1", "user.2"] {
+                let (_, session) = record(sub, created: now)
+                try await f.store.create(session, profile: UserProfile(sub: sub), expiresAt: now + 60_000, on: f.loop).get()
+            }
+            try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", of: "user.2", on: f.loop).get()
+            #expect(Set(try await f.store.users(on: f.loop).get()) == ["user.1", "user.2"], "every user once, not their session sets or tokens")
+
+            #expect(try await f.store.transfer("t.1", on: f.loop).get() == nil)
+            try await f.store.putTransfer(TransferRecord(id: "t.1", from: "user.1"), on: f.loop).get()
+            try await f.store.putTransfer(TransferRecord(id: "t.1", data: #"{"transfer_sub":"t.1"}"#), on: f.loop).get()
+            #expect(try await f.store.transfer("t.1", on: f.loop).get() == TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#), "merged")
+            try await f.store.putTransfer(TransferRecord(id: "t.1", to: "new.1", mappedAt: 42), on: f.loop).get()
+            try await f.store.putTransfer(TransferRecord(id: "t.2", from: "user.2"), on: f.loop).get()
+            let all = try await f.store.transfers(on: f.loop).get().sorted { $0.id < $1.id }
+            #expect(all == [TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#, to: "new.1", mappedAt: 42), TransferRecord(id: "t.2", from: "user.2")])
+
+            // The profile carries the former sub (allow lists naming it still match).
+            try await f.store.saveProfile(UserProfile(sub: "new.1", name: "Jane", formerSub: "user.1"), on: f.loop).get()
+            #expect(try await f.store.profile(of: "new.1", on: f.loop).get()?.formerSub == "user.1")
         }
-        try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", of: "user.2", on: f.loop).get()
-        #expect(Set(try await f.store.users(on: f.loop).get()) == ["user.1", "user.2"], "every user once, not their session sets or tokens")
-
-        #expect(try await f.store.transfer("t.1", on: f.loop).get() == nil)
-        try await f.store.putTransfer(TransferRecord(id: "t.1", from: "user.1"), on: f.loop).get()
-        try await f.store.putTransfer(TransferRecord(id: "t.1", data: #"{"transfer_sub":"t.1"}"#), on: f.loop).get()
-        #expect(try await f.store.transfer("t.1", on: f.loop).get() == TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#), "merged")
-        try await f.store.putTransfer(TransferRecord(id: "t.1", to: "new.1", mappedAt: 42), on: f.loop).get()
-        try await f.store.putTransfer(TransferRecord(id: "t.2", from: "user.2"), on: f.loop).get()
-        let all = try await f.store.transfers(on: f.loop).get().sorted { $0.id < $1.id }
-        #expect(all == [TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#, to: "new.1", mappedAt: 42), TransferRecord(id: "t.2", from: "user.2")])
-
-        // The profile carries the former sub (allow lists naming it still match).
-        try await f.store.saveProfile(UserProfile(sub: "new.1", name: "Jane", formerSub: "user.1"), on: f.loop).get()
-        #expect(try await f.store.profile(of: "new.1", on: f.loop).get()?.formerSub == "user.1")
     }
 
     @Test(arguments: StoreKind.allCases)
     func outboxJobs(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        #expect(try await f.store.jobs(on: f.loop).get().isEmpty)
-        let a = OutboxJob(id: "a", kind: .appleRevoke, payload: "com.example.web user:001.x c2VhbGVk", nextAttempt: now, created: now)
-        let b = OutboxJob(id: "b", kind: .event, payload: "{\"type\": \"user.deleted\", \"sub\": \"001 x\"}", attempts: 2, nextAttempt: now + 5, created: now - 1)
-        try await f.store.putJob(a, on: f.loop).get()
-        try await f.store.putJob(b, on: f.loop).get()
-        #expect(Set(try await f.store.jobs(on: f.loop).get().map(\.id)) == ["a", "b"])
-        #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "b" } == b, "the payload comes back whole, spaces included")
-        #expect(try await f.store.job(id: "b", on: f.loop).get() == b)
-        #expect(try await f.store.job(id: "nope", on: f.loop).get() == nil)
-        var retried = a
-        retried.attempts = 1
-        retried.nextAttempt = now + 5000
-        try await f.store.putJob(retried, on: f.loop).get()
-        #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "a" } == retried, "replaced, not duplicated")
-        try await f.store.removeJob(id: "a", on: f.loop).get()
-        #expect(try await f.store.jobs(on: f.loop).get() == [b])
-        #expect(AppleRevocation(payload: AppleRevocation(clientID: "c", context: "user:001.x", sealedToken: "s").payload)
-                == AppleRevocation(clientID: "c", context: "user:001.x", sealedToken: "s"))
-        #expect(AppleRevocation(payload: "c  s") == nil)
+        try await StoreFixture.with(kind) { f in
+            #expect(try await f.store.jobs(on: f.loop).get().isEmpty)
+            let a = OutboxJob(id: "a", kind: .appleRevoke, payload: "com.example.web user:001.x c2VhbGVk", nextAttempt: now, created: now)
+            let b = OutboxJob(id: "b", kind: .event, payload: "{\"type\": \"user.deleted\", \"sub\": \"001 x\"}", attempts: 2, nextAttempt: now + 5, created: now - 1)
+            try await f.store.putJob(a, on: f.loop).get()
+            try await f.store.putJob(b, on: f.loop).get()
+            #expect(Set(try await f.store.jobs(on: f.loop).get().map(\.id)) == ["a", "b"])
+            #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "b" } == b, "the payload comes back whole, spaces included")
+            #expect(try await f.store.job(id: "b", on: f.loop).get() == b)
+            #expect(try await f.store.job(id: "nope", on: f.loop).get() == nil)
+            var retried = a
+            retried.attempts = 1
+            retried.nextAttempt = now + 5000
+            try await f.store.putJob(retried, on: f.loop).get()
+            #expect(try await f.store.jobs(on: f.loop).get().first { $0.id == "a" } == retried, "replaced, not duplicated")
+            try await f.store.removeJob(id: "a", on: f.loop).get()
+            #expect(try await f.store.jobs(on: f.loop).get() == [b])
+            #expect(AppleRevocation(payload: AppleRevocation(clientID: "c", context: "user:001.x", sealedToken: "s").payload)
+                    == AppleRevocation(clientID: "c", context: "user:001.x", sealedToken: "s"))
+            #expect(AppleRevocation(payload: "c  s") == nil)
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func loginsAreSingleUseAndExpire(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let login = LoginState(nonce: "n-1", returnTo: "/after?x=1", binding: "b-1")
-        try await f.store.putLogin(state: "state-1", login, ttl: 600_000, on: f.loop).get()
-        #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == login)
-        #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == nil)
-        #expect(try await f.store.takeLogin(state: "never-issued", on: f.loop).get() == nil)
-        // The session the browser presented at login start travels with the login.
-        let relogin = LoginState(nonce: "n-0", returnTo: "/", binding: "b-0", previousSession: "abc123")
-        try await f.store.putLogin(state: "state-0", relogin, ttl: 600_000, on: f.loop).get()
-        #expect(try await f.store.takeLogin(state: "state-0", on: f.loop).get() == relogin)
+        try await StoreFixture.with(kind) { f in
+            let login = LoginState(nonce: "n-1", returnTo: "/after?x=1", binding: "b-1")
+            try await f.store.putLogin(state: "state-1", login, ttl: 600_000, on: f.loop).get()
+            #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == login)
+            #expect(try await f.store.takeLogin(state: "state-1", on: f.loop).get() == nil)
+            #expect(try await f.store.takeLogin(state: "never-issued", on: f.loop).get() == nil)
+            // The session the browser presented at login start travels with the login.
+            let relogin = LoginState(nonce: "n-0", returnTo: "/", binding: "b-0", previousSession: "abc123")
+            try await f.store.putLogin(state: "state-0", relogin, ttl: 600_000, on: f.loop).get()
+            #expect(try await f.store.takeLogin(state: "state-0", on: f.loop).get() == relogin)
 
-        // Two callbacks racing for one state: exactly one wins.
-        try await f.store.putLogin(state: "state-2", login, ttl: 600_000, on: f.loop).get()
-        let a = f.store.takeLogin(state: "state-2", on: f.loop)
-        let b = f.store.takeLogin(state: "state-2", on: f.loop)
-        let results = [try await a.get(), try await b.get()]
-        #expect(results.compactMap { $0 }.count == 1)
+            // Two callbacks racing for one state: exactly one wins.
+            try await f.store.putLogin(state: "state-2", login, ttl: 600_000, on: f.loop).get()
+            let a = f.store.takeLogin(state: "state-2", on: f.loop)
+            let b = f.store.takeLogin(state: "state-2", on: f.loop)
+            let results = [try await a.get(), try await b.get()]
+            #expect(results.compactMap { $0 }.count == 1)
 
-        try await f.store.putLogin(state: "state-3", login, ttl: 0, on: f.loop).get()
-        #expect(try await f.store.takeLogin(state: "state-3", on: f.loop).get() == nil)
-        try await f.store.ping(on: f.loop).get()
+            try await f.store.putLogin(state: "state-3", login, ttl: 0, on: f.loop).get()
+            #expect(try await f.store.takeLogin(state: "state-3", on: f.loop).get() == nil)
+            try await f.store.ping(on: f.loop).get()
+        }
     }
 
     @Test(arguments: StoreKind.allCases)
     func claimsAreExclusive(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let store = f.store, loop = f.loop
-        let results = try await withThrowingTaskGroup(of: Bool.self) { group in
-            for _ in 0..<20 { group.addTask { try await store.claim(.notification(jti: "jti-1"), ttl: 60_000, on: loop).get() } }
-            return try await group.reduce(into: []) { $0.append($1) }
-        }
-        #expect(results.filter { $0 }.count == 1)
-        #expect(try await store.claim(.notification(jti: "jti-2"), ttl: 60_000, on: loop).get())
-        try await store.release(.notification(jti: "jti-1"), on: loop).get()
-        #expect(try await store.claim(.notification(jti: "jti-1"), ttl: 60_000, on: loop).get(), "released: the next caller gets it")
-        #expect(try await store.claim(.validation(tokenHash: "x"), ttl: 0, on: loop).get())
+        try await StoreFixture.with(kind) { f in
+            let store = f.store, loop = f.loop
+            let results = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for _ in 0..<20 { group.addTask { try await store.claim(.notification(jti: "jti-1"), ttl: 60_000, on: loop).get() } }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(results.filter { $0 }.count == 1)
+            #expect(try await store.claim(.notification(jti: "jti-2"), ttl: 60_000, on: loop).get())
+            try await store.release(.notification(jti: "jti-1"), on: loop).get()
+            #expect(try await store.claim(.notification(jti: "jti-1"), ttl: 60_000, on: loop).get(), "released: the next caller gets it")
+            #expect(try await store.claim(.validation(tokenHash: "x"), ttl: 0, on: loop).get())
 
-        // Validation records and validated_at.
-        #expect(try await store.validation(of: "t1", on: loop).get() == nil)
-        try await store.recordValidation(ValidationRecord(result: .ok, at: 42), of: "t1", ttl: 60_000, on: loop).get()
-        #expect(try await store.validation(of: "t1", on: loop).get() == ValidationRecord(result: .ok, at: 42))
-        let failing = ValidationRecord(result: .failed, at: 50, failures: 3, retryAt: 9_000)
-        try await store.recordValidation(failing, of: "t1", ttl: 60_000, on: loop).get()
-        #expect(try await store.validation(of: "t1", on: loop).get() == failing, "a failure's count and retry time are kept")
-        try await store.recordValidation(ValidationRecord(result: .failed, at: 43), of: "t2", ttl: 0, on: loop).get()
-        #expect(try await store.validation(of: "t2", on: loop).get() == nil, "expired")
-        let (_, s) = record("user.v", created: SessionClock.now())
-        try await store.create(s, profile: UserProfile(sub: "user.v"), expiresAt: SessionClock.now() + 60_000, on: loop).get()
-        try await store.markValidated(s.handle, at: 777, on: loop).get()
-        #expect(try await store.load(s.handle, on: loop).get()?.session.validatedAt == 777)
+            // Validation records and validated_at.
+            #expect(try await store.validation(of: "t1", on: loop).get() == nil)
+            try await store.recordValidation(ValidationRecord(result: .ok, at: 42), of: "t1", ttl: 60_000, on: loop).get()
+            #expect(try await store.validation(of: "t1", on: loop).get() == ValidationRecord(result: .ok, at: 42))
+            let failing = ValidationRecord(result: .failed, at: 50, failures: 3, retryAt: 9_000)
+            try await store.recordValidation(failing, of: "t1", ttl: 60_000, on: loop).get()
+            #expect(try await store.validation(of: "t1", on: loop).get() == failing, "a failure's count and retry time are kept")
+            try await store.recordValidation(ValidationRecord(result: .failed, at: 43), of: "t2", ttl: 0, on: loop).get()
+            #expect(try await store.validation(of: "t2", on: loop).get() == nil, "expired")
+            let (_, s) = record("user.v", created: SessionClock.now())
+            try await store.create(s, profile: UserProfile(sub: "user.v"), expiresAt: SessionClock.now() + 60_000, on: loop).get()
+            try await store.markValidated(s.handle, at: 777, on: loop).get()
+            #expect(try await store.load(s.handle, on: loop).get()?.session.validatedAt == 777)
+        }
     }
 }
 
@@ -322,22 +327,22 @@ extension SessionStoreContractTests {
     /// Callers off the event loop (async sign-in code) racing: transactions must not interleave.
     @Test(arguments: StoreKind.allCases)
     func concurrentWritersFromManyThreads(kind: StoreKind) async throws {
-        let f = try StoreFixture.make(kind)
-        defer { Task { await f.close() } }
-        let store = f.store, loop = f.loop, now = self.now
-        let handles = try await withThrowingTaskGroup(of: SessionHandle.self) { group in
-            for i in 0..<200 {
-                group.addTask {
-                    let (_, s) = record("user.c\(i % 7)", created: now)
-                    try await store.create(s, profile: UserProfile(sub: s.sub, name: "N\(i)"), expiresAt: now + 60_000, on: loop).get()
-                    try await store.putLogin(state: "s\(i)", LoginState(nonce: "n", returnTo: "/", binding: "b"), ttl: 60_000, on: loop).get()
-                    #expect(try await store.takeLogin(state: "s\(i)", on: loop).get() != nil)
-                    return s.handle
+        try await StoreFixture.with(kind) { f in
+            let store = f.store, loop = f.loop, now = self.now
+            let handles = try await withThrowingTaskGroup(of: SessionHandle.self) { group in
+                for i in 0..<200 {
+                    group.addTask {
+                        let (_, s) = record("user.c\(i % 7)", created: now)
+                        try await store.create(s, profile: UserProfile(sub: s.sub, name: "N\(i)"), expiresAt: now + 60_000, on: loop).get()
+                        try await store.putLogin(state: "s\(i)", LoginState(nonce: "n", returnTo: "/", binding: "b"), ttl: 60_000, on: loop).get()
+                        #expect(try await store.takeLogin(state: "s\(i)", on: loop).get() != nil)
+                        return s.handle
+                    }
                 }
+                return try await group.reduce(into: []) { $0.append($1) }
             }
-            return try await group.reduce(into: []) { $0.append($1) }
+            for h in handles { #expect(try await store.load(h, on: loop).get() != nil) }
         }
-        for h in handles { #expect(try await store.load(h, on: loop).get() != nil) }
     }
 }
 
@@ -346,25 +351,25 @@ struct RedisSessionStoreTests {
     /// DESIGN §3: sessions under a hash of the id, refresh tokens sealed — a dump of Redis holds
     /// neither a usable cookie nor a refresh token.
     @Test func dumpHoldsNoCredential() async throws {
-        let f = try StoreFixture.make(.redis)
-        defer { Task { await f.close() } }
-        let (cookie, s) = record("user.5", created: SessionClock.now(), token: "r.PLAINTEXT-REFRESH-TOKEN")
-        try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "N"), expiresAt: SessionClock.now() + 60_000, on: f.loop).get()
-        let client = try #require(f.client)
-        let keysReply = try await client.send(["KEYS", .string(f.prefix + "*")])
-        guard case .array(let items?) = keysReply else { Issue.record("KEYS: \(keysReply)"); return }
-        let names = items.compactMap(\.string).sorted()
-        #expect(names == [f.prefix + "session:{\(s.handle.key)}", f.prefix + "user:{user.5}", f.prefix + "user:{user.5}:sessions"])
-        var dump = names.joined()
-        for name in names {
-            let type = try await client.send(["TYPE", .string(name)]).string
-            let value = try await client.send(type == "set" ? ["SMEMBERS", .string(name)] : ["HGETALL", .string(name)])
-            if case .array(let parts?) = value { dump += parts.compactMap(\.string).joined(separator: " ") }
+        try await StoreFixture.with(.redis) { f in
+            let (cookie, s) = record("user.5", created: SessionClock.now(), token: "r.PLAINTEXT-REFRESH-TOKEN")
+            try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "N"), expiresAt: SessionClock.now() + 60_000, on: f.loop).get()
+            let client = try #require(f.client)
+            let keysReply = try await client.send(["KEYS", .string(f.prefix + "*")])
+            guard case .array(let items?) = keysReply else { Issue.record("KEYS: \(keysReply)"); return }
+            let names = items.compactMap(\.string).sorted()
+            #expect(names == [f.prefix + "session:{\(s.handle.key)}", f.prefix + "user:{user.5}", f.prefix + "user:{user.5}:sessions"])
+            var dump = names.joined()
+            for name in names {
+                let type = try await client.send(["TYPE", .string(name)]).string
+                let value = try await client.send(type == "set" ? ["SMEMBERS", .string(name)] : ["HGETALL", .string(name)])
+                if case .array(let parts?) = value { dump += parts.compactMap(\.string).joined(separator: " ") }
+            }
+            #expect(!dump.contains("PLAINTEXT-REFRESH-TOKEN"))
+            #expect(!dump.contains(String(cookie.prefix(43))))
+            let ttl = try await client.send(["PTTL", .string(f.prefix + "session:{\(s.handle.key)}")]).int ?? -1
+            #expect(ttl > 50_000 && ttl <= 60_000)
         }
-        #expect(!dump.contains("PLAINTEXT-REFRESH-TOKEN"))
-        #expect(!dump.contains(String(cookie.prefix(43))))
-        let ttl = try await client.send(["PTTL", .string(f.prefix + "session:{\(s.handle.key)}")]).int ?? -1
-        #expect(ttl > 50_000 && ttl <= 60_000)
     }
 
     @Test func storeDownFailsFastWithStoreError() async throws {

@@ -196,73 +196,34 @@ public enum RedisCommand {
 
     /// Sends `arguments` to `127.0.0.1:port` on a new connection; the reply (seconds at most).
     public static func send(_ arguments: [String], port: Int, timeout seconds: Int = 2) throws -> Reply {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw Failure(description: "socket") }
-        defer { close(fd) }
-        var limit = timeval(tv_sec: seconds, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else { throw Failure(description: "connect to \(port): \(String(cString: strerror(errno)))") }
         var request = "*\(arguments.count)\r\n"
         for argument in arguments { request += "$\(argument.utf8.count)\r\n\(argument)\r\n" }
-        let bytes = Array(request.utf8)
-        guard write(fd, bytes, bytes.count) == bytes.count else { throw Failure(description: "write to \(port)") }
-        var reader = Reader(fd: fd)
-        return try reader.reply()
+        do {
+            let client = try RawClient(port: port, timeoutSeconds: seconds)
+            try client.send(request)
+            return try reply(client)
+        } catch RawClient.Failure.connect(let code) {
+            throw Failure(description: "connect to \(port): \(String(cString: strerror(code)))")
+        } catch let failure as RawClient.Failure {
+            throw Failure(description: "\(port): \(failure)")
+        }
     }
 
-    private struct Reader {
-        let fd: Int32
-        var buffer: [UInt8] = []
-
-        mutating func line() throws -> String {
-            while true {
-                if let end = buffer.indices.dropFirst().first(where: { buffer[$0 - 1] == 13 && buffer[$0] == 10 }) {
-                    let text = String(decoding: buffer[..<(end - 1)], as: UTF8.self)
-                    buffer.removeFirst(end + 1)
-                    return text
-                }
-                try fill()
-            }
-        }
-
-        mutating func bytes(_ count: Int) throws -> [UInt8] {
-            while buffer.count < count + 2 { try fill() }
-            let value = Array(buffer[..<count])
-            buffer.removeFirst(count + 2)
-            return value
-        }
-
-        mutating func fill() throws {
-            var chunk = [UInt8](repeating: 0, count: 16_384)
-            let n = read(fd, &chunk, chunk.count)
-            guard n > 0 else { throw Failure(description: "connection closed or timed out") }
-            buffer += chunk[..<n]
-        }
-
-        mutating func reply() throws -> Reply {
-            let header = try line()
-            let rest = String(header.dropFirst())
-            switch header.first {
-            case "+": return .string(rest)
-            case "-": return .error(rest)
-            case ":": return .integer(Int(rest) ?? 0)
-            case "$":
-                let length = Int(rest) ?? -1
-                return length < 0 ? .null : .string(String(decoding: try bytes(length), as: UTF8.self))
-            case "*":
-                let count = Int(rest) ?? -1
-                return count < 0 ? .null : .array(try (0..<count).map { _ in try reply() })
-            default:
-                throw Failure(description: "not RESP: \(header.prefix(40))")
-            }
+    private static func reply(_ client: RawClient) throws -> Reply {
+        let header = try client.readLine()
+        let rest = String(header.dropFirst())
+        switch header.first {
+        case "+": return .string(rest)
+        case "-": return .error(rest)
+        case ":": return .integer(Int(rest) ?? 0)
+        case "$":
+            let length = Int(rest) ?? -1
+            return length < 0 ? .null : .string(String(decoding: try client.read(count: length + 2).dropLast(2), as: UTF8.self))
+        case "*":
+            let count = Int(rest) ?? -1
+            return count < 0 ? .null : .array(try (0..<count).map { _ in try reply(client) })
+        default:
+            throw Failure(description: "not RESP: \(header.prefix(40))")
         }
     }
 }

@@ -1,31 +1,30 @@
 #if canImport(Glibc)
-import TestSupport
 import Glibc
 #endif
 
 /// A blocking TCP client with a receive timeout, for byte-exact HTTP/1.1 tests.
 /// Used by one thread at a time; tests hand it between threads explicitly.
-final class RawClient: @unchecked Sendable {
+public final class RawClient: @unchecked Sendable {
     /// -1 once closed: a throwing class initializer still runs `deinit`, and a second close()
     /// of a number another thread has reused (glibc's netlink socket) aborts the process.
-    private(set) var fd: Int32
+    public private(set) var fd: Int32
     private var buffer: [UInt8] = []
-    private(set) var eof = false
+    public private(set) var eof = false
 
-    struct Response {
-        var status: Int
-        var headers: [(String, String)]
-        var body: [UInt8]
+    public struct Response: Sendable {
+        public var status: Int
+        public var headers: [(String, String)]
+        public var body: [UInt8]
         /// Statuses of interim (1xx) responses that came first.
-        var interim: [Int] = []
-        var text: String { String(decoding: body, as: UTF8.self) }
-        func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
+        public var interim: [Int] = []
+        public var text: String { String(decoding: body, as: UTF8.self) }
+        public func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
     }
 
-    enum Failure: Error { case connect(Int32), timeout, closed, malformed(String) }
+    public enum Failure: Error { case connect(Int32), timeout, closed, malformed(String) }
 
     /// `source`: the loopback address to connect from (another client, as the gateway sees it).
-    init(port: Int, timeoutSeconds: Int = 10, source: String? = nil) throws {
+    public init(port: Int, timeoutSeconds: Int = 10, source: String? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -54,7 +53,7 @@ final class RawClient: @unchecked Sendable {
     }
 
     /// The accepted end of a connection (`RawListener`), with the same receive timeout.
-    init(adopting fd: Int32, timeoutSeconds: Int = 10) {
+    public init(adopting fd: Int32, timeoutSeconds: Int = 10) {
         self.fd = fd
         var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -64,15 +63,15 @@ final class RawClient: @unchecked Sendable {
     deinit { if fd >= 0 { close(fd) } }
 
     /// Closes the socket now, both ways (the peer sees a FIN).
-    func disconnect() {
+    public func disconnect() {
         guard fd >= 0 else { return }
         close(fd)
         fd = -1
     }
 
-    func send(_ text: String) throws { try send(Array(text.utf8)) }
+    public func send(_ text: String) throws { try send(Array(text.utf8)) }
 
-    func send(_ bytes: [UInt8]) throws {
+    public func send(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
             let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -91,7 +90,8 @@ final class RawClient: @unchecked Sendable {
         return true
     }
 
-    private func readLine() throws -> String {
+    /// One line, without its CRLF (or LF).
+    public func readLine() throws -> String {
         while true {
             if let i = buffer.firstIndex(of: UInt8(ascii: "\n")) {
                 var line = Array(buffer[..<i])
@@ -111,7 +111,7 @@ final class RawClient: @unchecked Sendable {
     }
 
     /// Reads one response. `head: true` for a response to HEAD (no body).
-    func readResponse(head: Bool = false, discardBody: Bool = false) throws -> Response {
+    public func readResponse(head: Bool = false, discardBody: Bool = false) throws -> Response {
         var status = 0
         var headers: [(String, String)] = []
         var interim: [Int] = []
@@ -158,7 +158,7 @@ final class RawClient: @unchecked Sendable {
     }
 
     /// Everything up to and including `marker` (e.g. the end of a head).
-    func readUntil(_ marker: String) throws -> [UInt8] {
+    public func readUntil(_ marker: String) throws -> [UInt8] {
         let needle = Array(marker.utf8)
         while true {
             if buffer.count >= needle.count, let start = (0...(buffer.count - needle.count)).first(where: { buffer[$0..<$0 + needle.count].elementsEqual(needle) }) {
@@ -169,10 +169,10 @@ final class RawClient: @unchecked Sendable {
     }
 
     /// Bytes already received and not yet consumed, plus whatever arrives until `count`.
-    func read(count: Int) throws -> [UInt8] { try readExactly(count) }
+    public func read(count: Int) throws -> [UInt8] { try readExactly(count) }
 
     /// True if the peer closes the connection (within the receive timeout) without sending more.
-    func waitForClose() -> Bool {
+    public func waitForClose() -> Bool {
         if eof { return true }
         while true {
             do { if try !fill() { return true } } catch { return false }
@@ -181,13 +181,10 @@ final class RawClient: @unchecked Sendable {
 }
 
 extension String {
-    func trimmingSpaces() -> String {
+    fileprivate func trimmingSpaces() -> String {
         var s = Substring(self)
         while s.first == " " || s.first == "\t" { s = s.dropFirst() }
         while s.last == " " || s.last == "\t" { s = s.dropLast() }
         return String(s)
     }
 }
-
-
-import Foundation
