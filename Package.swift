@@ -147,7 +147,7 @@ let package = Package(
         .testTarget(
             name: "AppleIDTests",
             dependencies: [
-                "AppleID", "AppleIDSimulator", "HTTPProxy", "TestSupport",
+                "AppleID", "AppleIDSimulator", "TestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
