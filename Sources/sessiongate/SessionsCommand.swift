@@ -21,23 +21,20 @@ struct SessionsCommand: AsyncParsableCommand {
     /// The operator tools over the configured Redis store; the memory store lives inside the
     /// running gateway.
     static func tools(_ path: String) throws -> OperatorTools {
-        guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
-        guard configuration.store.redisURL != nil else {
-            printError("\(path): store.redis_url is not set: this command works on the Redis store; the memory store lives inside the running gateway (restarting it ends every session)")
-            throw ExitCode(1)
-        }
-        var logger = makeLogger()
-        logger.logLevel = .warning
-        do {
-            return try OperatorTools(configuration: configuration, logger: logger)
-        } catch let failure as StartupFailure {
-            printError("\(path):\(failure.problem(locations: [:]))")
-            throw ExitCode(1)
-        }
+        try onRedis(path) { configuration, logger in try OperatorTools(configuration: configuration, logger: logger) }
     }
 
     /// The configured Redis store alone (`migrate`, `check --transfer`).
     static func backend(_ path: String) throws -> (RedisSessionBackend, GatewayConfiguration) {
+        try onRedis(path) { configuration, logger in
+            guard let endpoint = try StoreConnection.endpoint(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
+            return (try StoreConnection.backend(endpoint, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger), configuration)
+        }
+    }
+
+    /// `make` over the configuration at `path`, which must name a Redis store; a start-up
+    /// failure is printed with its key.
+    private static func onRedis<T>(_ path: String, _ make: (GatewayConfiguration, Logger) throws -> T) throws -> T {
         guard let configuration = loadConfiguration(path, printWarnings: false)?.configuration else { throw ExitCode(1) }
         guard configuration.store.redisURL != nil else {
             printError("\(path): store.redis_url is not set: this command works on the Redis store; the memory store lives inside the running gateway (restarting it ends every session)")
@@ -46,8 +43,7 @@ struct SessionsCommand: AsyncParsableCommand {
         var logger = makeLogger()
         logger.logLevel = .warning
         do {
-            guard let endpoint = try StoreConnection.endpoint(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
-            return (try StoreConnection.backend(endpoint, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger), configuration)
+            return try make(configuration, logger)
         } catch let failure as StartupFailure {
             printError("\(path):\(failure.problem(locations: [:]))")
             throw ExitCode(1)
