@@ -1,0 +1,28 @@
+import AppleID
+import Logging
+import NIOCore
+import Sessions
+
+/// A queued revocation at Apple (`OutboxJob.Kind.appleRevoke`), run by whichever instance
+/// claims it.
+struct AppleRevocationJob: Sendable {
+    let apple: AppleServices
+    let keys: SessionKeys
+    let metrics: GatewayMetrics
+    let logger: Logger
+
+    func run(_ job: OutboxJob, on _: any EventLoop) async -> Outbox.Result {
+        // Queued by the CLI or by an instance whose key this one shares; one that does not
+        // open here never will.
+        guard let revocation = AppleRevocation(payload: job.payload), let token = keys.open(revocation.sealedToken, context: revocation.context) else {
+            logger.warning("a queued revocation cannot be opened with this session.secret_file: dropped")
+            return .drop
+        }
+        let outcome = await metrics.timeAppleCall(.revoke) { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: revocation.clientID) }
+        metrics.recordAppleCall(endpoint: .revoke, outcome: outcome == .revoked ? .ok : .failed)
+        if outcome != .revoked {
+            logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": "\(job.attempts + 1)"])
+        }
+        return outcome == .revoked ? .done : .retry
+    }
+}
