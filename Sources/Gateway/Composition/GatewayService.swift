@@ -166,6 +166,7 @@ public final class GatewayService: Service, Sendable {
             throw error
         }
         parts.resources.start()
+        let reloads = configPath == nil ? nil : await SignalReloads.trapping { self.reload() }
         let waiters = phase.withLockedValue { phase -> [CheckedContinuation<Void, Never>] in
             guard case .starting(let waiters) = phase else { return [] }
             phase = .running(listeners, store: StoreHealth())
@@ -187,7 +188,7 @@ public final class GatewayService: Service, Sendable {
             await self.checkStore()
             self.metrics.collectProcessMetrics()
         })
-        if configPath != nil { services.append(SignalReloads { self.reload() }) }
+        if let reloads { services.append(reloads) }
         services.append(Draining(listeners: listeners, deadline: { self.running.withLockedValue { $0.configuration.server.timeouts.shutdown } },
                                  logger: logger) {
             self.phase.withLockedValue { $0 = .draining(listeners) }
