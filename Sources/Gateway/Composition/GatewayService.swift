@@ -28,9 +28,6 @@ public final class GatewayService: Service, Sendable {
     let tls: TLSTermination?
     /// The running configuration and the sign-in settings built from it: swapped together.
     let running: NIOLockedValueBox<(configuration: GatewayConfiguration, auth: Authenticator)>
-    /// Sign-in and admission under the running configuration (a reload makes a new one over
-    /// the same `AuthCore`).
-    var authenticator: Authenticator { running.withLockedValue { $0.auth } }
     let core: AuthCore
     private let parts: GatewayComposition.Parts
     private let phase = NIOLockedValueBox(Phase.starting(waiters: []))
