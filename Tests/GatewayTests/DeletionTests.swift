@@ -58,6 +58,7 @@ struct DeletionTests {
             let web = try await Self.signInEverywhere(h, sub)
             // The test drives the outbox's passes itself: its timer would race them.
             h.service.core.outbox.stop()
+            h.clock.freeze()  // "not due yet" must not depend on how long the requests take
             h.simulator.setFaults { $0.revokeFailureStatus = 503 }
             #expect(try await web.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
             #expect(try await web.request("/x").status == 302, "revoked here whatever Apple said")

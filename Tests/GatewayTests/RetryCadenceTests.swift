@@ -12,8 +12,15 @@ struct RetryCadenceTests {
     static let minute: Duration = .seconds(60)
     static let day: Duration = .seconds(86_400)
 
+    /// The session clock is frozen before the sign-ins: simulated time moves only by the steps
+    /// `drive` takes. On the wall clock plus an offset, the seconds the rounds themselves took
+    /// were added to every day, and a session whose jitter was under them came due in day 0's
+    /// last round (1 CI run in 20).
     static func with<Result>(store: SignInHarness.Store = .redis, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
-        try await SignInHarness.with(store: store, localCacheTTL: .seconds(86_400), idleTimeout: .seconds(10 * 86_400), absoluteTimeout: .seconds(30 * 86_400),
+        let clock = TestClock()
+        clock.freeze()
+        return try await SignInHarness.with(store: store, localCacheTTL: .seconds(86_400), idleTimeout: .seconds(10 * 86_400), absoluteTimeout: .seconds(30 * 86_400),
+                                     clock: clock,
                                      configure: { c in
                                          c.apple?.revalidateAfter = .seconds(86_400)
                                          c.apple?.revalidateGrace = .seconds(3600)
