@@ -33,6 +33,11 @@ public struct AppleTokens: Sendable, Equatable {
 /// Apple's revoke answer.
 public enum AppleRevokeOutcome: Sendable, Equatable {
     case revoked
+    /// Apple refused this token for good: `invalid_grant` (issued to another client, TN3107) or
+    /// `invalid_request` for a well-formed request. Asking again cannot help.
+    case refused(error: String)
+    /// `invalid_client`/`unauthorized_client`: our credentials (a key being rotated, a Services
+    /// ID not yet set up); transient once they are mended.
     case clientMisconfigured(error: String)
     case transient(reason: String)
 }
@@ -90,8 +95,11 @@ public struct AppleTokenClient: Sendable {
         case .success(let (status, body, _)):
             if status == 200 { return .revoked }
             if status == 400, let error = Self.errorCode(body) {
-                return error == "invalid_client" || error == "unauthorized_client" || error == "invalid_request"
-                    ? .clientMisconfigured(error: error) : .transient(reason: "revoke: \(error)")
+                switch error {
+                case "invalid_grant", "invalid_request": return .refused(error: error)
+                case "invalid_client", "unauthorized_client": return .clientMisconfigured(error: error)
+                default: return .transient(reason: "revoke: \(error)")
+                }
             }
             return .transient(reason: "revoke: status \(status)")
         }

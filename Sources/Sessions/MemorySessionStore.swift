@@ -15,7 +15,9 @@ public final class MemorySessionStore: SessionStore {
         var users: [String: UserProfile] = [:]
         var userSessions: [String: Set<SessionHandle>] = [:]
         var revoked: [String: (at: Int64, expiresAt: Int64)] = [:]
-        var userTokens: [String: [String: String]] = [:]
+        var userTokens: [String: [String: (sealed: String, grantedAt: Int64)]] = [:]
+        /// When a revoked user's profile and tokens expire (`revoke` without a survivor).
+        var userExpiry: [String: Int64] = [:]
         var jobs: [String: OutboxJob] = [:]
         var nonces: [String: (clientID: String, expiresAt: Int64)] = [:]
         var links: [String: String] = [:]  // sub → account
@@ -37,6 +39,15 @@ public final class MemorySessionStore: SessionStore {
             validations = validations.filter { $0.value.expiresAt > now }
             revoked = revoked.filter { $0.value.expiresAt > now }
             nonces = nonces.filter { $0.value.expiresAt > now }
+            for (sub, at) in userExpiry where at <= now { expireUser(sub, now: now) }
+        }
+
+        /// Forgets `sub`'s profile and tokens once their expiry has passed.
+        mutating func expireUser(_ sub: String, now: Int64) {
+            guard let at = userExpiry[sub], at <= now else { return }
+            users[sub] = nil
+            userTokens[sub] = nil
+            userExpiry[sub] = nil
         }
 
         mutating func wrote(now: Int64) {
@@ -58,6 +69,8 @@ public final class MemorySessionStore: SessionStore {
         state.withLockedValue { s in
             s.sessions[session.handle] = (session, expiresAt)
             s.userSessions[session.sub, default: []].insert(session.handle)
+            s.expireUser(profile.sub, now: t)
+            s.userExpiry[profile.sub] = nil  // a user who signs in again is kept
             s.users[profile.sub] = (s.users[profile.sub] ?? UserProfile(sub: profile.sub)).merged(with: profile)
             s.wrote(now: t)
         }
@@ -69,6 +82,7 @@ public final class MemorySessionStore: SessionStore {
         let found: StoredSession? = state.withLockedValue { s in
             guard let entry = s.sessions[handle], entry.expiresAt > t else { return nil }
             let sub = entry.record.sub
+            s.expireUser(sub, now: t)
             return StoredSession(session: entry.record, user: s.users[sub] ?? UserProfile(sub: sub), revokedAt: s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil },
                                  account: s.links[sub])
         }
@@ -108,9 +122,10 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(list.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) })
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
         let t = now()
-        let count = state.withLockedValue { s -> Int in
+        let outcome = state.withLockedValue { s -> Revocation in
+            s.expireUser(sub, now: t)
             let earlier = s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil } ?? .min
             s.revoked[sub] = (max(earlier, revokedAt), t + keep)
             var live = 0
@@ -121,7 +136,7 @@ public final class MemorySessionStore: SessionStore {
                     continue
                 }
                 guard entry.record.created <= revokedAt else {  // signed in again after it
-                    survives = true
+                    survives = entry.expiresAt > t || survives
                     continue
                 }
                 s.sessions[h] = nil
@@ -129,26 +144,38 @@ public final class MemorySessionStore: SessionStore {
                 if entry.expiresAt > t { live += 1 }
             }
             if s.userSessions[sub]?.isEmpty == true { s.userSessions[sub] = nil }
-            // A session made after the revocation (the user came back) keeps the profile and
-            // tokens it brought.
-            if forget, !survives {
+            switch forget {
+            case .nothing: break
+            case .grants:
+                s.userTokens[sub] = s.userTokens[sub]?.filter { $0.value.grantedAt > revokedAt }
+                if s.userTokens[sub]?.isEmpty == true { s.userTokens[sub] = nil }
+            case .everything:
                 s.users[sub] = nil
                 s.userTokens[sub] = nil
                 if let account = s.links.removeValue(forKey: sub), s.accounts[account] == sub { s.accounts[account] = nil }
             }
+            if !survives, forget != .everything { s.userExpiry[sub] = t + keep }
             s.wrote(now: t)
-            return live
+            return Revocation(ended: live, superseded: survives)
         }
-        return eventLoop.makeSucceededFuture(count)
+        return eventLoop.makeSucceededFuture(outcome)
     }
 
-    public func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
-        state.withLockedValue { $0.userTokens[sub, default: [:]][clientID] = sealed }
+    public func saveRefreshToken(_ sealed: String, clientID: String, grantedAt: Int64, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
+        state.withLockedValue { s in
+            s.expireUser(sub, now: t)
+            s.userTokens[sub, default: [:]][clientID] = (sealed, grantedAt)
+        }
         return eventLoop.makeSucceededVoidFuture()
     }
 
     public func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]> {
-        eventLoop.makeSucceededFuture(state.withLockedValue { $0.userTokens[sub] ?? [:] })
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in
+            s.expireUser(sub, now: t)
+            return (s.userTokens[sub] ?? [:]).mapValues(\.sealed)
+        })
     }
 
     public func link(_ sub: String, to account: String, on eventLoop: any EventLoop) -> EventLoopFuture<LinkResult> {
@@ -206,18 +233,28 @@ public final class MemorySessionStore: SessionStore {
     }
 
     public func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
         state.withLockedValue { s in
+            s.expireUser(profile.sub, now: t)
             s.users[profile.sub] = (s.users[profile.sub] ?? UserProfile(sub: profile.sub)).merged(with: profile)
         }
         return eventLoop.makeSucceededVoidFuture()
     }
 
     public func profile(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<UserProfile?> {
-        eventLoop.makeSucceededFuture(state.withLockedValue { $0.users[sub] })
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in
+            s.expireUser(sub, now: t)
+            return s.users[sub]
+        })
     }
 
     public func users(on eventLoop: any EventLoop) -> EventLoopFuture<[String]> {
-        eventLoop.makeSucceededFuture(state.withLockedValue { Array($0.users.keys) })
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in
+            for sub in Array(s.userExpiry.keys) { s.expireUser(sub, now: t) }
+            return Array(s.users.keys)
+        })
     }
 
     public func putTransfer(_ record: TransferRecord, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

@@ -70,6 +70,9 @@ public final class RedisSessionStore: SessionStore {
         // (a user known to the gateway is one whose notifications it applies).
         let profileFields = [("sub", profile.sub)] + profile.fields
         commands.append(["HSET", .string(userKey(profile.sub))] + profileFields.flatMap { [RedisArgument.string($0.0), .string($0.1)] })
+        // A user who signs in again is kept (a revocation left the rest to expire).
+        commands.append(["PERSIST", .string(userKey(profile.sub))])
+        commands.append(["PERSIST", .string(userTokensKey(profile.sub))])
         return transaction(commands, on: loop).map { _ in }
     }
 
@@ -193,13 +196,13 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on loop: any EventLoop) -> EventLoopFuture<Int> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
             let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
-            // Each session's creation time, and the marker already recorded, in one round trip.
-            let reads: [[RedisArgument]] = handles.map { ["HGET", .string(self.sessionKey($0)), "created"] }
-            let read = reads.isEmpty ? loop.makeSucceededFuture([]) : self.redis.sendAll(reads, on: loop)
-            return read.flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
+            // Each session's creation time and the user's tokens with their grant times, in one
+            // round trip.
+            let reads: [[RedisArgument]] = handles.map { ["HGET", .string(self.sessionKey($0)), "created"] } + [["HGETALL", .string(self.userTokensKey(sub))]]
+            return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
                 // Created up to the revocation, or already gone (no `created`): deleted.
                 let created = zip(handles, replies).map { ($0, $1.string.flatMap(Int64.init)) }
                 let doomed = created.filter { _, at in at.map { $0 <= revokedAt } ?? true }.map(\.0)
@@ -210,32 +213,53 @@ public final class RedisSessionStore: SessionStore {
                     commands.append(["DEL"] + doomed.map { .string(self.sessionKey($0)) })
                     commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.key) })
                 }
-                // A session made after the revocation (the user came back) keeps the profile and
-                // tokens it brought.
-                if forget, !survives {
+                switch forget {
+                case .nothing: break
+                case .grants:
+                    // Only tokens granted up to the revocation: one the user got by consenting
+                    // again since is theirs.
+                    let granted = Self.tokens(replies.last ?? .array(nil))
+                    let dead = granted.filter { $0.value.grantedAt <= revokedAt }.keys.sorted()
+                    if !dead.isEmpty { commands.append(["HDEL", .string(self.userTokensKey(sub))] + dead.flatMap { [RedisArgument.string($0), .string(Self.grantField($0))] }) }
+                case .everything:
                     commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))])
                     commands.append(["EVAL", .string(Self.unlinkScript), "1", .string(self.linkKey(sub)), .string(sub), .string(self.prefix)])
                 }
+                if !survives, forget != .everything {
+                    commands.append(["PEXPIRE", .string(self.userKey(sub)), RedisArgument(max(keep, 1))])
+                    commands.append(["PEXPIRE", .string(self.userTokensKey(sub)), RedisArgument(max(keep, 1))])
+                }
                 return self.transaction(commands, on: loop).map { results in
-                    doomed.isEmpty ? 0 : Int(results[1].int ?? 0)
+                    Revocation(ended: doomed.isEmpty ? 0 : Int(results[1].int ?? 0), superseded: survives)
                 }
             }
         }
     }
 
-    public func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        send(["HSET", .string(userTokensKey(sub)), .string(clientID), .string(sealed)], on: loop).map { _ in }
+    /// The hash field holding a token's grant time (beside the client id's own field).
+    static func grantField(_ clientID: String) -> String { "granted_at:" + clientID }
+
+    /// A `user:{sub}:tokens` hash: client id → (sealed token, grant time; 0 when written before
+    /// grant times were kept).
+    static func tokens(_ reply: RESPValue) -> [String: (sealed: String, grantedAt: Int64)] {
+        var fields: [String: String] = [:]
+        let items = reply.arrayValue ?? []
+        for i in stride(from: 0, to: items.count - 1, by: 2) {
+            if let name = items[i].string, let value = items[i + 1].string { fields[name] = value }
+        }
+        var tokens: [String: (sealed: String, grantedAt: Int64)] = [:]
+        for (name, value) in fields where !name.hasPrefix("granted_at:") {
+            tokens[name] = (value, fields[grantField(name)].flatMap(Int64.init) ?? 0)
+        }
+        return tokens
+    }
+
+    public func saveRefreshToken(_ sealed: String, clientID: String, grantedAt: Int64, of sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        send(["HSET", .string(userTokensKey(sub)), .string(clientID), .string(sealed), .string(Self.grantField(clientID)), RedisArgument(grantedAt)], on: loop).map { _ in }
     }
 
     public func refreshTokens(of sub: String, on loop: any EventLoop) -> EventLoopFuture<[String: String]> {
-        send(["HGETALL", .string(userTokensKey(sub))], on: loop).map { reply in
-            var tokens: [String: String] = [:]
-            let items = reply.arrayValue ?? []
-            for i in stride(from: 0, to: items.count - 1, by: 2) {
-                if let client = items[i].string, let sealed = items[i + 1].string { tokens[client] = sealed }
-            }
-            return tokens
-        }
+        send(["HGETALL", .string(userTokensKey(sub))], on: loop).map { Self.tokens($0).mapValues(\.sealed) }
     }
 
     public func link(_ sub: String, to account: String, on loop: any EventLoop) -> EventLoopFuture<LinkResult> {

@@ -163,6 +163,36 @@ public struct TransferRecord: Sendable, Equatable {
     }
 }
 
+/// What a revocation removes besides the sessions it ends (issue 25 §2: disconnecting is not
+/// deleting).
+public enum Forgetting: Sendable, Equatable {
+    /// Nothing: an operator's revoke. The user's profile, tokens and link stay.
+    case nothing
+    /// The refresh tokens granted up to the revocation (dead at Apple, or revoked there): consent
+    /// revoked, the user's disconnect, `invalid_grant`. The profile and the link to a legacy
+    /// account stay, so a returning user is the same account; a token granted after it (the
+    /// user consented again) stays too.
+    case grants
+    /// Everything the store holds of the user — profile, every token, the link — whatever
+    /// happened since: Apple's `account-delete` (the `sub` can never sign in again),
+    /// `sessions revoke --forget`, a transferred user's former `sub`.
+    case everything
+}
+
+/// What `SessionStore.revoke` did.
+public struct Revocation: Sendable, Equatable {
+    /// Live sessions ended.
+    public var ended: Int
+    /// A session created after the revocation survives: the user came back since, and the
+    /// revocation concerned an older grant (nothing of the newer one was touched).
+    public var superseded: Bool
+
+    public init(ended: Int, superseded: Bool) {
+        self.ended = ended
+        self.superseded = superseded
+    }
+}
+
 /// What `SessionStore.link` did.
 public enum LinkResult: Sendable, Equatable {
     case linked
@@ -214,16 +244,17 @@ public protocol SessionStore: Sendable {
     func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]>
     /// Records `revokedAt` for the user (a later revocation already recorded wins), kept `keep`
     /// milliseconds (sessions older than that are gone anyway: the absolute timeout), and
-    /// deletes the sessions created up to it; answers how many. A session created after
-    /// `revokedAt` (the user signed in again before a late notification) is kept. With
-    /// `forget`, the user's profile and stored refresh tokens are deleted too (deletion
-    /// compliance: nothing but the marker remains, and it expires) — unless such a later session
-    /// survives: the profile and tokens are then the ones it brought. Forgetting also removes
-    /// the user's link to a legacy account.
-    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int>
-    /// Keeps the user's latest refresh token for `clientID` (sealed for the user) beyond their
-    /// sessions, so that a deletion can revoke it at Apple.
-    func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// deletes the sessions created up to it. A session created after `revokedAt` (the user
+    /// signed in again before a late notification) is kept: the revocation is then
+    /// `superseded`. `forget` says what else goes (`Forgetting`). When no later session
+    /// survives, the profile and tokens left expire with the marker (`keep`) unless the user
+    /// signs in again (`create` keeps them); the link to a legacy account is kept (only
+    /// `.everything` removes it).
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation>
+    /// Keeps the user's latest refresh token for `clientID` (sealed for the user), granted at
+    /// `grantedAt` (Unix ms: the sign-in), beyond their sessions, so that a deletion can revoke
+    /// it at Apple; a revocation of the grants removes it only when it was granted up to then.
+    func saveRefreshToken(_ sealed: String, clientID: String, grantedAt: Int64, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// The user's stored refresh tokens (sealed), by client id.
     func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]>
     /// Saves (or replaces) a job of the store-backed outbox.

@@ -110,7 +110,7 @@ public enum TransferArrival {
         if let from = record.from {
             // The old sessions' refresh tokens belong to the old team: they end, and the old
             // identity's profile and tokens go with them.
-            outcome.sessionsEnded = try await store.revoke(from, at: t, keep: keep, forget: true, on: loop).get()
+            outcome.sessionsEnded = try await store.revoke(from, at: t, keep: keep, forget: .everything, on: loop).get().ended
         }
         try await store.putTransfer(TransferRecord(id: record.id, to: sub, mappedAt: t), on: loop).get()
         return outcome

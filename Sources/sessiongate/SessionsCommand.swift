@@ -85,7 +85,7 @@ struct SessionsCommand: AsyncParsableCommand {
             discussion: """
                 The same revocation a running gateway makes: running gateways drop the user from their local caches at once when they listen for invalidations (within store.local_cache_ttl otherwise), and the app is told user.revoked with reason "operator" (events.url). The command reads the same files serve reads.
                 --at-apple queues every refresh token the store holds for the user for revocation at Apple; the running gateways revoke them within seconds and retry until Apple answers (sessiongate_outbox_pending{kind="apple_revoke"}).
-                --forget also deletes the user's profile and stored tokens (a deletion request): only the revocation marker remains, until the absolute session timeout.
+                --forget is a deletion request: it also deletes everything the store holds of the user (profile, stored tokens, link to a legacy account), and the app is told user.deleted instead; only the revocation marker remains, until the absolute session timeout. Without it, what the revocation leaves expires with that marker unless the user signs in again.
                 """)
         @OptionGroup var target: Target
         @Flag(name: .long, help: "Also revoke the user's refresh tokens at Apple (queued for the running gateways).")
@@ -99,7 +99,7 @@ struct SessionsCommand: AsyncParsableCommand {
             do {
                 let (count, queued) = try await tools.revoke(target.sub, queueAtApple: atApple, forget: forget)
                 await tools.close()
-                print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended" + (forget ? "; profile and stored tokens deleted" : ""))
+                print("revoked \(target.sub): \(count) session\(count == 1 ? "" : "s") ended" + (forget ? "; profile, stored tokens and link deleted" : ""))
                 if atApple { print("\(queued) refresh token\(queued == 1 ? "" : "s") queued for revocation at Apple (the running gateways revoke them)") }
             } catch {
                 await tools.close()

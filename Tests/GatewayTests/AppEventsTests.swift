@@ -90,12 +90,20 @@ final class EventReceiver: Sendable {
 /// sessions, signed with the identity-assertion key, at least once.
 @Suite("Events for the app", .serialized, .timeLimit(.minutes(2)))
 struct AppEventsTests {
-    /// The claims of an event, after checking its signature against `/_auth/jwks.json`.
+    /// The claims of an event, after checking its signature against `/_auth/jwks.json`, its
+    /// own `typ` and its lifetime.
     static func verified(_ event: EventReceiver.Received, gateway: TestBrowser) async throws -> [String: Any] {
         let body = try #require(try JSONSerialization.jsonObject(with: Data(event.body.utf8)) as? [String: Any])
         let token = try #require(body["payload"] as? String)
-        return try await Base64URLTest.verifiedClaims(token, gateway: gateway)
+        let header = try #require(Base64URLTest.decode(String(token.split(separator: ".")[0])))
+        #expect(String(decoding: header, as: UTF8.self).contains(#""typ":"sessiongate-event+jwt""#), "never mistaken for an identity assertion")
+        let claims = try await Base64URLTest.verifiedClaims(token, gateway: gateway)
+        let (iat, exp) = (Self.number(claims["iat"]), Self.number(claims["exp"]))
+        #expect(iat != nil && exp == iat.map { $0 + 300 }, "valid five minutes from its delivery")
+        return claims
     }
+
+    static func number(_ value: Any?) -> Int64? { (value as? NSNumber)?.int64Value }
 
     static func with<Result>(_ receiver: EventReceiver, store: SignInHarness.Store = .memory, deletions: EventReceiver? = nil,
                              _ body: (SignInHarness) async throws -> Result) async throws -> Result {
@@ -125,9 +133,13 @@ struct AppEventsTests {
                     let changed = try await Self.verified(try #require(await receiver.waitFor(2).last), gateway: browser)
                     #expect(changed["type"] as? String == "user.email_changed" && changed["email_forwarding"] as? String == "disabled")
 
-                    #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, retryDelays: []).status == 200)
+                    h.clock.advance(by: .seconds(10))
+                    let happened = h.clock.now() / 1000 - 5  // Apple's event_time (seconds): after the sign-in, before now
+                    #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, eventTime: happened, retryDelays: []).status == 200)
                     let revoked = try await Self.verified(try #require(await receiver.waitFor(3).last), gateway: browser)
                     #expect(revoked["type"] as? String == "user.revoked" && revoked["reason"] as? String == "consent_revoked")
+                    #expect(Self.number(revoked["event_time"]) == happened * 1000 + 999, "when Apple says it happened (the end of its second)")
+                    #expect((Self.number(revoked["processed_at"]) ?? 0) >= happened * 1000, "when the gateway acted, separately")
 
                     _ = try await browser.signIn(from: "/x", as: sub)
                     #expect(await h.simulator.sendNotification(.accountDelete, sub: sub, to: url, retryDelays: []).status == 200)
@@ -174,11 +186,57 @@ struct AppEventsTests {
                 h.clock.advance(by: .seconds(6))
                 #expect(await outbox.runDue().count == 3)
                 let delivered = await receiver.waitFor(3)
-                #expect(Set(delivered.map(\.type)) == ["user.deleted"] && delivered.count == 3)
+                #expect(Set(delivered.map(\.type)) == ["user.revoked"] && delivered.count == 3, "a disconnect is not a deletion")
                 var told: Set<String> = []
                 for event in delivered { told.insert(try await Self.verified(event, gateway: TestBrowser(gatewayOrigin: h.origin))["sub"] as? String ?? "") }
                 #expect(told == Set(subs))
                 #expect(try await h.service.core.store.jobs(on: outbox.loop).get().isEmpty)
+            }
+        }
+    }
+
+    @Test("an event queued before the assertion key was rotated verifies with the new key set: it is signed when it is sent")
+    func keyRotation() async throws {
+        try await EventReceiver.with { receiver in
+            try await Self.with(receiver, store: .redis) { h in
+                h.service.core.outbox.stop()
+                h.clock.freeze()
+                receiver.setDown(true)
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+                #expect(try await browser.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+                await h.service.core.outbox.drain()  // its first attempt failed: queued
+                // The fleet restarts with a new key (the instance below shares the store).
+                let rotated = h.directory + "/assertion-2.pem"
+                try P256.Signing.PrivateKey().pemRepresentation.write(toFile: rotated, atomically: true, encoding: .utf8)
+                let b = try await h.addInstance { $0.identity.assertion.keyFile = .file(rotated) }
+                b.service.core.outbox.stop()
+                receiver.setDown(false)
+                h.clock.advance(by: .seconds(6))
+                #expect(await b.service.core.outbox.runDue().count == 1)
+                let delivered = try #require(await receiver.waitFor(1).first)
+                let claims = try await Self.verified(delivered, gateway: TestBrowser(gatewayOrigin: b.origin))
+                #expect(claims["type"] as? String == "session.ended")
+            }
+        }
+    }
+
+    @Test("a late consent-revoked for a user who signed in again since is not told to the app: the gateway ignored it")
+    func supersededRevocation() async throws {
+        try await EventReceiver.with { receiver in
+            try await Self.with(receiver) { h in
+                let sub = h.simulator.createUser()
+                let before = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await before.signIn(from: "/x", as: sub)
+                let eventTime = h.clock.now() / 1000 + 30  // the user revoked consent 30 s after that sign-in
+                h.clock.advance(by: .seconds(60))
+                let after = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await after.signIn(from: "/x", as: sub)  // … and consented again
+                let url = h.origin + "/_auth/apple/notifications"
+                #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, eventTime: eventTime, retryDelays: []).status == 200)
+                await h.service.core.outbox.drain()
+                #expect(try await after.request("/x").status == 200)
+                #expect(receiver.received.isEmpty, "no user.revoked for a user who is signed in with a newer consent: \(receiver.received.map(\.type))")
             }
         }
     }

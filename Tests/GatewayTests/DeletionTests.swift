@@ -7,9 +7,9 @@ import Testing
 @testable import AppleIDSimulator
 @testable import Gateway
 
-/// Deletion compliance (issue 13 §3): a deletion revokes at Apple every token the user gave,
-/// nothing about the user is kept but the revocation marker, and late notifications never undo
-/// newer state.
+/// Deletion compliance (issue 13 §3, issue 25 §2–3): a disconnect revokes at Apple every token
+/// the user gave and keeps the account; a deletion keeps nothing but the revocation marker; late
+/// notifications and old grants never undo newer state.
 @Suite("Deletion and late notifications", .serialized, .timeLimit(.minutes(2)))
 struct DeletionTests {
     static func tokens(of sub: String, at simulator: SimulatedAppleID) -> [(token: String, revoked: Bool)] {
@@ -29,7 +29,7 @@ struct DeletionTests {
         return web
     }
 
-    @Test("the user deletes their account: every token they gave is revoked at Apple, the profile is gone", arguments: [SignInHarness.Store.memory, .redis])
+    @Test("the user disconnects: every token they gave is revoked at Apple; the profile stays (disconnecting is not deleting)", arguments: [SignInHarness.Store.memory, .redis])
     func disconnect(store: SignInHarness.Store) async throws {
         try await SignInHarness.with(store: store) { h in
             let sub = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
@@ -45,7 +45,7 @@ struct DeletionTests {
             // authorization, the logged-out session's older token with it.
             #expect(h.simulator.requestCount("/auth/revoke") - revokes == 2)
             #expect(tokens.count == 3 && tokens.allSatisfy { $0.revoked }, "\(tokens)")
-            #expect(try await h.service.core.store.profile(of: sub, on: loop).get() == nil, "the profile is deleted")
+            #expect(try await h.service.core.store.profile(of: sub, on: loop).get()?.email == "ada@example.org", "the profile stays")
             #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get().isEmpty)
             #expect(try await h.service.core.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
         }
@@ -92,6 +92,70 @@ struct DeletionTests {
         }
     }
 
+    @Test("Apple's account-delete forgets the user whatever its event_time: a deleted account never signs in again")
+    func accountDeleteIgnoresSkew() async throws {
+        try await SignInHarness.with(store: .redis) { h in
+            let sub = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            // Apple's clock 10 minutes behind ours: its event_time predates the session.
+            let skewed = h.clock.now() / 1000 - 600
+            let delivery = await h.simulator.sendNotification(.accountDelete, sub: sub, to: h.origin + "/_auth/apple/notifications", eventTime: skewed, retryDelays: [])
+            #expect(delivery.status == 200)
+            #expect(try await browser.request("/x").status == 302, "every session ended")
+            let loop = h.service.core.outbox.loop
+            #expect(try await h.service.core.store.profile(of: sub, on: loop).get() == nil, "forgotten")
+            #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get().isEmpty)
+        }
+    }
+
+    @Test("Apple refuses a queued revocation for good (a token of another client): given up, not retried hourly forever")
+    func permanentRevokeRefusalDropped() async throws {
+        try await SignInHarness.with(store: .memory) { h in
+            let outbox = h.service.core.outbox
+            outbox.stop()
+            let sub = h.simulator.createUser()
+            let native = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+            let app = TestBrowser(gatewayOrigin: h.origin)
+            #expect(try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(native.identityToken)","authorization_code":"\#(native.authorizationCode)"}"#).status == 200)
+            let store = h.service.core.store
+            let sealed = try #require(try await store.refreshTokens(of: sub, on: outbox.loop).get()[SignInHarness.appClient])
+            // The app's token queued under the web client: Apple answers invalid_grant.
+            let job = AppleRevocation(clientID: SignInHarness.webClient, context: SessionKeys.userContext(sub), sealedToken: sealed)
+            let t = h.clock.now()
+            try await store.putJob(OutboxJob(id: job.jobID, kind: .appleRevoke, payload: job.payload, nextAttempt: t, created: t), on: outbox.loop).get()
+            let revokes = h.simulator.requestCount("/auth/revoke")
+            #expect(await outbox.runDue().isEmpty, "not done")
+            #expect(h.simulator.requestCount("/auth/revoke") == revokes + 1, "Apple was asked once")
+            #expect(try await store.jobs(on: outbox.loop).get().isEmpty, "given up: the sealed token is gone with the job")
+            let admin = try #require(h.service.adminAddress?.port)
+            let metrics = try await app.request("http://127.0.0.1:\(admin)/metrics").body
+            #expect(metrics.contains(#"sessiongate_outbox_attempts_total{kind="apple_revoke",result="dropped"} 1"#), "an operator can alert on it")
+        }
+    }
+
+    @Test("a late consent-revoked keeps what a newer consent brought, though its session has ended: the new token stays")
+    func lateNotificationAfterTheNewSessionEnded() async throws {
+        try await SignInHarness.with(store: .redis) { h in
+            let sub = h.simulator.createUser()
+            let before = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await before.signIn(from: "/x", as: sub)
+            let eventTime = h.clock.now() / 1000 + 30
+            h.clock.advance(by: .seconds(60))
+            let after = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await after.signIn(from: "/x", as: sub)
+            #expect(try await after.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+            let loop = h.service.core.outbox.loop
+            let newToken = try await h.service.core.store.refreshTokens(of: sub, on: loop).get()
+            #expect(newToken.count == 1)
+            let delivery = await h.simulator.sendNotification(.consentRevoked, sub: sub, to: h.origin + "/_auth/apple/notifications",
+                                                              eventTime: eventTime, retryDelays: [])
+            #expect(delivery.status == 200)
+            #expect(try await before.request("/x").status == 302)
+            #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get() == newToken, "granted after the event: kept for a deletion to revoke")
+        }
+    }
+
     @Test("a consent-revoked delivered after the user signed in again ends only the sessions from before it")
     func lateNotification() async throws {
         try await SignInHarness.with(store: .redis) { h in
@@ -107,6 +171,27 @@ struct DeletionTests {
             #expect(delivery.status == 200)
             #expect(try await before.request("/x").status == 302, "created before the event: ended")
             #expect(try await after.request("/x").status == 200, "created after it: kept")
+        }
+    }
+
+    @Test("the logs name a user by sub only: no email, name, token or cookie at any level, through sign-in, notifications and a disconnect")
+    func logsHoldNoPersonalDataButTheSub() async throws {
+        let logs = LogRecorder()
+        try await SignInHarness.with(store: .redis, logs: logs) { h in
+            let sub = h.simulator.createUser(email: "ada.lovelace@example.org", privateEmail: false, firstName: "Augusta", lastName: "Byron")
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            let cookie = try #require(browser.cookies["__Host-sessiongate"] ?? browser.cookies.values.first)
+            let url = h.origin + "/_auth/apple/notifications"
+            #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, retryDelays: []).status == 200)
+            h.simulator.revokeConsent(sub: sub)  // Apple refuses the token at the next validation
+            #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+            let tokens = Self.tokens(of: sub, at: h.simulator).map(\.token)
+            let lines = logs.all
+            #expect(lines.contains { $0.contains(sub) }, "the sub is logged (at info: revocations), for audit")
+            for secret in ["ada.lovelace", "Augusta", "Byron", cookie] + tokens {
+                #expect(!lines.contains { $0.contains(secret) }, "never logged: \(secret.prefix(6))…")
+            }
         }
     }
 

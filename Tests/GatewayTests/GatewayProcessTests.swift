@@ -53,7 +53,7 @@ struct GatewayProcessTests {
                                        sealedRefreshToken: i == 0 ? keys.seal("rt-session", for: handle) : nil)
             try await store.create(record, profile: UserProfile(sub: sub, name: "Ada"), expiresAt: now + 60_000, on: loop).get()
         }
-        try await store.saveRefreshToken(keys.seal("rt-app", context: SessionKeys.userContext("user.a")), clientID: "com.example.app", of: "user.a", on: loop).get()
+        try await store.saveRefreshToken(keys.seal("rt-app", context: SessionKeys.userContext("user.a")), clientID: "com.example.app", grantedAt: 0, of: "user.a", on: loop).get()
         func run(_ arguments: [String]) async throws -> (Int32, [String]) {
             let p = try GatewayProcess(arguments: arguments)
             let status = await p.waitForExit()

@@ -155,7 +155,7 @@ struct LinkingTests {
         }
     }
 
-    @Test("a deletion removes the link; without identity.links.secret_file there is no links API")
+    @Test("a disconnect or a consent revoked keeps the link (the user comes back to the same account); a deletion removes it; without identity.links.secret_file there is no links API")
     func deletionAndNoAPI() async throws {
         try await Self.with(store: .redis) { h in
             let sub = h.simulator.createUser()
@@ -164,7 +164,12 @@ struct LinkingTests {
             #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"acct-9"}"#).status == 200)
             #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
             let loop = h.service.core.outbox.loop
-            #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == nil)
+            #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == "acct-9", "a disconnect keeps the link")
+            let url = h.origin + "/_auth/apple/notifications"
+            #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, retryDelays: []).status == 200)
+            #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == "acct-9", "consent revoked keeps the link")
+            #expect(await h.simulator.sendNotification(.accountDelete, sub: sub, to: url, retryDelays: []).status == 200)
+            #expect(try await h.service.core.store.account(linkedTo: sub, on: loop).get() == nil, "a deletion removes it")
             #expect(try await Self.post(browser, #"{"sub":"another.1","account":"acct-9"}"#).status == 200, "the account is free")
 
             try await SignInHarness.with(store: .memory) { plain throws in  // (its only throwing call is inside #expect)

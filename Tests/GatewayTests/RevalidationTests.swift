@@ -136,6 +136,21 @@ struct RevalidationTests {
         }
     }
 
+    @Test("Apple refuses an old grant's token: that grant's sessions end, a session from a newer consent lives on")
+    func staleGrant() async throws {
+        try await Self.with { h, sub in
+            let old = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await old.signIn(from: "/x", as: sub)
+            h.simulator.revokeConsent(sub: sub)  // its consent-revoked notification never reached the gateway
+            h.clock.advance(by: .seconds(60))
+            let fresh = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await fresh.signIn(from: "/x", as: sub)  // the user consented again
+            h.clock.advance(by: .seconds(2 * 3600))  // both due and stale beyond the grace: requests wait for Apple
+            #expect(try await old.request("/x").status == 302, "the old grant's token is refused: its session ends")
+            #expect(try await fresh.request("/x").status == 200, "the newer consent's session is not the old grant's")
+        }
+    }
+
     @Test("Apple slower than apple.timeout: the waiting request is answered within it and the session kept")
     func appleTimeout() async throws {
         try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), configure: { c in

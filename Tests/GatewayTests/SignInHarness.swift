@@ -47,14 +47,16 @@ final class SignInHarness: @unchecked Sendable {
     static func with<Result>(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(3),
                              localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
                              assertion: Bool = false, clock: TestClock = TestClock(), teamID: String = "TEAM123456", ledger: TransferLedger = TransferLedger(),
+                             logs: LogRecorder? = nil,
                              configure: (inout GatewayConfiguration) -> Void = { _ in }, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
         let harness = try await start(store: store, redis: existing, storeTimeout: storeTimeout, localCacheTTL: localCacheTTL, idleTimeout: idleTimeout,
-                                      absoluteTimeout: absoluteTimeout, assertion: assertion, clock: clock, teamID: teamID, ledger: ledger, configure: configure)
+                                      absoluteTimeout: absoluteTimeout, assertion: assertion, clock: clock, teamID: teamID, ledger: ledger, logs: logs,
+                                      configure: configure)
         return try await withTeardown(harness, stop: { await $0.stop() }, body)
     }
 
     private static func start(store: Store, redis existing: TestRedis?, storeTimeout: Duration, localCacheTTL: Duration, idleTimeout: Duration,
-                              absoluteTimeout: Duration, assertion: Bool, clock: TestClock, teamID: String, ledger: TransferLedger,
+                              absoluteTimeout: Duration, assertion: Bool, clock: TestClock, teamID: String, ledger: TransferLedger, logs: LogRecorder?,
                               configure: (inout GatewayConfiguration) -> Void) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -111,8 +113,8 @@ final class SignInHarness: @unchecked Sendable {
             .init(name: "app", pathPrefix: "/", upstream: up, auth: .required, unauthenticated: .redirect),
         ]
         configure(&c)
-        var logger = Logger(label: "gateway-test")
-        logger.logLevel = .warning
+        var logger = logs.map { recorder in Logger(label: "gateway-test") { _ in recorder } } ?? Logger(label: "gateway-test")
+        logger.logLevel = logs == nil ? .warning : .debug
         let service = try GatewayService(configuration: c, configPath: nil, logger: logger, clock: clock.now)
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
         let runTask = Task { try await group.run() }
@@ -309,5 +311,29 @@ final class TestClock: Sendable {
     func freeze() {
         let t = now()
         frozen.withLockedValue { $0 = t }
+    }
+}
+
+/// Every line the gateway logs, at every level, with its metadata (`SignInHarness.with(logs:)`).
+final class LogRecorder: LogHandler, Sendable {
+    private let lines = NIOLockedValueBox<[String]>([])
+    var all: [String] { lines.withLockedValue { $0 } }
+
+    func log(event: LogEvent) {
+        let fields = (event.metadata ?? [:]).map { "\($0.key)=\($0.value)" }.sorted().joined(separator: " ")
+        lines.withLockedValue { $0.append("\(event.level) \(event.message) \(fields)") }
+    }
+
+    subscript(metadataKey _: String) -> Logger.Metadata.Value? {
+        get { nil }
+        set {}
+    }
+    var metadata: Logger.Metadata {
+        get { [:] }
+        set {}
+    }
+    var logLevel: Logger.Level {
+        get { .trace }
+        set {}
     }
 }

@@ -122,7 +122,7 @@ struct SessionStoreContractTests {
             #expect(try await f.store.load(sessions[0].handle, on: f.loop).get() == nil)
             #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().count == 2)
 
-            #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: false, on: f.loop).get() == 2)
+            #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: .nothing, on: f.loop).get() == Revocation(ended: 2, superseded: false))
             for s in sessions { #expect(try await f.store.load(s.handle, on: f.loop).get() == nil) }
             #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().isEmpty)
             // Another user is untouched.
@@ -147,32 +147,64 @@ struct SessionStoreContractTests {
             let (_, before) = record("user.5", created: now)
             let (_, after) = record("user.5", created: now + 20)
             for s in [before, after] { try await f.store.create(s, profile: UserProfile(sub: "user.5", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get() }
-            try await f.store.saveRefreshToken("sealed-web", clientID: "com.example.web", of: "user.5", on: f.loop).get()
-            try await f.store.saveRefreshToken("sealed-app", clientID: "com.example.app", of: "user.5", on: f.loop).get()
-            try await f.store.saveRefreshToken("sealed-app-2", clientID: "com.example.app", of: "user.5", on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed-web", clientID: "com.example.web", grantedAt: now, of: "user.5", on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed-app", clientID: "com.example.app", grantedAt: now, of: "user.5", on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed-app-2", clientID: "com.example.app", grantedAt: now + 20, of: "user.5", on: f.loop).get()
             #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get() == ["com.example.web": "sealed-web", "com.example.app": "sealed-app-2"],
                     "the latest per client")
+            #expect(try await f.store.link("user.5", to: "acct-5", on: f.loop).get() == .linked)
 
-            // A revocation that happened at now + 10, delivered after the user signed in again.
-            #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: true, on: f.loop).get() == 1)
+            // Consent revoked at now + 10, delivered after the user consented again at now + 20:
+            // the older session and the token granted before it go; the newer ones stay.
+            #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: .grants, on: f.loop).get() == Revocation(ended: 1, superseded: true))
             #expect(try await f.store.load(before.handle, on: f.loop).get() == nil)
             let survivor = try #require(try await f.store.load(after.handle, on: f.loop).get(), "signed in after the event: kept")
             #expect(!survivor.isRevoked && survivor.revokedAt == now + 10)
             #expect(try await f.store.sessions(of: "user.5", on: f.loop).get().map(\.handle) == [after.handle])
-            // The surviving session brought the profile and tokens it has: not forgotten.
+            #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get() == ["com.example.app": "sealed-app-2"], "the newer grant's token is theirs")
             #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
-            #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().count == 2)
             // An older revocation arriving later never moves the marker back.
-            #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: false, on: f.loop).get() == 0)
+            #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: .nothing, on: f.loop).get() == Revocation(ended: 0, superseded: true))
             #expect(try await f.store.load(after.handle, on: f.loop).get()?.revokedAt == now + 10)
-            // Revoked after every session: forgotten, nothing but the marker left.
-            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: true, on: f.loop).get() == 1)
-            #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
+            // Revoked after every session: the grants go; the profile and the link stay
+            // (disconnecting is not deleting).
+            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: .grants, on: f.loop).get() == Revocation(ended: 1, superseded: false))
             #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
+            #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
+            #expect(try await f.store.account(linkedTo: "user.5", on: f.loop).get() == "acct-5")
+            // Everything: nothing but the marker is left, the link included.
+            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: .everything, on: f.loop).get() == Revocation(ended: 0, superseded: false))
+            #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
+            #expect(try await f.store.account(linkedTo: "user.5", on: f.loop).get() == nil)
             // A user the gateway knows has a profile from the first session on, fields or not.
             let (_, bare) = record("user.6", created: now)
             try await f.store.create(bare, profile: UserProfile(sub: "user.6"), expiresAt: now + 60_000, on: f.loop).get()
             #expect(try await f.store.profile(of: "user.6", on: f.loop).get() == UserProfile(sub: "user.6"))
+        }
+    }
+
+    @Test(arguments: StoreKind.allCases)
+    func whatARevocationLeavesExpiresWithItsMarkerUnlessTheUserSignsInAgain(kind: StoreKind) async throws {
+        try await StoreFixture.with(kind) { f in
+            for sub in ["user.11", "user.12"] {
+                let (_, session) = record(sub, created: now)
+                try await f.store.create(session, profile: UserProfile(sub: sub, name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
+                try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", grantedAt: now + 100, of: sub, on: f.loop).get()
+                // Revoked (an operator; `invalid_grant` of an older grant): the profile and the
+                // token left are kept only as long as the marker (here 50 ms).
+                #expect(try await f.store.revoke(sub, at: now + 1, keep: 50, forget: .grants, on: f.loop).get().ended == 1)
+            }
+            // user.12 signs in again before that: kept.
+            let (_, again) = record("user.12", created: now + 200)
+            try await f.store.create(again, profile: UserProfile(sub: "user.12"), expiresAt: now + 60_000, on: f.loop).get()
+            let deadline = ContinuousClock.now + .seconds(5)
+            while try await f.store.profile(of: "user.11", on: f.loop).get() != nil, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(try await f.store.profile(of: "user.11", on: f.loop).get() == nil, "expired with the marker")
+            #expect(try await f.store.refreshTokens(of: "user.11", on: f.loop).get().isEmpty)
+            #expect(try await f.store.profile(of: "user.12", on: f.loop).get()?.name == "Ada", "a user who came back keeps the profile")
+            #expect(try await f.store.refreshTokens(of: "user.12", on: f.loop).get() == ["com.example.web": "sealed"])
         }
     }
 
@@ -207,11 +239,11 @@ struct SessionStoreContractTests {
             #expect(try await f.store.unlink("user.8", on: f.loop).get() == nil)
             #expect(try await f.store.link("user.9", to: "acct-42", on: f.loop).get() == .linked, "unlinked: the account is free")
             // Forgetting a user (a deletion) removes their link and frees the account.
-            #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: true, on: f.loop).get() == 1)
+            #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: .everything, on: f.loop).get().ended == 1)
             #expect(try await f.store.account(linkedTo: "user.7", on: f.loop).get() == nil)
             #expect(try await f.store.link("user.10", to: "acct-43", on: f.loop).get() == .linked)
-            // A revocation that forgets nothing keeps the link.
-            #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: false, on: f.loop).get() == 0)
+            // A revocation of the grants (a disconnect, consent revoked) keeps the link.
+            #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: .grants, on: f.loop).get().ended == 0)
             #expect(try await f.store.account(linkedTo: "user.9", on: f.loop).get() == "acct-42")
         }
     }
@@ -223,7 +255,7 @@ struct SessionStoreContractTests {
                 let (_, session) = record(sub, created: now)
                 try await f.store.create(session, profile: UserProfile(sub: sub), expiresAt: now + 60_000, on: f.loop).get()
             }
-            try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", of: "user.2", on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", grantedAt: now, of: "user.2", on: f.loop).get()
             #expect(Set(try await f.store.users(on: f.loop).get()) == ["user.1", "user.2"], "every user once, not their session sets or tokens")
 
             #expect(try await f.store.transfer("t.1", on: f.loop).get() == nil)

@@ -217,8 +217,8 @@ final class Authenticator: Sendable {
 
     /// Revokes a user everywhere (`Revocations.revokeUser`), the revocation kept for this
     /// generation's absolute session timeout.
-    func revokeUser(_ sub: String, source: Revocations.Source, at: Int64? = nil, forget: Bool = false,
-                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Int> {
+    func revokeUser(_ sub: String, source: Revocations.Source, at: Int64? = nil, forget: Forgetting = .nothing,
+                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         core.revocations.revokeUser(sub, source: source, at: at, keep: absoluteTimeout, forget: forget, event: event, on: loop)
     }
 
@@ -240,7 +240,7 @@ final class Authenticator: Sendable {
             // Kept beyond the session, so that a deletion can revoke it at Apple.
             guard let refreshToken else { return loop.makeSucceededVoidFuture() }
             let sealed = self.core.keys.seal(refreshToken, context: SessionKeys.userContext(identity.subject))
-            return self.core.store.saveRefreshToken(sealed, clientID: identity.audience, of: identity.subject, on: loop)
+            return self.core.store.saveRefreshToken(sealed, clientID: identity.audience, grantedAt: t, of: identity.subject, on: loop)
         }.flatMap {
             self.core.store.profile(of: identity.subject, on: loop)
         }.map { stored in

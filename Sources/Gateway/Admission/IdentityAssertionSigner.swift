@@ -30,9 +30,10 @@ struct IdentityAssertionSigner: Sendable {
         return sign(claims)
     }
 
-    /// A compact JWS (ES256, this key's `kid`) of `claims`: assertions and the app's events.
-    func sign(_ claims: [String: Any]) -> String {
-        let header = #"{"alg":"ES256","kid":"\#(keyID)","typ":"JWT"}"#
+    /// A compact JWS (ES256, this key's `kid`, `typ` `type`) of `claims`: assertions (`JWT`)
+    /// and the app's events (`AppEvents.type`).
+    func sign(_ claims: [String: Any], type: String = "JWT") -> String {
+        let header = #"{"alg":"ES256","kid":"\#(keyID)","typ":"\#(type)"}"#
         let payload = (try? JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys])) ?? Data("{}".utf8)
         let input = Base64URL.encode(Array(header.utf8)) + "." + Base64URL.encode(payload)
         let signature = (try? key.signature(for: Array(input.utf8)).rawRepresentation) ?? Data()

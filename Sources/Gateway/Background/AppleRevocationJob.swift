@@ -20,9 +20,19 @@ struct AppleRevocationJob: Sendable {
         }
         let outcome = await metrics.timeAppleCall(.revoke) { await apple.tokens.revoke(token: token, isRefreshToken: true, clientID: revocation.clientID) }
         metrics.recordAppleCall(endpoint: .revoke, outcome: outcome == .revoked ? .ok : .failed)
-        if outcome != .revoked {
+        switch outcome {
+        case .revoked:
+            return .done
+        case .refused(let error):
+            // Permanent: the sealed token goes with the job (`outbox_attempts_total{result="dropped"}`
+            // counts it). The user can still end the app's access in Apple's Settings (Sign in with
+            // Apple → the app → Stop Using), and the token dies with their consent.
+            logger.error("Apple refused a token revocation for good: given up, the token is dropped",
+                         metadata: ["error": "\(error)", "client_id": "\(revocation.clientID)", "attempt": "\(job.attempts + 1)"])
+            return .drop
+        case .clientMisconfigured, .transient:
             logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": "\(job.attempts + 1)"])
+            return .retry
         }
-        return outcome == .revoked ? .done : .retry
     }
 }

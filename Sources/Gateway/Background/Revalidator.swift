@@ -156,11 +156,10 @@ final class Revalidator: Sendable {
             try await store.markValidated(session.handle, at: at, on: loop).get()
             return .settled(.valid(at: at))
         case .revoked:
-            // Apple refused this token earlier; whoever saw it revoked the user, unless that
+            // Apple refused this token earlier; whoever saw it revoked the grant, unless that
             // failed (the store did not answer): revoking again is idempotent.
-            let at = record?.at ?? 0
-            if let sessions = try? await store.sessions(of: session.sub, on: loop).get(), sessions.contains(where: { $0.created <= at }) {
-                _ = try? await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: at, keep: keep, on: loop).get()
+            if let sessions = try? await store.sessions(of: session.sub, on: loop).get(), sessions.contains(where: { $0.created <= session.created }) {
+                _ = try? await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: session.created, keep: keep, forget: .grants, on: loop).get()
             }
             return .settled(.revoked)
         case .wait:
@@ -237,9 +236,12 @@ final class Revalidator: Sendable {
                 try await store.markValidated(session.handle, at: t, on: loop).get()
                 return .valid(at: t)
             case .grantRevoked(let error):
-                logger.info("Apple refused a refresh token: the user is revoked", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
+                // The grant this session came from is dead: it and the sessions before it end, with
+                // the tokens granted up to it. A session from a newer consent (the user came back
+                // after a notification we missed) lives on, and is validated on its own schedule.
+                logger.info("Apple refused a refresh token: the sessions of its grant and older end", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
                 try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
-                _ = try await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: t, keep: keep, on: loop).get()
+                _ = try await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: session.created, keep: keep, forget: .grants, on: loop).get()
                 return .revoked
             case .clientMisconfigured(let error):
                 let opened = retry.failed(after: circuit, at: t, retryAfter: nil, jitter: .random(in: 0..<1))

@@ -39,25 +39,30 @@ final class Revocations: Sendable {
     /// the sessions created up to it deleted, the user dropped from this instance's cache at
     /// once and from every other instance's through pub/sub.
     /// - Parameters:
-    ///   - at: when the revocation happened (a notification's `event_time`), clamped to now; a
-    ///     session created after it (the user signed in again) lives on.
-    ///   - forget: delete the profile and stored refresh tokens too (account deleted, consent
-    ///     revoked, the user's own disconnect).
-    ///   - event: what the app is told, and why (`events.url`).
-    func revokeUser(_ sub: String, source: Source, at: Int64? = nil, keep: Int64, forget: Bool = false,
-                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Int> {
+    ///   - at: when the revocation happened (a notification's `event_time`, the grant time of a
+    ///     token Apple refused), clamped to now; a session created after it (the user signed in
+    ///     again) lives on, and the app is then not told (the revocation concerned an older grant).
+    ///   - forget: what goes besides the sessions (`Forgetting`).
+    ///   - event: what the app is told, and why (`events.url`); it carries `at` as its `event_time`.
+    func revokeUser(_ sub: String, source: Source, at: Int64? = nil, keep: Int64, forget: Forgetting = .nothing,
+                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         cache.invalidate(sub: sub)
         let t = now()
         let revokedAt = min(at ?? t, t)
-        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: loop).map { count in
+        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: loop).map { outcome in
             self.cache.invalidate(sub: sub)
             self.fleet.publish(.user(sub), on: loop)
             self.recheck(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source)
+            if outcome.superseded {
+                self.logger.info("a revocation older than the user's latest sign-in: the older sessions ended, the app is not told",
+                                 metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(outcome.ended)"])
+                return outcome
+            }
             let (kind, reason) = event ?? (.userRevoked, source.rawValue)
-            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason))
-            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(count)", "forgotten": "\(forget)"])
-            return count
+            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason, happenedAt: revokedAt))
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(outcome.ended)", "forgotten": "\(forget)"])
+            return outcome
         }
     }
 

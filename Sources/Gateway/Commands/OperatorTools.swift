@@ -27,19 +27,22 @@ public struct OperatorTools: Sendable {
 
     /// Ends every session of `sub` created up to now, everywhere (`Revocations.revokeUser`,
     /// source `operator`): the running gateways drop the user at once, the app is told
-    /// `user.revoked` with reason `operator`.
+    /// `user.revoked` with reason `operator` — or, with `forget`, `user.deleted`.
     /// - Parameters:
     ///   - queueAtApple: first queue every refresh token the store holds for the user for
     ///     revocation at Apple, as stored (sealed under the gateways' key; they revoke them).
-    ///   - forget: delete the profile and stored refresh tokens too.
+    ///   - forget: delete everything the store holds of the user (profile, tokens, link).
     /// - Returns: the sessions ended, and the tokens queued.
     public func revoke(_ sub: String, queueAtApple: Bool, forget: Bool) async throws -> (sessions: Int, queued: Int) {
         let loop = group.next()
         let core = parts.core
         // Before the sessions are deleted: their tokens are queued as stored.
         let queued = queueAtApple ? try await core.store.queueAppleRevocations(of: sub, now: core.now(), on: loop).count : 0
-        let count = try await core.revocations.revokeUser(sub, source: .operator_, keep: absoluteTimeout, forget: forget, on: loop).get()
-        return (count, queued)
+        // Tokens queued for Apple are gone from the store with the sessions.
+        let forgetting: Forgetting = forget ? .everything : queueAtApple ? .grants : .nothing
+        let event: (AppEventKind, String) = forget ? (.userDeleted, "operator") : (.userRevoked, "operator")
+        let outcome = try await core.revocations.revokeUser(sub, source: .operator_, keep: absoluteTimeout, forget: forgetting, event: event, on: loop).get()
+        return (outcome.ended, queued)
     }
 
     /// Waits for the event's first delivery attempt, then closes the connections.

@@ -79,9 +79,9 @@ enum GatewayComposition {
         let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
         let signer = secrets.assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
         let events = AppEvents(c.events, signer: signer, outbox: outbox, now: now, logger: logger)
-        if events != nil, let http {
+        if events != nil, let signer, let http {
             let timeout = TimeAmount(c.events.timeout)
-            outbox.register(.event) { job, _ in await AppEvents.deliver(job, http: http, timeout: timeout, logger: logger) }
+            outbox.register(.event) { job, _ in await AppEvents.deliver(job, signer: signer, now: now(), http: http, timeout: timeout, logger: logger) }
         }
         let tunnels = TunnelRegistry()
         let revocations = Revocations(store: store, cache: cache, fleet: fleet, tunnels: tunnels, events: events, metrics: metrics, logger: logger,

@@ -38,11 +38,19 @@ extension AuthEndpointGuard {
             // happened after it.
             let eventAt = event.eventTime.map { min($0 * 1000 + 999, core.now()) }
             switch event.kind {
-            case .consentRevoked, .accountDeleted:
-                // The sessions created before the event, with their sealed refresh tokens, and
-                // the profile are deleted; a sign-in after the event lives on.
-                let told: (AppEventKind, String) = event.kind == .accountDeleted ? (.userDeleted, "account_deleted") : (.userRevoked, "consent_revoked")
-                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: true, event: told, on: loop).get()
+            case .consentRevoked:
+                // A disconnect, not a deletion: the sessions created before the event end with
+                // the tokens granted up to it; the profile and the link to a legacy account stay,
+                // so a user who comes back is the same account. A sign-in after the event (a new
+                // consent) lives on, and the app is then not told.
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: .grants,
+                                              event: (.userRevoked, "consent_revoked"), on: loop).get()
+            case .accountDeleted:
+                // The Apple account is gone: its `sub` can never sign in again, so every session
+                // ends and everything is forgotten, whatever Apple's clock said (`event_time`
+                // behind ours must not let a session survive the deletion).
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, forget: .everything,
+                                              event: (.userDeleted, "account_deleted"), on: loop).get()
             case .emailDisabled, .emailEnabled:
                 if let profile = try await core.store.profile(of: event.subject, on: loop).get() {
                     if let applied = profile.emailEventAt, let eventAt, eventAt < applied {
@@ -54,8 +62,8 @@ extension AuthEndpointGuard {
                                              emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled", emailEventAt: eventAt)
                     try await core.store.saveProfile(update, on: loop).get()
                     core.revocations.invalidateUser(event.subject, on: loop)
-                    core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type.rawValue, email: event.email ?? profile.email,
-                                                    emailForwarding: update.emailForwarding))
+                    core.events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type.rawValue, happenedAt: eventAt,
+                                               email: event.email ?? profile.email, emailForwarding: update.emailForwarding))
                 }
             case .unknown(let name):
                 core.logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])
@@ -71,9 +79,11 @@ extension AuthEndpointGuard {
         return LocalResponse(status: .ok)
     }
 
-    /// `POST /_auth/revoke`: the user disconnects Apple (or deletes their account). Every refresh
-    /// token the store holds for them is revoked at Apple (a failure stays in the outbox and is
-    /// retried until Apple answers), then the user is revoked and forgotten here; an Apple
+    /// `POST /_auth/revoke`: the user disconnects Apple from the app. Every refresh token the
+    /// store holds for them is revoked at Apple (a failure stays in the outbox and is retried),
+    /// then their sessions and tokens end here and the app is told `user.revoked` (reason
+    /// `disconnect`); the profile and the link stay (disconnecting is not deleting: the app
+    /// deletes its account its own way, and a returning user is the same account). An Apple
     /// failure never blocks the local revocation.
     func disconnect(_ head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
         let resolution = (try? await auth.resolve(head.headers, on: loop).get()) ?? .unavailable
@@ -90,7 +100,7 @@ extension AuthEndpointGuard {
                                         metadata: ["queued": "\(queued)", "revoked": "\(revoked)"])
                 }
             }
-            _ = try await auth.revokeUser(sub, source: .user, forget: true, event: (.userDeleted, "user"), on: loop).get()
+            _ = try await auth.revokeUser(sub, source: .user, forget: .grants, event: (.userRevoked, "disconnect"), on: loop).get()
         } catch {
             return AuthResponses.storeUnavailable(head)
         }

@@ -53,7 +53,7 @@ struct GatewayStore: SessionStore {
     func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
         run(.sessions, on: eventLoop, base.sessions(of: sub, on: eventLoop))
     }
-    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Bool, on eventLoop: any EventLoop) -> EventLoopFuture<Int> {
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
         run(.revoke, on: eventLoop, base.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: eventLoop))
     }
     func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
@@ -74,8 +74,8 @@ struct GatewayStore: SessionStore {
     func release(_ claim: Claim, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         run(.release, on: eventLoop, base.release(claim, on: eventLoop))
     }
-    func saveRefreshToken(_ sealed: String, clientID: String, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
-        run(.saveRefreshToken, on: eventLoop, base.saveRefreshToken(sealed, clientID: clientID, of: sub, on: eventLoop))
+    func saveRefreshToken(_ sealed: String, clientID: String, grantedAt: Int64, of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        run(.saveRefreshToken, on: eventLoop, base.saveRefreshToken(sealed, clientID: clientID, grantedAt: grantedAt, of: sub, on: eventLoop))
     }
     func refreshTokens(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String: String]> {
         run(.refreshTokens, on: eventLoop, base.refreshTokens(of: sub, on: eventLoop))
