@@ -397,14 +397,22 @@ public struct RedisURL: Sendable, Equatable {
 }
 
 extension String {
-    /// Percent-decoding of ASCII-safe text (passwords in URLs); invalid escapes are kept as is.
+    /// Percent-decoding of ASCII-safe text (passwords in URLs); anything but `%` and two hex
+    /// digits is kept as written (`%+f` is not an escape, though `UInt8("+f", radix: 16)` reads it).
     var removingPercentEncodingSimple: String {
+        func hex(_ b: UInt8) -> UInt8? {
+            switch b {
+            case 0x30...0x39: b - 0x30
+            case 0x41...0x46: b - 0x37
+            case 0x61...0x66: b - 0x57
+            default: nil
+            }
+        }
         var bytes: [UInt8] = []
         var utf8 = Array(self.utf8)[...]
         while let b = utf8.popFirst() {
-            if b == UInt8(ascii: "%"), utf8.count >= 2,
-               let v = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) {
-                bytes.append(v)
+            if b == UInt8(ascii: "%"), utf8.count >= 2, let hi = hex(utf8[utf8.startIndex]), let lo = hex(utf8[utf8.startIndex + 1]) {
+                bytes.append(hi << 4 | lo)
                 utf8 = utf8.dropFirst(2)
             } else {
                 bytes.append(b)

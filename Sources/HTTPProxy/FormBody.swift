@@ -14,7 +14,10 @@ public enum FormBody {
         return fields
     }
 
-    /// Percent-decoding; `+` is a space in form bodies (`plusIsSpace`), itself in a URL.
+    /// Percent-decoding; `+` is a space in form bodies (`plusIsSpace`), itself in a URL. nil
+    /// unless every escape is `%` and two hex digits (`%+f`, `%-0` are not) and the decoded
+    /// bytes are UTF-8 (never replaced: a value read one way here must not read another way
+    /// at the browser or the app).
     public static func decode(_ bytes: ArraySlice<UInt8>, plusIsSpace: Bool = true) -> String? {
         var out: [UInt8] = []
         var i = bytes.startIndex
@@ -23,16 +26,15 @@ public enum FormBody {
             if plusIsSpace, b == UInt8(ascii: "+") {
                 out.append(UInt8(ascii: " "))
             } else if b == UInt8(ascii: "%") {
-                guard bytes.endIndex - i >= 3,
-                      let v = UInt8(String(decoding: bytes[(i + 1)...(i + 2)], as: UTF8.self), radix: 16) else { return nil }
-                out.append(v)
+                guard bytes.endIndex - i >= 3, let hi = RequestTarget.hexValue(bytes[i + 1]), let lo = RequestTarget.hexValue(bytes[i + 2]) else { return nil }
+                out.append(hi << 4 | lo)
                 i += 2
             } else {
                 out.append(b)
             }
             i += 1
         }
-        return String(decoding: out, as: UTF8.self)
+        return String(validating: out, as: UTF8.self)
     }
 
     /// Percent-encodes everything but RFC 3986 unreserved characters.

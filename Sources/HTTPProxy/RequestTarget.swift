@@ -158,7 +158,8 @@ public struct RequestTarget: Sendable, Equatable {
         (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || b == UInt8(ascii: "-") || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "~")
     }
 
-    private static func hexValue(_ b: UInt8) -> UInt8? {
+    /// A hex digit's value: `0-9`, `A-F`, `a-f` only (`UInt8(_:radix:)` also takes a sign).
+    static func hexValue(_ b: UInt8) -> UInt8? {
         switch b {
         case 0x30...0x39: return b - 0x30
         case 0x41...0x46: return b - 0x37

@@ -351,4 +351,12 @@ struct ConfigValueTests {
         let acl = try #require(RedisURL.parse("redis://gateway:s3:cr%40t@redis.internal"))
         #expect(acl.username == "gateway" && acl.password == "s3:cr@t" && acl.host == "redis.internal")
     }
+
+    @Test("a Redis URL password is percent-decoded only where an escape is % and two hex digits; anything else is kept as written")
+    func redisPasswordEscapes() throws {
+        for (written, password) in [("p%40ss", "p@ss"), ("p%+fss", "p%+fss"), ("p%-0ss", "p%-0ss"), ("100%", "100%"), ("%zz", "%zz")] {
+            let url = try #require(RedisURL.parse("redis://:\(written)@10.0.0.5:6380/2"), "\(written)")
+            #expect(url.password == password, "\(written)")
+        }
+    }
 }
