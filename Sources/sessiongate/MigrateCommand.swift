@@ -43,8 +43,12 @@ struct MigrateCommand: AsyncParsableCommand {
             abstract: "The sending team: write every user's transfer id for the recipient team, with their link, name and allow-list routes, to a JSON Lines file.",
             discussion: """
                 Run it with the sending team's configuration (its apple: key), before the transfer or within the 60 days after.
-                The file names users by transfer id only, never by their sub or private relay address (TN3159). Running it again resumes:
-                users already in the file are skipped, and transfer ids the store already holds are not asked for again.
+                The file names users by transfer id only, never by their sub or private relay address (TN3159). Beside it, FILE.mapping.jsonl
+                (mode 0600) maps each of your users' sub to their transfer id: re-key your own data export with it, and never give it to
+                the recipient. Transfer ids are good for one team: a file made for one --target is never extended with another's (use
+                another --out), and the ids the store holds for one team are not reused for another. Running it again resumes: users
+                already in the file are skipped, and transfer ids the store already holds for the target are not asked for again.
+                Exit status 2 when some users could not be exported yet (run again).
                 """)
         @OptionGroup var options: ConfigOption
         @Option(name: .long, help: "The recipient's Team ID.")
