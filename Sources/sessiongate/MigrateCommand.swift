@@ -20,21 +20,34 @@ struct MigrateCommand: AsyncParsableCommand {
         var clientID: String?
     }
 
-    /// Runs `body` with a migration against the configured Redis store.
-    static func run(_ options: ConfigOption, _ pace: Pace, _ body: (Migration) async throws -> Void) async throws {
+    /// Runs `body` with a migration against the configured Redis store. With `events`, users it
+    /// maps are announced to the app (`user.transferred`, `events.url`) as a running gateway
+    /// announces them, through the operator tools' core; their first attempt is made before
+    /// this returns.
+    static func run(_ options: ConfigOption, _ pace: Pace, events: Bool = false, _ body: (Migration) async throws -> Void) async throws {
         let (backend, configuration) = try SessionsCommand.backend(options.config)
+        let tools: OperatorTools?
+        do {
+            tools = events ? try SessionsCommand.tools(options.config) : nil
+        } catch {
+            await backend.shutdown()
+            throw error
+        }
         var logger = makeLogger()
         logger.logLevel = .warning
         do {
             let loop = MultiThreadedEventLoopGroup.singleton.next()
             try await Migration.with(configuration: configuration, store: backend.store, clientID: pace.clientID, perSecond: pace.rate, logger: logger,
-                                     publish: { message in try? await backend.publish(message, on: loop).get() }, body)
+                                     publish: { message in try? await backend.publish(message, on: loop).get() },
+                                     transferred: { user in tools?.transferred(user) }, body)
         } catch {
+            await tools?.close()
             await backend.shutdown()
             if let exit = error as? ExitCode { throw exit }
             printError("\(error)")
             throw ExitCode(1)
         }
+        await tools?.close()
         await backend.shutdown()
     }
 
@@ -74,7 +87,10 @@ struct MigrateCommand: AsyncParsableCommand {
                 Run it with the recipient's configuration (its apple: key) within the 60 days after the transfer. Every line is loaded
                 into the store first, so that a user the batch does not reach is mapped at their next sign-in. The old identities'
                 sessions end (their refresh tokens belong to the old team). Prints the allow.users entries the configuration should have.
-                Running it again resumes: mapped users are skipped. Exit status 2 when some users are left to map.
+                Each user mapped is announced to the app as user.transferred (events.url), as at a sign-in. Running it again resumes:
+                mapped users are skipped. Exit status: 0 every user mapped; 2 some not mapped yet (Apple or the store did not answer:
+                run again); 3 Apple refused some transfer ids (consent revoked, another team's ids, or after day 60): those users are
+                left behind, listed by transfer id; running again will not move them.
                 """)
         @OptionGroup var options: ConfigOption
         @Argument(help: "The export file (JSON Lines).")
@@ -83,10 +99,10 @@ struct MigrateCommand: AsyncParsableCommand {
 
         func run() async throws {
             defer { flushLogs() }
-            try await MigrateCommand.run(options, pace) { migration in
+            try await MigrateCommand.run(options, pace, events: true) { migration in
                 let report = try await migration.importFile(file)
                 for line in report.summary { print(line) }
-                if !report.failed.isEmpty { throw ExitCode(2) }
+                if report.exitStatus != 0 { throw ExitCode(report.exitStatus) }
             }
         }
     }

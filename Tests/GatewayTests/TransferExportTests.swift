@@ -102,3 +102,14 @@ struct TransferExportTests {
         }
     }
 }
+
+extension TransferExportTests {
+    @Test("the recipient's checklist has it register its email sources for Apple's private email relay before the import (TN3159)")
+    func checklistRegistersEmailSources() {
+        let lines = TransferChecklist.lines(GatewayConfiguration(), progress: .failure(MigrationError("no store")))
+        let register = lines.firstIndex { $0.contains("email sources") && $0.contains("private email relay") }
+        let importing = lines.firstIndex { $0.contains("sessiongate migrate import") }
+        #expect(register != nil && importing != nil && register! < importing!, "\(lines)")
+        #expect(lines.contains { $0.contains("Sign in with Apple for Email Communication") })
+    }
+}
