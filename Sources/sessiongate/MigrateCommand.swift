@@ -20,15 +20,15 @@ struct MigrateCommand: AsyncParsableCommand {
         var clientID: String?
     }
 
-    /// Runs `body` with a migration against the configured Redis store. With `events`, users it
-    /// maps are announced to the app (`user.transferred`, `events.url`) as a running gateway
-    /// announces them, through the operator tools' core; their first attempt is made before
-    /// this returns.
+    /// Runs `body` with a migration against the configured Redis store. With `events` (and an
+    /// `events:` section), users it maps are announced to the app (`user.transferred`) as a
+    /// running gateway announces them, through the operator tools' core (which reads every file
+    /// `serve` reads); their first attempt is made before this returns.
     static func run(_ options: ConfigOption, _ pace: Pace, events: Bool = false, _ body: (Migration) async throws -> Void) async throws {
         let (backend, configuration) = try SessionsCommand.backend(options.config)
         let tools: OperatorTools?
         do {
-            tools = events ? try SessionsCommand.tools(options.config) : nil
+            tools = events && configuration.events.isEnabled ? try SessionsCommand.tools(options.config) : nil
         } catch {
             await backend.shutdown()
             throw error
