@@ -6,7 +6,7 @@ extension GatewayConfiguration.Events {
     /// The kinds of event, each a key of `events.urls`.
     enum Kind: String, ConfigKey {
         case userRevoked = "user.revoked", userDeleted = "user.deleted", userEmailChanged = "user.email_changed"
-        case sessionEnded = "session.ended"
+        case sessionEnded = "session.ended", userTransferred = "user.transferred"
     }
 
     /// Reads `events`: URLs and timeout; events are signed, so they need the assertion key.

@@ -74,7 +74,7 @@ extension IdentityHeaderNames {
     /// `identity.headers`: one key per header.
     enum Key: String, ConfigKey {
         case user, email, emailVerified = "email_verified", privateEmail = "private_email", emailForwarding = "email_forwarding"
-        case name, realUserStatus = "real_user_status", account, assertion
+        case name, realUserStatus = "real_user_status", account, formerUser = "former_user", assertion
 
         var field: WritableKeyPath<IdentityHeaderNames, String> {
             switch self {
@@ -86,6 +86,7 @@ extension IdentityHeaderNames {
             case .name: \.name
             case .realUserStatus: \.realUserStatus
             case .account: \.account
+            case .formerUser: \.formerUser
             case .assertion: \.assertion
             }
         }

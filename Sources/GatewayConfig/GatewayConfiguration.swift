@@ -322,10 +322,13 @@ public struct IdentityHeaderNames: Sendable, Equatable {
     public var realUserStatus = "X-Auth-Real-User-Status"
     /// The legacy app's account id linked to the Apple identity (absent when unlinked).
     public var account = "X-Auth-Account"
+    /// The user's `sub` at the team the app was transferred from, during the transfer period
+    /// after the gateway mapped them (absent otherwise): the app re-keys its rows with it.
+    public var formerUser = "X-Auth-Former-User"
     public var assertion = "X-Auth-Assertion"
     public init() {}
 
-    public var all: [String] { [user, email, emailVerified, privateEmail, emailForwarding, name, realUserStatus, account, assertion] }
+    public var all: [String] { [user, email, emailVerified, privateEmail, emailForwarding, name, realUserStatus, account, formerUser, assertion] }
 }
 
 /// Where a secret comes from: a file path, or an environment variable (`env:NAME`). Never inline.

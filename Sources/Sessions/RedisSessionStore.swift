@@ -13,7 +13,8 @@ import Redis
 /// - `sg:link:{sub}` string — the legacy account linked to the user; `sg:account:{id}` the reverse
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
 /// - `sg:notification:{jti}` string — a notification already processed (a week)
-/// - `sg:transfer:{transfer id}` hash — one user of an app transfer (from, data, to, mapped_at); 90 days
+/// - `sg:transfer:{transfer id}` hash — one user of an app transfer (from, target, data, to, mapped_at); 90 days
+///   after its last write (`TransferRecord.lifetime`); the write that maps the user drops `data`
 /// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:{token hash}` its lock
 ///
 /// The braces are Redis Cluster hash tags: one user's keys share a slot.
@@ -349,8 +350,10 @@ public final class RedisSessionStore: SessionStore {
 
     public func putTransfer(_ record: TransferRecord, on loop: any EventLoop) -> EventLoopFuture<Void> {
         let key = transferKey(record.id)
-        return transaction([["HSET", .string(key), "id", .string(record.id)] + record.fields.flatMap { [RedisArgument.string($0.0), .string($0.1)] },
-                            ["PEXPIRE", .string(key), RedisArgument(TransferRecord.lifetime)]], on: loop).map { _ in }
+        var commands: [[RedisArgument]] = [["HSET", .string(key), "id", .string(record.id)] + record.fields.flatMap { [RedisArgument.string($0.0), .string($0.1)] }]
+        if record.to != nil { commands.append(["HDEL", .string(key), "data"]) }  // mapped: the profile holds the line's data now
+        commands.append(["PEXPIRE", .string(key), RedisArgument(TransferRecord.lifetime)])
+        return transaction(commands, on: loop).map { _ in }
     }
 
     public func transfer(_ id: String, on loop: any EventLoop) -> EventLoopFuture<TransferRecord?> {
@@ -502,6 +505,7 @@ extension UserProfile {
                   privateEmail: hash.flag("private_email"), emailForwarding: hash.string("email_forwarding"),
                   realUserStatus: hash.int64("real_user_status").map { Int($0) }, emailEventAt: hash.int64("email_event_at"))
         formerSub = hash.string("former_sub")
+        transferredAt = hash.int64("transferred_at")
     }
 }
 
@@ -509,7 +513,8 @@ extension TransferRecord {
     /// nil for an empty hash (no record).
     init?(id: String, hash: HashReply) {
         guard !hash.isEmpty else { return nil }
-        self.init(id: id, from: hash.string("from"), data: hash.string("data"), to: hash.string("to"), mappedAt: hash.int64("mapped_at"))
+        self.init(id: id, from: hash.string("from"), target: hash.string("target"), data: hash.string("data"), to: hash.string("to"),
+                  mappedAt: hash.int64("mapped_at"))
     }
 }
 

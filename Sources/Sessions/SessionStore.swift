@@ -41,10 +41,15 @@ public struct UserProfile: Sendable, Equatable {
     /// The user's `sub` at the team the app was transferred from, when this store knew it
     /// (`migrate import` or a sign-in mapped the user): `allow.users` entries naming it still match.
     public var formerSub: String?
+    /// When the user was mapped to this `sub` after an app transfer (Unix ms): the app is told
+    /// `formerSub` on each request for `TransferArrival.period` from then.
+    public var transferredAt: Int64?
 
     public init(sub: String, name: String? = nil, email: String? = nil, emailVerified: Bool? = nil, privateEmail: Bool? = nil,
-                emailForwarding: String? = nil, realUserStatus: Int? = nil, emailEventAt: Int64? = nil, formerSub: String? = nil) {
+                emailForwarding: String? = nil, realUserStatus: Int? = nil, emailEventAt: Int64? = nil, formerSub: String? = nil,
+                transferredAt: Int64? = nil) {
         self.formerSub = formerSub
+        self.transferredAt = transferredAt
         self.sub = sub
         self.name = name
         self.email = email
@@ -67,7 +72,15 @@ public struct UserProfile: Sendable, Equatable {
         if let v = update.realUserStatus { p.realUserStatus = v }
         if let v = update.emailEventAt { p.emailEventAt = v }
         if let v = update.formerSub { p.formerSub = v }
+        if let v = update.transferredAt { p.transferredAt = v }
         return p
+    }
+
+    /// The former `sub` the app is told about at `now` (Unix ms): during the transfer period
+    /// after the mapping (`TransferArrival.period`), then nil.
+    public func formerSub(at now: Int64) -> String? {
+        guard let formerSub, let transferredAt, now < transferredAt + TransferArrival.period else { return nil }
+        return formerSub
     }
 
     var fields: [(String, String)] {
@@ -80,6 +93,7 @@ public struct UserProfile: Sendable, Equatable {
         if let realUserStatus { f.append(("real_user_status", String(realUserStatus))) }
         if let emailEventAt { f.append(("email_event_at", String(emailEventAt))) }
         if let formerSub { f.append(("former_sub", formerSub)) }
+        if let transferredAt { f.append(("transferred_at", String(transferredAt))) }
         return f
     }
 }
@@ -123,43 +137,54 @@ public struct ValidationRecord: Sendable, Equatable {
 }
 
 /// One user of an app transfer (`transfer:{transfer id}`, TN3159): what the sending team
-/// exported and what became of it at the recipient. Kept `TransferRecord.lifetime` after its
-/// last change: an export made well before the transfer still reaches the end of the 60-day
-/// transfer period.
+/// exported and what became of it at the recipient. It keeps only what the mapping needs, for
+/// as long as Apple's 60-day transfer period can need it:
+///
+/// - `data` (the exported line: name, real email, link) until the user is mapped; the write
+///   that maps them (`to`) drops it (the profile holds it now), leaving only identifiers.
+/// - Each write keeps the record `TransferRecord.lifetime` (90 days) from then: the 60-day
+///   transfer period, plus 30 days for an export made before the transfer. Running the export
+///   or the import again renews it.
 public struct TransferRecord: Sendable, Equatable {
-    public static let lifetime: Int64 = 180 * 86_400_000
+    public static let lifetime: Int64 = 90 * 86_400_000
     /// Apple's transfer id (`transfer_sub`).
     public var id: String
     /// The sending team's `sub`: set when `migrate export` ran against this store (the same
     /// operator on both sides of the transfer).
     public var from: String?
-    /// The user's exported line (JSON), once `migrate import` loaded it.
+    /// The recipient's Team ID the export asked Apple for (with `from`): an id is only good for
+    /// that team, so an export for another team asks Apple again.
+    public var target: String?
+    /// The user's exported line (JSON), once `migrate import` loaded it; dropped when the user
+    /// is mapped.
     public var data: String?
     /// The recipient team's `sub`, once mapped (by `migrate import` or at sign-in).
     public var to: String?
     /// When it was mapped (Unix ms).
     public var mappedAt: Int64?
 
-    public init(id: String, from: String? = nil, data: String? = nil, to: String? = nil, mappedAt: Int64? = nil) {
+    public init(id: String, from: String? = nil, target: String? = nil, data: String? = nil, to: String? = nil, mappedAt: Int64? = nil) {
         self.id = id
         self.from = from
+        self.target = target
         self.data = data
         self.to = to
         self.mappedAt = mappedAt
     }
 
-    /// `self` with every field `update` sets.
+    /// `self` with every field `update` sets; an update that maps the user (`to`) drops `data`.
     public func merged(with update: TransferRecord) -> TransferRecord {
         var r = self
         if let v = update.from { r.from = v }
+        if let v = update.target { r.target = v }
         if let v = update.data { r.data = v }
-        if let v = update.to { r.to = v }
+        if let v = update.to { r.to = v; r.data = nil }
         if let v = update.mappedAt { r.mappedAt = v }
         return r
     }
 
     var fields: [(String, String)] {
-        [("from", from), ("data", data), ("to", to), ("mapped_at", mappedAt.map(String.init))].compactMap { name, value in value.map { (name, $0) } }
+        [("from", from), ("target", target), ("data", data), ("to", to), ("mapped_at", mappedAt.map(String.init))].compactMap { name, value in value.map { (name, $0) } }
     }
 }
 
@@ -300,7 +325,9 @@ public protocol SessionStore: Sendable {
     func account(linkedTo sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// Every user the store holds a profile for (`migrate export`), in no particular order.
     func users(on eventLoop: any EventLoop) -> EventLoopFuture<[String]>
-    /// Merges the fields `record` sets into the transfer record of `record.id` (creating it).
+    /// Merges the fields `record` sets into the transfer record of `record.id` (creating it); a
+    /// record that sets `to` drops the stored `data`. The record lasts `TransferRecord.lifetime`
+    /// from this write.
     func putTransfer(_ record: TransferRecord, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
     /// The transfer record of a transfer id, if any.
     func transfer(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<TransferRecord?>

@@ -36,16 +36,26 @@ public enum TransferArrival {
         /// The new identity is already linked to another account (kept), or the account to
         /// another identity: not linked.
         public var linkConflict = false
+        /// Another mover (an import, a sign-in) mapped the user while this one waited: nothing
+        /// was done here (and nothing is to be announced again).
+        public var alreadyMapped = false
 
-        public init(sessionsEnded: Int = 0, account: String? = nil, linkConflict: Bool = false) {
+        public init(sessionsEnded: Int = 0, account: String? = nil, linkConflict: Bool = false, alreadyMapped: Bool = false) {
             self.sessionsEnded = sessionsEnded
             self.account = account
             self.linkConflict = linkConflict
+            self.alreadyMapped = alreadyMapped
         }
     }
 
     /// How long a mover holds the user's claim (`Claim.transfer`), in milliseconds.
     static let claimTTL: Int64 = 60_000
+
+    /// How long after the mapping the app is told the user's former `sub` (`UserProfile.formerSub(at:)`),
+    /// in milliseconds: 60 days, Apple's transfer period (TN3159). The gateway does not know
+    /// when the transfer completed, only that the mapping happened inside the period; counting
+    /// from the mapping never ends the hint before the period does (README "App transfers").
+    public static let period: Int64 = 60 * 86_400_000
 
     /// - Parameters:
     ///   - record: the transfer record as last read (its `from` and `data` say what to move).
@@ -71,10 +81,11 @@ public enum TransferArrival {
 
     private static func move(_ record: TransferRecord, to sub: String, email: String?, privateEmail: Bool, exported line: Exported?, store: any SessionStore,
                              at t: Int64, keep: Int64, on loop: any EventLoop) async throws -> Outcome {
-        if let to = try await store.transfer(record.id, on: loop).get()?.to, to == sub { return Outcome() }  // done while we waited
+        if let to = try await store.transfer(record.id, on: loop).get()?.to, to == sub { return Outcome(alreadyMapped: true) }  // done while we waited
         // What this store knew under the old sub (the same operator on both sides), else the file's.
         let old = try await record.from.asyncMap { try await store.profile(of: $0, on: loop).get() } ?? nil
-        var profile = UserProfile(sub: sub, name: old?.name ?? line?.name, realUserStatus: old?.realUserStatus ?? line?.realUserStatus, formerSub: record.from)
+        var profile = UserProfile(sub: sub, name: old?.name ?? line?.name, realUserStatus: old?.realUserStatus ?? line?.realUserStatus, formerSub: record.from,
+                                  transferredAt: record.from == nil ? nil : t)
         if let email {
             // Apple's: the exchange's new relay address, or the signed token's at a sign-in.
             (profile.email, profile.emailVerified, profile.privateEmail) = (email, true, privateEmail)
@@ -112,6 +123,7 @@ public enum TransferArrival {
             // identity's profile and tokens go with them.
             outcome.sessionsEnded = try await store.revoke(from, at: t, keep: keep, forget: .everything, on: loop).get().ended
         }
+        // The mapping drops the exported line (name, email, link): the profile holds it now.
         try await store.putTransfer(TransferRecord(id: record.id, to: sub, mappedAt: t), on: loop).get()
         return outcome
     }

@@ -11,7 +11,7 @@ struct AdmissionRulesTests {
     func headerValues() {
         let user = UserProfile(sub: "001.abc", name: "Zoë\r\nX-Auth-User: admin", email: "a@b.c\r\nX-Evil: 1", emailVerified: true,
                                privateEmail: false, emailForwarding: "enabled\u{0}", realUserStatus: 2)
-        let headers = Authenticator.identityHeaders(user, names: IdentityHeaderNames())
+        let headers = Authenticator.identityHeaders(user, names: IdentityHeaderNames(), now: 0)
         for (_, value) in headers {
             #expect(!value.utf8.contains { $0 == 0x0d || $0 == 0x0a || $0 == 0 }, "\(value)")
         }
@@ -27,7 +27,7 @@ struct AdmissionRulesTests {
         "a\u{0B}b", "a\u{0C}b", "a\u{1B}[2Jb", "a\u{7F}b", "a\u{1F}b",
     ])
     func controlCharacters(email: String) {
-        let headers = Authenticator.identityHeaders(UserProfile(sub: "001.abc", email: email), names: IdentityHeaderNames())
+        let headers = Authenticator.identityHeaders(UserProfile(sub: "001.abc", email: email), names: IdentityHeaderNames(), now: 0)
         #expect(!headers.contains { $0.0 == "X-Auth-Email" })
     }
 

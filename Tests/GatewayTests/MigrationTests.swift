@@ -17,11 +17,12 @@ struct MigrationTests {
 
     /// A gateway of `team` on the shared Redis and key prefix, with the links API and an admin
     /// route whose allow list names `admin` (the operator's configuration, as it was before the
-    /// transfer).
-    static func withGateway<T>(team: String, ledger: TransferLedger, redis: TestRedis, prefix: String, admin: String,
+    /// transfer). With `events`, the app's events go there (signed with the assertion key).
+    static func withGateway<T>(team: String, ledger: TransferLedger, redis: TestRedis, prefix: String, admin: String, events: String? = nil,
                                _ body: (SignInHarness) async throws -> T) async throws -> T {
         setenv("SG_TEST_MIGRATION_SECRET", secret, 1)
-        return try await SignInHarness.with(store: .redis, redis: redis, teamID: team, ledger: ledger, configure: { c in
+        return try await SignInHarness.with(store: .redis, redis: redis, assertion: events != nil, teamID: team, ledger: ledger, configure: { c in
+            c.events.url = events
             c.store.keyPrefix = prefix
             c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_MIGRATION_SECRET")
             var allow = GatewayConfiguration.Allow()

@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import NIOCore
 import NIOPosix
@@ -263,13 +264,15 @@ struct SessionStoreContractTests {
             try await f.store.putTransfer(TransferRecord(id: "t.1", data: #"{"transfer_sub":"t.1"}"#), on: f.loop).get()
             #expect(try await f.store.transfer("t.1", on: f.loop).get() == TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#), "merged")
             try await f.store.putTransfer(TransferRecord(id: "t.1", to: "new.1", mappedAt: 42), on: f.loop).get()
-            try await f.store.putTransfer(TransferRecord(id: "t.2", from: "user.2"), on: f.loop).get()
+            try await f.store.putTransfer(TransferRecord(id: "t.2", from: "user.2", target: "TEAMB12345"), on: f.loop).get()
             let all = try await f.store.transfers(on: f.loop).get().sorted { $0.id < $1.id }
-            #expect(all == [TransferRecord(id: "t.1", from: "user.1", data: #"{"transfer_sub":"t.1"}"#, to: "new.1", mappedAt: 42), TransferRecord(id: "t.2", from: "user.2")])
+            #expect(all == [TransferRecord(id: "t.1", from: "user.1", to: "new.1", mappedAt: 42), TransferRecord(id: "t.2", from: "user.2", target: "TEAMB12345")],
+                    "the mapping dropped the exported line; the target team is kept")
 
-            // The profile carries the former sub (allow lists naming it still match).
-            try await f.store.saveProfile(UserProfile(sub: "new.1", name: "Jane", formerSub: "user.1"), on: f.loop).get()
-            #expect(try await f.store.profile(of: "new.1", on: f.loop).get()?.formerSub == "user.1")
+            // The profile carries the former sub (allow lists naming it still match) and when it was mapped.
+            try await f.store.saveProfile(UserProfile(sub: "new.1", name: "Jane", formerSub: "user.1", transferredAt: 42), on: f.loop).get()
+            let moved = try await f.store.profile(of: "new.1", on: f.loop).get()
+            #expect(moved?.formerSub == "user.1" && moved?.transferredAt == 42)
         }
     }
 
@@ -425,5 +428,57 @@ struct RedisSessionStoreTests {
         #expect(recovered)
         await client.close()
         server.stop()
+    }
+}
+
+extension SessionStoreContractTests {
+    /// Issue 25 §3: a transfer record keeps what the mapping needs, for as long as Apple's
+    /// transfer period can need it (60 days, plus 30 for an export made before the transfer).
+    @Test("a transfer record lasts 90 days from its last write, and the write that maps the user drops the exported line", arguments: StoreKind.allCases)
+    func transferRecordLifetime(kind: StoreKind) async throws {
+        #expect(TransferRecord.lifetime == 90 * 86_400_000)
+        let clock = MovingClock(SessionClock.now())
+        try await StoreFixture.with(kind) { f in
+            // The memory store runs on a clock the test moves; Redis is asked for the key's TTL.
+            let store: any SessionStore = kind == .memory ? MemorySessionStore(now: { clock.now() }) : f.store
+            let line = #"{"name":"Pat","transfer_sub":"t.9"}"#
+            try await store.putTransfer(TransferRecord(id: "t.9", data: line), on: f.loop).get()
+            try await store.putTransfer(TransferRecord(id: "t.8", data: line), on: f.loop).get()
+            try await store.putTransfer(TransferRecord(id: "t.8", to: "new.8", mappedAt: 7), on: f.loop).get()
+            #expect(try await store.transfer("t.8", on: f.loop).get() == TransferRecord(id: "t.8", to: "new.8", mappedAt: 7), "mapped: no name, no email left")
+            #expect(try await store.transfer("t.9", on: f.loop).get()?.data == line, "not mapped yet: the line waits for the sign-in")
+            switch kind {
+            case .redis:
+                let client = try #require(f.client)
+                for id in ["t.8", "t.9"] {
+                    let ttl = try await client.send(["PTTL", .string(f.prefix + "transfer:{\(id)}")]).int ?? -1
+                    #expect(ttl > TransferRecord.lifetime - 60_000 && ttl <= TransferRecord.lifetime, "\(id): \(ttl)")
+                }
+            case .memory:
+                clock.advance(by: TransferRecord.lifetime - 1)
+                try await store.putTransfer(TransferRecord(id: "t.8", from: "old.8"), on: f.loop).get()  // renewed
+                #expect(try await store.transfer("t.9", on: f.loop).get() != nil)
+                clock.advance(by: 1)
+                #expect(try await store.transfer("t.9", on: f.loop).get() == nil, "90 days after its last write")
+                #expect(try await store.transfers(on: f.loop).get().map(\.id) == ["t.8"], "a write renews the record")
+            }
+        }
+    }
+}
+
+/// A clock for the memory store that the test moves (Unix ms).
+final class MovingClock: @unchecked Sendable {
+    private let lock = NSLock()
+    private var t: Int64
+    init(_ t: Int64) { self.t = t }
+    func now() -> Int64 {
+        lock.lock()
+        defer { lock.unlock() }
+        return t
+    }
+    func advance(by ms: Int64) {
+        lock.lock()
+        t += ms
+        lock.unlock()
     }
 }

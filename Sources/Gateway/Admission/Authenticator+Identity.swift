@@ -9,9 +9,13 @@ import Sessions
 extension Authenticator {
     /// The identity headers of DESIGN §1 for a stored session's user (and linked account);
     /// values never carry CR, LF or NUL.
-    func identityHeaders(_ stored: StoredSession) -> [(String, String)] { Self.identityHeaders(stored.user, account: stored.account, names: names) }
+    func identityHeaders(_ stored: StoredSession) -> [(String, String)] {
+        Self.identityHeaders(stored.user, account: stored.account, names: names, now: core.now())
+    }
 
-    static func identityHeaders(_ user: UserProfile, account: String? = nil, names: IdentityHeaderNames) -> [(String, String)] {
+    /// - Parameter now: Unix ms; the former `sub` of a transferred user is sent during the
+    ///   transfer period after their mapping only (`UserProfile.formerSub(at:)`).
+    static func identityHeaders(_ user: UserProfile, account: String? = nil, names: IdentityHeaderNames, now: Int64) -> [(String, String)] {
         var h: [(String, String)] = [(names.user, user.sub)]
         if let v = user.email { h.append((names.email, v)) }
         if let v = user.emailVerified { h.append((names.emailVerified, v ? "true" : "false")) }
@@ -20,6 +24,7 @@ extension Authenticator {
         if let v = user.name { h.append((names.name, FormBody.escape(v))) }  // UTF-8, percent-encoded
         if let v = user.realUserStatus { h.append((names.realUserStatus, String(v))) }
         if let account { h.append((names.account, account)) }
+        if let v = user.formerSub(at: now) { h.append((names.formerUser, v)) }
         return h.filter { HTTPWire.isSafeValue($0.1) }
     }
 
@@ -49,7 +54,7 @@ extension Authenticator {
         }
         let user = cached.stored.user
         let token = assertion.sign(UserProfileClaims(sub: user.sub, email: user.email, emailVerified: user.emailVerified, name: user.name,
-                                                     account: cached.stored.account), audience: route, now: t)
+                                                     account: cached.stored.account, formerSub: user.formerSub(at: t * 1000)), audience: route, now: t)
         let generation = self.generation
         core.cache.update(handle) {
             guard $0.generation == generation else { return }

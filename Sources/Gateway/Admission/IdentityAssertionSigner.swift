@@ -27,6 +27,7 @@ struct IdentityAssertionSigner: Sendable {
         if let v = profile.emailVerified { claims["email_verified"] = v }
         if let v = profile.name { claims["name"] = v }
         if let v = profile.account { claims["account"] = v }
+        if let v = profile.formerSub { claims["former_sub"] = v }
         return sign(claims)
     }
 
@@ -58,4 +59,6 @@ struct UserProfileClaims {
     var name: String?
     /// The linked legacy account id.
     var account: String? = nil
+    /// The user's `sub` before an app transfer, during the transfer period after their mapping.
+    var formerSub: String? = nil
 }

@@ -20,6 +20,9 @@ enum AppEventKind: String, Sendable, CaseIterable {
     case emailChanged = "user.email_changed"
     /// One session ended (logout, or replaced by a new sign-in).
     case sessionEnded = "session.ended"
+    /// An app transfer gave the user a new `sub` and the gateway mapped them (`migrate import`,
+    /// or their first sign-in at the recipient): the app re-keys its rows.
+    case userTransferred = "user.transferred"
 }
 
 /// One event, before it is signed.
@@ -35,6 +38,10 @@ struct AppEvent: Sendable {
     var emailForwarding: String? = nil
     /// The first 12 hex digits of the session's store key (never the session id).
     var session: String? = nil
+    /// `user.transferred`: the user's `sub` at the sending team, when this store knew it.
+    var formerSub: String? = nil
+    /// `user.transferred`: Apple's transfer id, the key the sending team's data export uses.
+    var transferSubject: String? = nil
 }
 
 /// Queues each event in the store's outbox, from where it is POSTed to the app as
@@ -82,11 +89,18 @@ final class AppEvents: Sendable {
         if let v = event.email { claims["email"] = v }
         if let v = event.emailForwarding { claims["email_forwarding"] = v }
         if let v = event.session { claims["session"] = v }
+        if let v = event.formerSub { claims["former_sub"] = v }
+        if let v = event.transferSubject { claims["transfer_sub"] = v }
         let json = (try? JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys])).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         let job = OutboxJob(id: "event-" + id, kind: .event, payload: url + " " + event.kind.rawValue + " " + json, nextAttempt: t, created: t)
         outbox.enqueueInBackground(job) { error in
             self.logger.error("an event for the app could not be queued: it is lost", metadata: ["type": "\(event.kind.rawValue)", "error": "\(error)"])
         }
+    }
+
+    /// `user.transferred` for a user just mapped to their new `sub` (`reason`: `import` or `sign_in`).
+    func transferred(_ user: TransferredUser, reason: String) {
+        emit(AppEvent(kind: .userTransferred, sub: user.sub, reason: reason, formerSub: user.formerSub, transferSubject: user.transferSubject))
     }
 
     /// The JWS one delivery of `job` sends, signed now by `signer`; nil for a payload that is

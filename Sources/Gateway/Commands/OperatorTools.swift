@@ -3,7 +3,7 @@ import Logging
 import NIOPosix
 import Sessions
 
-/// What the operator commands (`sessiongate sessions …`) do to the configured Redis store,
+/// What the operator commands (`sessiongate sessions …`, `migrate import`'s events) do to the configured Redis store,
 /// through the core a running gateway uses (`GatewayComposition`): the same bounded store, the
 /// same revocation path — its fleet message, its `user.revoked` event for the app
 /// (`events.url`), its log line. The command reads the same files `serve` reads.
@@ -43,6 +43,12 @@ public struct OperatorTools: Sendable {
         let event: (AppEventKind, String) = forget ? (.userDeleted, "operator") : (.userRevoked, "operator")
         let outcome = try await core.revocations.revokeUser(sub, source: .operator_, keep: absoluteTimeout, forget: forgetting, event: event, on: loop).get()
         return (outcome.ended, queued)
+    }
+
+    /// Tells the app that `migrate import` mapped `user` (`user.transferred`, reason `import`),
+    /// as a running gateway tells it when a sign-in maps one; `close` waits for its first attempt.
+    public func transferred(_ user: TransferredUser) {
+        parts.core.events?.transferred(user, reason: "import")
     }
 
     /// Waits for the event's first delivery attempt, then closes the connections.

@@ -61,8 +61,8 @@ extension AuthEndpointGuard {
 
     /// The 60 days after an app transfer: an identity token whose `transfer_sub` names a user
     /// `migrate import` loaded but did not map (a missed batch) maps them now, before the session
-    /// is made, so that it carries their link, profile and allow-list entries. Failures are
-    /// logged; the sign-in goes on (a later sign-in maps them).
+    /// is made, so that it carries their link, profile and allow-list entries, and the app is
+    /// told `user.transferred`. Failures are logged; the sign-in goes on (a later sign-in maps them).
     func arriveByTransfer(_ identity: AppleIdentity, on loop: any EventLoop) async {
         guard let id = identity.transferSubject else { return }
         do {
@@ -71,6 +71,8 @@ extension AuthEndpointGuard {
             guard let outcome = try await TransferArrival.apply(record, to: identity.subject, email: identity.email, privateEmail: identity.isPrivateEmail == true,
                                                                 exported: TransferLine.exported(in: record), store: core.store, at: core.now(), keep: auth.absoluteTimeout, on: loop) else { return }
             if let from = record.from { core.revocations.invalidateUser(from, on: loop) }
+            guard !outcome.alreadyMapped else { return }
+            core.events?.transferred(TransferredUser(sub: identity.subject, formerSub: record.from, transferSubject: id), reason: "sign_in")
             core.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
                                                                              "linked": "\(outcome.account != nil)"])
         } catch {

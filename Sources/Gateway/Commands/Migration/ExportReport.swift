@@ -20,6 +20,7 @@ extension ExportReport {
             lines.append("\(refused.count) refused by Apple (consent revoked or unknown to Apple; they cannot move): " + refused.joined(separator: " "))
         }
         if !failed.isEmpty { lines.append("\(failed.count) not exported (Apple or the store did not answer): run the same command again to finish") }
+        lines.append("your own mapping (sub → transfer id) for re-keying your data export: \(TransferMapping.path(beside: file)) (keep it; never give it to the recipient)")
         return lines
     }
 }

@@ -4,9 +4,12 @@ import Sessions
 
 /// The sending team's half of a transfer.
 extension Migration {
-    /// For every user the store knows: their transfer id for team `target`, and a line in
-    /// `file` with what the recipient needs. Resumable: users already in the file are skipped,
-    /// and an id this store already holds is not asked for again.
+    /// For every user the store knows: their transfer id for team `target`, a line in `file`
+    /// with what the recipient needs, and a line in the sending team's own mapping beside it
+    /// (`TransferMapping`). Resumable: users already in the file are skipped, and an id this
+    /// store already holds for `target` is not asked for again (an id is only good for the team
+    /// it was asked for: another target asks Apple again). A file made for another team is
+    /// refused. Each run renews the store's records (`TransferRecord.lifetime`).
     public func export(target: String, to file: String) async throws -> ExportReport {
         guard GatewayConfiguration.Apple.isIdentifier(target) else { throw MigrationError("--target \(target): not a Team ID (ten upper-case letters and digits)") }
         guard target != configuration.apple?.teamID else { throw MigrationError("--target \(target) is this configuration's own apple.team_id") }
@@ -19,8 +22,11 @@ extension Migration {
                 }
             }
         }
-        var known: [String: String] = [:]  // sub → transfer id this store already holds
-        for record in try await store.transfers(on: loop).get() { if let from = record.from { known[from] = record.id } }
+        let mapping = try TransferMapping(beside: file, target: target)
+        var known: [String: String] = [:]  // sub → transfer id for `target` this store already holds
+        for record in try await store.transfers(on: loop).get() where record.target == target {
+            if let from = record.from { known[from] = record.id }
+        }
         let users = Set(try await store.users(on: loop).get()).sorted()  // SCAN may name a key twice
         guard let output = FileHandle(forWritingAtPath: file) ?? (FileManager.default.createFile(atPath: file, contents: nil, attributes: [.posixPermissions: 0o600])
                                                                   ? FileHandle(forWritingAtPath: file) : nil) else {
@@ -38,7 +44,13 @@ extension Migration {
             try? handle.close()
         }
         for sub in users {
-            if let id = known[sub], inFile.contains(id) { report.alreadyInFile += 1; continue }
+            if let id = known[sub], inFile.contains(id) {
+                // Renewed: an export made long before the transfer still reaches the end of the window.
+                do { try await store.putTransfer(TransferRecord(id: id, from: sub, target: target), on: loop).get() } catch { report.failed.append(sub); continue }
+                try mapping.add(sub: sub, transferSubject: id)  // a run stopped between the two files
+                report.alreadyInFile += 1
+                continue
+            }
             var id = known[sub]
             if id == nil {
                 let access = try await accessToken(token)
@@ -50,13 +62,19 @@ extension Migration {
                 case .transient, .subject: report.failed.append(sub); continue
                 }
                 // The store first: a run that stops before the line is written writes it next time without asking Apple.
-                do { try await store.putTransfer(TransferRecord(id: id!, from: sub), on: loop).get() } catch { report.failed.append(sub); continue }
+                do { try await store.putTransfer(TransferRecord(id: id!, from: sub, target: target), on: loop).get() } catch { report.failed.append(sub); continue }
             }
-            guard let id, !inFile.contains(id) else { continue }
+            guard let id else { continue }
             known[sub] = id
+            if inFile.contains(id) {  // asked again for a record of an earlier version (no target): the same id
+                try mapping.add(sub: sub, transferSubject: id)
+                report.alreadyInFile += 1
+                continue
+            }
             do {
                 let line = try await exportLine(sub: sub, transferSubject: id)
                 try output.write(contentsOf: Data((line.json + "\n").utf8))
+                try mapping.add(sub: sub, transferSubject: id)
                 inFile.insert(id)
                 report.exported += 1
             } catch let failure as MigrationError {

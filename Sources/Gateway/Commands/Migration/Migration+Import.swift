@@ -5,8 +5,8 @@ import Sessions
 extension Migration {
     /// Loads every line of `file` into the store (so a sign-in can map anyone the batch does not
     /// reach), then exchanges each transfer id not yet mapped for the user's `sub` here and moves
-    /// the user to it. Resumable: mapped lines are skipped. The file is read whole first: a
-    /// malformed line stops the import before anything changes.
+    /// the user to it, telling the app (`user.transferred`). Resumable: mapped lines are skipped.
+    /// The file is read whole first: a malformed line stops the import before anything changes.
     public func importFile(_ file: String) async throws -> ImportReport {
         var rows: [TransferLine] = []
         var seen = Set<String>()
@@ -47,10 +47,16 @@ extension Migration {
                         report.failed.append(row.transferSubject)  // a sign-in is moving them right now: the next run sees it done
                         continue
                     }
+                    if outcome.alreadyMapped {  // a sign-in moved them while we waited (and told the app)
+                        report.alreadyMapped += 1
+                        note(row, record: record, to: sub, in: &report)
+                        continue
+                    }
                     // Running gateways drop both identities from their caches: the old one's
                     // sessions ended, the new one's (if any) gain the link.
                     if let from = record.from { await publish(.user(from)) }
                     await publish(.user(sub))
+                    await transferred(TransferredUser(sub: sub, formerSub: record.from, transferSubject: row.transferSubject))
                     report.moved += 1
                     report.sessionsEnded += outcome.sessionsEnded
                     if outcome.account != nil { report.linksMoved += 1 }
@@ -59,7 +65,11 @@ extension Migration {
                 } catch {
                     report.failed.append(row.transferSubject)
                 }
-            case .refused: report.refused.append(row.transferSubject)
+            case .refused:
+                // Left behind: the exported line stays (its name, email and link) until the record
+                // expires, in case Apple maps the user at a sign-in after all.
+                report.refused.append(row.transferSubject)
+                if let account = row.account { report.refusedAccounts[row.transferSubject] = account }
             case .clientMisconfigured(let error): throw MigrationError("Apple refused our client credentials (\(error)) after \(report.moved) users; run again once fixed")
             case .transient, .transferSubject: report.failed.append(row.transferSubject)
             }

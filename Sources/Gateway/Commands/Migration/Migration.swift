@@ -20,6 +20,8 @@ public struct Migration: Sendable {
     let clientID: String
     /// Tells running gateways to drop a user's sessions from their caches.
     let publish: @Sendable (FleetMessage) async -> Void
+    /// Tells the app a user was mapped (`user.transferred`).
+    let transferred: @Sendable (TransferredUser) async -> Void
     let pacer: Pacer
     let loop: any EventLoop
     /// The first retry's wait (doubled at each attempt) when Apple names none.
@@ -30,12 +32,14 @@ public struct Migration: Sendable {
     let keep: Int64
 
     init(configuration: GatewayConfiguration, store: any SessionStore, tokens: AppleTokenClient, clientID: String, pacer: Pacer, retryDelay: Duration,
-         loop: any EventLoop, now: @escaping @Sendable () -> Int64, publish: @escaping @Sendable (FleetMessage) async -> Void) {
+         loop: any EventLoop, now: @escaping @Sendable () -> Int64, publish: @escaping @Sendable (FleetMessage) async -> Void,
+         transferred: @escaping @Sendable (TransferredUser) async -> Void) {
         self.configuration = configuration
         self.store = store
         self.tokens = tokens
         self.clientID = clientID
         self.publish = publish
+        self.transferred = transferred
         self.pacer = pacer
         self.loop = loop
         self.retryDelay = retryDelay
@@ -49,11 +53,13 @@ public struct Migration: Sendable {
     ///   - clientID: one of `apple.client_ids` (default: the first).
     ///   - perSecond: Apple calls per second at most.
     ///   - publish: tells running gateways to drop a user's sessions from their caches.
+    ///   - transferred: tells the app a user was mapped (`user.transferred`; `OperatorTools.transferred`).
     /// - Throws: `MigrationError` when the configuration has no `apple:` section or `clientID`
     ///   is not one of its client ids; the key's error when it cannot be read.
     public static func with<T>(configuration: GatewayConfiguration, store: any SessionStore, clientID: String? = nil, perSecond: Double = 10,
                                retryDelay: Duration = .seconds(1), logger: Logger, now: @escaping @Sendable () -> Int64 = SessionClock.now,
                                publish: @escaping @Sendable (FleetMessage) async -> Void = { _ in },
+                               transferred: @escaping @Sendable (TransferredUser) async -> Void = { _ in },
                                _ body: (Migration) async throws -> T) async throws -> T {
         guard let a = configuration.apple else { throw MigrationError("the configuration has no apple: section") }
         let client = HTTPClient(eventLoopGroupProvider: .shared(MultiThreadedEventLoopGroup.singleton))
@@ -62,7 +68,7 @@ public struct Migration: Sendable {
             if let clientID, !a.clientIDs.contains(clientID) { throw MigrationError("--client-id \(clientID) is not one of apple.client_ids") }
             let migration = Migration(configuration: configuration, store: store, tokens: apple.tokens, clientID: clientID ?? a.clientIDs[0],
                                       pacer: Pacer(perSecond: perSecond), retryDelay: retryDelay, loop: MultiThreadedEventLoopGroup.singleton.next(),
-                                      now: now, publish: publish)
+                                      now: now, publish: publish, transferred: transferred)
             let result = try await body(migration)
             try? await client.shutdown()
             return result

@@ -11,7 +11,7 @@ public enum TransferChecklist {
         var users = 0
         /// Users `migrate export` asked Apple about (records with a `from`).
         var exported = 0
-        /// Lines `migrate import` loaded (records with `data`).
+        /// Lines `migrate import` loaded (records with `data`, or mapped: the mapping drops `data`).
         var loaded = 0
         /// Users mapped to their new `sub` (by the import or at sign-in).
         var mapped = 0
@@ -43,7 +43,7 @@ public enum TransferChecklist {
                 stale.append("routes[\(route.name)].allow.users: replace \"\(from)\" with \"\(to)\"")
             }
         }
-        return Progress(users: users.count, exported: records.filter { $0.from != nil }.count, loaded: records.filter { $0.data != nil }.count,
+        return Progress(users: users.count, exported: records.filter { $0.from != nil }.count, loaded: records.filter { $0.data != nil || $0.to != nil }.count,
                         mapped: records.filter { $0.to != nil }.count, stale: stale.sorted())
     }
 
@@ -63,17 +63,23 @@ public enum TransferChecklist {
             "  1. Ungroup the app from any Sign in with Apple app group (App Store Connect refuses the transfer otherwise).",
             "  2. sessiongate migrate export --config <sending team's file> --target <recipient Team ID> --out transfer.jsonl",
             "     Run it again until it reports no failures (users who revoked consent stay refused); it resumes.\(status("this store: \(state?.exported ?? 0) of \(state?.users ?? 0) users exported"))",
-            "  3. Give transfer.jsonl to the recipient: it names users by transfer id only (no sub, no relay address).",
+            "  3. Give transfer.jsonl to the recipient: it names users by transfer id only (no sub, no relay address). Keep",
+            "     transfer.jsonl.mapping.jsonl (your sub → transfer id) to re-key your own data export; never give it away.",
             "During the 60 days after the transfer: the recipient",
             "  4. Its own apple: section (team_id, key_id, private_key_file) with the app's client_ids; sessiongate check --online.",
-            "  5. sessiongate migrate import --config <recipient's file> transfer.jsonl",
-            "     Run it again until it reports no failures; put the allow.users entries it prints in the file and reload (SIGHUP).\(status("this store: \(state?.mapped ?? 0) mapped of \(max(state?.loaded ?? 0, state?.mapped ?? 0)) loaded"))",
-            "  6. What users see: their session ends once; they sign in with Apple again (no new consent screen) and reach the same",
+            "  5. Register the recipient's email sources for Apple's private email relay (Certificates, Identifiers & Profiles >",
+            "     Services > Sign in with Apple for Email Communication: the domains and addresses the app sends mail from). Relay",
+            "     users get new relay addresses with the transfer, and the relay delivers only mail from this team's registered",
+            "     sources (TN3159): without them, mail to every relay user bounces.",
+            "  6. sessiongate migrate import --config <recipient's file> transfer.jsonl",
+            "     Run it again while it exits 2; exit 3 lists the users Apple refused (left behind). Put the allow.users entries it",
+            "     prints in the file and reload (SIGHUP); the app hears user.transferred for each user mapped and re-keys its rows.\(status("this store: \(state?.mapped ?? 0) mapped of \(max(state?.loaded ?? 0, state?.mapped ?? 0)) loaded"))",
+            "  7. What users see: their session ends once; they sign in with Apple again (no new consent screen) and reach the same",
             "     account. Anyone the import has not mapped yet is mapped at that sign-in (Apple's token carries transfer_sub).",
             "After day 60",
-            "  7. Apple refuses every exchange and stops sending transfer_sub: a user never mapped arrives as a new user. Run the",
+            "  8. Apple refuses every exchange and stops sending transfer_sub: a user never mapped arrives as a new user. Run the",
             "     import a last time before then.",
-            "  8. Replace allow.users entries that still name a former sub (they keep matching the mapped user meanwhile).",
+            "  9. Replace allow.users entries that still name a former sub (they keep matching the mapped user meanwhile).",
         ].filter { !$0.isEmpty }
         lines += (state?.stale ?? []).map { "     \($0)" }
         return lines
