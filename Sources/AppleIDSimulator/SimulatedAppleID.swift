@@ -67,6 +67,8 @@ public final class SimulatedAppleID: Sendable {
         public var tokenFailureStatus: Int? = nil
         /// Answer `/auth/revoke` with this status (e.g. 503) without revoking anything.
         public var revokeFailureStatus: Int? = nil
+        /// Answer `/auth/keys` with this status (e.g. 503): Apple's key set unreachable.
+        public var keysFailureStatus: Int? = nil
         /// `event_time` of notifications in milliseconds (as observed) instead of seconds.
         public var eventTimeInMilliseconds = true
         /// `account-delete` (observed) or `account-deleted` (current docs).
@@ -171,6 +173,9 @@ public final class SimulatedAppleID: Sendable {
     func route(_ request: SimulatorRequest, path: String) -> SimulatorResponse {
         switch (request.head.method, path) {
         case (.GET, "/auth/keys"):
+            if let status = faults.withLockedValue({ $0.keysFailureStatus }) {
+                return Self.error(HTTPResponseStatus(statusCode: status), "server_error")
+            }
             return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
         case (.GET, "/.well-known/openid-configuration"):
             return Self.json(discoveryDocument())
