@@ -133,6 +133,7 @@ extension SimulatedAppleID {
                 if let v = body["token_failure_status"] as? NSNumber { f.tokenFailureStatus = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["throttle_interval"] as? NSNumber { f.throttleInterval = v.int64Value }
                 if let v = body["revoke_failure_status"] as? NSNumber { f.revokeFailureStatus = v.intValue == 0 ? nil : v.intValue }
+                if let v = body["keys_failure_status"] as? NSNumber { f.keysFailureStatus = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["reject_client_secrets"] as? Bool { f.rejectClientSecrets = v }
                 if let v = body["retry_after"] as? NSNumber { f.retryAfter = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["refresh_returns_id_token"] as? Bool { f.refreshReturnsIDToken = v }

@@ -17,8 +17,9 @@ public final class SimulatedAppleID: Sendable {
         public var keys: [String: P256.Signing.PublicKey]
         /// Registered client ids: a Services ID with its return URLs, or an App ID with none.
         public var clients: [String: [String]]
-        /// Return URLs must be https, as Apple requires; tests and the demo on one machine set
-        /// this to accept `http://` on a loopback host (localhost, 127.0.0.1, [::1]).
+        /// Return URLs must be https to a domain name, as Apple requires (no IP address, no
+        /// `localhost`); tests and the demo on one machine set this to accept a loopback host
+        /// (localhost, 127.0.0.1, [::1]), over `http://` or `https://`.
         public var allowsLoopbackHTTP: Bool
 
         public init(teamID: String, keys: [String: P256.Signing.PublicKey], clients: [String: [String]] = [:], allowsLoopbackHTTP: Bool = false) {
@@ -28,13 +29,28 @@ public final class SimulatedAppleID: Sendable {
             self.allowsLoopbackHTTP = allowsLoopbackHTTP
         }
 
-        /// Whether Apple would send a browser to `url`: https, or loopback http when allowed.
-        func acceptsReturnURL(_ url: String) -> Bool {
+        /// Whether Apple would send a browser to `url` (apple-sign-in.md §1.1, §11.7): https, a
+        /// domain name (no IP literal, no `localhost`), no fragment, no credentials; a loopback
+        /// host over http or https only when allowed. Apple's answer to any other is
+        /// `unauthorized_client` "Invalid web redirect url" at `/auth/authorize`.
+        public func acceptsReturnURL(_ url: String) -> Bool {
             let lower = url.lowercased()
-            if lower.hasPrefix("https://") { return true }
-            guard allowsLoopbackHTTP, lower.hasPrefix("http://") else { return false }
-            let host = lower.dropFirst(7).prefix { $0 != "/" && $0 != "?" }
-            return ["localhost", "127.0.0.1", "[::1]"].contains(host.hasPrefix("[") ? String(host.prefix { $0 != "]" }) + "]" : String(host.prefix { $0 != ":" }))
+            guard let scheme = ["https://", "http://"].first(where: lower.hasPrefix), !lower.contains("#") else { return false }
+            let authority = lower.dropFirst(scheme.count).prefix { $0 != "/" && $0 != "?" }
+            guard !authority.isEmpty, !authority.contains("@") else { return false }
+            let host = authority.hasPrefix("[") ? String(authority.prefix { $0 != "]" }) + "]" : String(authority.prefix { $0 != ":" })
+            if ["localhost", "127.0.0.1", "[::1]"].contains(host) { return allowsLoopbackHTTP }
+            return scheme == "https://" && Self.isDomainName(host)
+        }
+
+        /// A host name Apple registers: not an IP literal (v4 dotted digits, or bracketed v6),
+        /// not `localhost` or under it (RFC 6761), with a dot.
+        static func isDomainName(_ host: String) -> Bool {
+            let name = host.hasSuffix(".") ? String(host.dropLast()) : host
+            guard !name.isEmpty, !name.hasPrefix("["), name.contains(".") else { return false }
+            if name == "localhost" || name.hasSuffix(".localhost") { return false }
+            if name.allSatisfy({ $0.isNumber || $0 == "." }) { return false }
+            return name.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-") }
         }
     }
 
@@ -67,6 +83,8 @@ public final class SimulatedAppleID: Sendable {
         public var tokenFailureStatus: Int? = nil
         /// Answer `/auth/revoke` with this status (e.g. 503) without revoking anything.
         public var revokeFailureStatus: Int? = nil
+        /// Answer `/auth/keys` with this status (e.g. 503): Apple's key set unreachable.
+        public var keysFailureStatus: Int? = nil
         /// `event_time` of notifications in milliseconds (as observed) instead of seconds.
         public var eventTimeInMilliseconds = true
         /// `account-delete` (observed) or `account-deleted` (current docs).
@@ -171,6 +189,9 @@ public final class SimulatedAppleID: Sendable {
     func route(_ request: SimulatorRequest, path: String) -> SimulatorResponse {
         switch (request.head.method, path) {
         case (.GET, "/auth/keys"):
+            if let status = faults.withLockedValue({ $0.keysFailureStatus }) {
+                return Self.error(HTTPResponseStatus(statusCode: status), "server_error")
+            }
             return (try? signingKeys.jwks()).map(Self.json) ?? Self.error(.internalServerError, "server_error")
         case (.GET, "/.well-known/openid-configuration"):
             return Self.json(discoveryDocument())

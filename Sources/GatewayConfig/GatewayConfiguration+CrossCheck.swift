@@ -17,8 +17,41 @@ extension GatewayConfiguration {
            server.listen.host == server.adminListen.host || wildcard.contains(server.listen.host) || wildcard.contains(server.adminListen.host) {
             r.report(Self.path(.server, Server.Key.adminListen), "\(server.adminListen) is the public listener's address (server.listen \(server.listen)); give the admin listener its own port")
         }
+        checkAppleReturnURL(r)
         guard routes.contains(where: { $0.auth != .public }) else { return }
         checkSignIn(r, root)
+    }
+
+    /// Apple's return URL is `public_url` + `auth_prefix` + `/callback`, and Apple accepts only
+    /// https to a domain name (no IP address, no `localhost`: apple-sign-in.md §1.1, §11.7). With
+    /// Apple's own `base_url` any other is an error here rather than Apple's error page at every
+    /// sign-in. With another `base_url` (the Apple ID simulator) the simulator judges: it takes
+    /// loopback http only behind its explicit `--allow-http-loopback`.
+    private func checkAppleReturnURL(_ r: ConfigReader) {
+        guard let apple, Self.isApplesOwn(baseURL: apple.baseURL), let url = server.publicURL,
+              let problem = Self.appleReturnURLProblem(publicURL: url) else { return }
+        r.report(Self.path(.server, Server.Key.publicURL),
+                 "\(problem): Apple refuses the return URL \(url)\(server.authPrefix)/callback (https and a domain name only); with the Apple ID simulator, set apple.base_url to it")
+    }
+
+    /// Whether `base_url` (an origin) is Apple's own `appleid.apple.com`.
+    static func isApplesOwn(baseURL: String) -> Bool {
+        let authority = baseURL.lowercased().split(separator: "/").dropFirst().first.map(String.init) ?? ""
+        let host = authority.prefix { $0 != ":" }
+        return host == "appleid.apple.com" || host == "appleid.apple.com."
+    }
+
+    /// Why Apple would refuse `public_url` (an origin) as the base of its return URL, or nil.
+    static func appleReturnURLProblem(publicURL: String) -> String? {
+        let lower = publicURL.lowercased()
+        guard lower.hasPrefix("https://") else { return "not https" }
+        let authority = String(lower.dropFirst("https://".count))
+        if authority.hasPrefix("[") { return "an IP address" }
+        let host = authority.prefix { $0 != ":" }
+        let name = host.hasSuffix(".") ? host.dropLast() : host
+        if name == "localhost" || name.hasSuffix(".localhost") { return "localhost" }
+        if IPAddress.parse(String(name)) != nil || name.allSatisfy({ $0.isNumber || $0 == "." }) { return "an IP address" }
+        return nil
     }
 
     /// A route that needs sign-in needs Apple, a public URL and a session secret.

@@ -43,7 +43,7 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
     @Flag(name: .customLong("auto-consent"), help: "Consent at once as the first user instead of showing the consent page.")
     var autoConsent = false
 
-    @Flag(name: .customLong("allow-http-loopback"), help: "Accept http:// return URLs on localhost, 127.0.0.1 or [::1] (Apple accepts https only).")
+    @Flag(name: .customLong("allow-http-loopback"), help: "Accept return URLs on localhost, 127.0.0.1 or [::1], over http:// or https:// (Apple accepts https to a domain name only: no IP address, no localhost).")
     var allowHTTPLoopback = false
 
     func run() async throws {
@@ -56,8 +56,10 @@ struct AppleSimulatorCommand: AsyncParsableCommand {
             clients[String(parts[0])] = parts[1].split(separator: ",").map(String.init)
         }
         for app in appIDs { clients[app] = [] }
-        if !loopbackHTTP, let url = clients.values.joined().first(where: { !$0.lowercased().hasPrefix("https://") }) {
-            throw ValidationError("--web-client: \(url) is not https (Apple accepts https only); on this machine, add --allow-http-loopback")
+        let rules = SimulatedAppleID.Team(teamID: teamID, keys: [:], clients: clients, allowsLoopbackHTTP: loopbackHTTP)
+        if let url = clients.values.joined().first(where: { !rules.acceptsReturnURL($0) }) {
+            throw ValidationError("--web-client: Apple refuses \(url): https to a domain name only (no IP address, no localhost, no fragment)"
+                                  + (loopbackHTTP ? "" : "; for localhost, 127.0.0.1 or [::1] on this machine, add --allow-http-loopback"))
         }
 
         let key: P256.Signing.PrivateKey

@@ -83,10 +83,19 @@ struct SimulatorFidelityTests {
         }
     }
 
-    @Test("return URLs: https only, unless the team allows http on a loopback host", arguments: [
-        ("https://app.example.com/cb", false, true), ("http://localhost:8080/cb", false, false), ("http://localhost:8080/cb", true, true),
+    @Test("return URLs: https to a domain name only, as Apple; loopback (http or https) only when the team allows it", arguments: [
+        ("https://app.example.com/cb", false, true), ("https://app.example.com:8443/cb?x=1", false, true),
+        ("http://localhost:8080/cb", false, false), ("http://localhost:8080/cb", true, true),
         ("http://127.0.0.1/cb", true, true), ("http://[::1]:9/cb", true, true), ("http://app.example.com/cb", true, false),
         ("http://localhost.evil.com/cb", true, false),
+        // Apple: no IP address, no localhost, even over https (apple-sign-in.md §1.1, §11.7).
+        ("https://203.0.113.7/cb", false, false), ("https://127.0.0.1/cb", false, false), ("https://[::1]/cb", false, false),
+        ("https://[2001:db8::1]:8443/cb", false, false), ("https://localhost/cb", false, false), ("https://LocalHost:8443/cb", false, false),
+        ("https://app.localhost/cb", false, false), ("https://localhost./cb", false, false),
+        ("https://127.0.0.1/cb", true, true), ("https://localhost:8443/cb", true, true), ("https://203.0.113.7/cb", true, false),
+        // Nor a fragment, nor credentials.
+        ("https://app.example.com/cb#x", false, false), ("https://user@app.example.com/cb", false, false),
+        ("https://localhost.evil.com/cb", false, true), ("https://127.0.0.1.nip.io/cb", false, true),
     ] as [(String, Bool, Bool)])
     func returnURLs(url: String, loopback: Bool, accepted: Bool) {
         let team = SimulatedAppleID.Team(teamID: "T", keys: [:], clients: ["c": [url]], allowsLoopbackHTTP: loopback)

@@ -276,7 +276,7 @@ struct ConfigLoadingTests {
         #expect(Set(result.errors.map(\.path)) == ["apple", "server.public_url", "session.secret_file"])
         let memory = GatewayConfiguration.parse(yaml: """
             server:
-              public_url: "http://localhost:8080"
+              public_url: "https://app.example.com"
             apple:
               team_id: "ABCDE12345"
               key_id: "KEY1234567"
@@ -289,6 +289,48 @@ struct ConfigLoadingTests {
         #expect(memory.errors == [], "\(memory.errors)")
         #expect(memory.warnings.map(\.path) == ["apple.client_ids", "session.secret_file"])
         #expect(memory.configuration?.routes[0].auth == .required, "auth defaults to required")
+    }
+
+    /// The return URL Apple is given is `public_url` + `auth_prefix` + `/callback`: with Apple's
+    /// own `base_url`, a URL Apple refuses (http, an IP address, localhost) is an error at
+    /// `server.public_url`; with the simulator's, the simulator is the judge (loopback http only
+    /// behind its `--allow-http-loopback`), so it passes.
+    @Test("server.public_url with Apple's base_url: https and a domain name, else an error with its line", arguments: [
+        ("a domain over https", "https://app.example.com", nil, false),
+        ("a domain over https, with a port", "https://app.example.com:8443", nil, false),
+        ("Apple's base_url written out", "https://app.example.com", "https://appleid.apple.com", false),
+        ("plain http", "http://app.example.com", nil, true),
+        ("plain http, base_url written out", "http://app.example.com", "https://appleid.apple.com/", true),
+        ("an IPv4 literal over https", "https://203.0.113.7", nil, true),
+        ("an IPv6 literal over https", "https://[2001:db8::1]:8443", nil, true),
+        ("localhost over https", "https://localhost:8443", nil, true),
+        ("LOCALHOST in capitals", "https://LOCALHOST", nil, true),
+        ("a .localhost name", "https://app.localhost", nil, true),
+        ("loopback http", "http://localhost:8080", nil, true),
+        ("loopback http with the simulator", "http://localhost:8080", "http://127.0.0.1:9092", false),
+        ("an IP literal with the simulator", "http://127.0.0.1:8080", "http://127.0.0.1:9092", false),
+    ] as [(String, String, String?, Bool)])
+    func appleReturnURL(name: String, publicURL: String, baseURL: String?, refused: Bool) throws {
+        let yaml = """
+            server:
+              public_url: "\(publicURL)"
+            apple:
+              team_id: "ABCDE12345"
+              key_id: "KEY1234567"
+              client_ids: ["com.example.web", "com.example.app"]
+              private_key_file: "/dev/null"\(baseURL.map { "\n  base_url: \"\($0)\"" } ?? "")
+            routes:
+              - name: app
+                upstream: "http://127.0.0.1:9000"
+            """
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        let problem = result.errors.first { $0.path == "server.public_url" }
+        #expect((problem != nil) == refused, "\(name): \(result.errors)")
+        if let problem {
+            #expect(problem.line == 2, "\(name): at the key's line")
+            #expect(problem.message.contains("Apple") && problem.message.contains("https"), "\(name): \(problem.message)")
+            #expect(problem.description.hasPrefix("2:"), "\(name): \(problem.description)")
+        }
     }
 
     @Test("a missing file is an error, not a crash")

@@ -18,7 +18,7 @@ struct HostNameTests {
             // A route that needs sign-in, so that `allow` means something; in memory, so no secret.
             let signIn = """
                 server:
-                  public_url: "http://localhost:8080"
+                  public_url: "https://app.example.com"
                 apple:
                   team_id: ABCDE12345
                   key_id: KEY1234567

@@ -113,7 +113,7 @@ struct LinkingTests {
             asked.withLockedValue { $0.append((request.head.headers.first(name: "authorization"), body)) }
             if down.withLockedValue({ $0 }) { return SimpleResponse(status: .internalServerError, "down") }
             return body.contains("ada@example.org")
-                ? SimpleResponse(contentType: "application/json", #"{"account":"legacy-17"}"#)
+                ? SimpleResponse(contentType: "application/json", #"{"account":"legacy-17","email_verified":true}"#)
                 : SimpleResponse(status: .notFound, "")
         }, stop: { await $0.close() }) { app in
             setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
@@ -153,6 +153,71 @@ struct LinkingTests {
                 #expect(asked.withLockedValue { $0.count } == 3)
             }
         }
+    }
+
+    @Test("link_lookup_url: an answer that does not say the app verified the email links nothing; the user goes on unlinked, and the links API still links them")
+    func lookupNeedsTheAppsVerification() async throws {
+        // Per email, what the app answers: only the last says the app verified the address.
+        let answers = [
+            "absent@example.org": #"{"account":"legacy-1"}"#,
+            "false@example.org": #"{"account":"legacy-2","email_verified":false}"#,
+            "string@example.org": #"{"account":"legacy-3","email_verified":"true"}"#,
+            "verified@example.org": #"{"account":"legacy-4","email_verified":true}"#,
+        ]
+        let asked = NIOLockedValueBox<Int>(0)
+        try await withTeardown(SimpleHTTPServer.start(host: "127.0.0.1", port: 0, group: MultiThreadedEventLoopGroup.singleton) { request in
+            let body = String(buffer: request.body)
+            asked.withLockedValue { $0 += 1 }
+            guard let answer = answers.first(where: { body.contains($0.key) })?.value else { return SimpleResponse(status: .notFound, "") }
+            return SimpleResponse(contentType: "application/json", answer)
+        }, stop: { await $0.close() }) { app in
+            setenv("SG_TEST_LINKS_SECRET", Self.secret, 1)
+            try await SignInHarness.with(store: .memory, configure: { c in
+                c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
+                c.identity.linkLookupURL = "http://127.0.0.1:\(app.localAddress?.port ?? 0)/lookup"
+            }) { h throws in  // (its only throwing calls are inside #expect)
+                for (email, account) in [("absent@example.org", nil), ("false@example.org", nil), ("string@example.org", nil),
+                                         ("verified@example.org", "legacy-4")] as [(String, String?)] {
+                    let sub = h.simulator.createUser(email: email, privateEmail: false)
+                    let browser = TestBrowser(gatewayOrigin: h.origin)
+                    #expect(try await browser.signIn(from: "/x", as: sub).callback?.status == 303, "\(email): the sign-in goes on")
+                    #expect(try await browser.request("/x").status == 200)
+                    #expect(seen(h, "x-auth-account") == (account.map { [$0] } ?? []), "\(email)")
+                    if account == nil {
+                        // The app's own confirmation step (the links API) remains the way.
+                        #expect(try await Self.post(browser, #"{"sub":"\#(sub)","account":"confirmed-\#(email)"}"#).status == 200)
+                        #expect(try await browser.request("/x").status == 200)
+                        #expect(seen(h, "x-auth-account") == ["confirmed-\(email)"], "\(email)")
+                    }
+                }
+                #expect(asked.withLockedValue { $0 } == 4, "each was asked once")
+            }
+        }
+    }
+
+    @Test("the app's lookup answer links only with email_verified as a JSON true", arguments: [
+        (#"{"account":"42","email_verified":true}"#, LinkLookup.Answer.account("42")),
+        (#"{"email_verified":true,"account":"42","extra":[1]}"#, .account("42")),
+        (#"{"account":"42"}"#, .unverified),
+        (#"{"account":"42","email_verified":false}"#, .unverified),
+        (#"{"account":"42","email_verified":"true"}"#, .unverified),
+        (#"{"account":"42","email_verified":1}"#, .unverified),
+        (#"{"account":"42","email_verified":null}"#, .unverified),
+        (#"{"account":null,"email_verified":true}"#, .none),
+        (#"{"account":42,"email_verified":true}"#, .none),
+        (#"{}"#, .none), (#"[]"#, .none), ("not json", .none),
+    ] as [(String, LinkLookup.Answer)])
+    func lookupAnswers(body: String, answer: LinkLookup.Answer) {
+        #expect(LinkLookup.answer(json: Data(body.utf8)) == answer, "\(body)")
+    }
+
+    @Test("Apple's claims decide whether an email is looked up at all: present, verified by Apple, not a private relay", arguments: [
+        ("ada@example.org", true as Bool?, false as Bool?, true), ("ada@example.org", true, nil, true),
+        ("ada@example.org", false, false, false), ("ada@example.org", nil, false, false),
+        ("x@privaterelay.appleid.com", true, true, false), ("", true, false, false), (nil, true, false, false),
+    ] as [(String?, Bool?, Bool?, Bool)])
+    func lookupNeedsApplesVerification(email: String?, verified: Bool?, privateEmail: Bool?, asked: Bool) {
+        #expect(LinkLookup.mayLookUp(email: email, verified: verified, privateEmail: privateEmail) == asked)
     }
 
     @Test("a disconnect or a consent revoked keeps the link (the user comes back to the same account); a deletion removes it; without identity.links.secret_file there is no links API")

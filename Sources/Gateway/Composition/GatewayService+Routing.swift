@@ -42,7 +42,7 @@ extension GatewayService {
                        requestGuard: endpoints)
         }
         return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all + c.identity.stripHeaders, identityPrefix: c.identity.headerPrefix,
-                               trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName],
+                               trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName, auth.nameCookieName],
                                origins: origins(c))
     }
 

@@ -37,13 +37,21 @@ extension AuthEndpointGuard {
     }
 
     /// `identity.link_lookup_url`: a user with no link whose verified, non-relay email the app
-    /// knows is linked to that account before the first request. Failures are logged; the
-    /// sign-in goes on either way.
+    /// knows, **and says it verified**, is linked to that account before the first request.
+    /// Failures are logged; the sign-in goes on either way.
     func lookUpLink(_ identity: AppleIdentity, on loop: any EventLoop) async {
         guard let lookup = core.linkLookup, LinkLookup.mayLookUp(identity) else { return }
         do {
-            guard try await core.store.account(linkedTo: identity.subject, on: loop).get() == nil,
-                  let account = await lookup.account(for: identity) else { return }
+            guard try await core.store.account(linkedTo: identity.subject, on: loop).get() == nil else { return }
+            let account: String
+            switch await lookup.account(for: identity) {
+            case .account(let found): account = found
+            case .none: return
+            case .unverified:
+                core.logger.notice("link lookup: the app named an account without saying it verified that email (email_verified: true); no link made",
+                                   metadata: ["sub": "\(identity.subject)"])
+                return
+            }
             guard Self.isAccountID(account) else {
                 core.logger.warning("link lookup: the app answered an account id that cannot be a header value; no link made")
                 return

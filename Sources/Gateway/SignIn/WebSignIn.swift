@@ -45,17 +45,26 @@ extension AuthEndpointGuard {
 
     /// Apple's `form_post`: state and pre-auth cookie checked, the first-time `user` stored before
     /// anything else, the code exchanged, the identity token verified with the nonce, a new
-    /// session issued (any cookie the browser had is replaced), then 303 to `rd`.
+    /// session issued (any cookie the browser had is replaced), then 303 to `rd`. A callback that
+    /// fails before the profile holds the first-time name leaves it sealed in the browser for the
+    /// user's retry (`PendingName`).
     /// - Parameter client: the browser's address (`ClientAddress`): the exchange rate limit's key.
     func callback(form body: ByteBuffer, head: HTTPRequestHead, client: String, on loop: any EventLoop) async -> LocalResponse {
         guard let apple = core.apple else { return Self.notConfigured() }
         let clearLogin = auth.clearCookie(auth.loginCookieName, sameSiteNone: true)
+        let pending = Authenticator.cookie(auth.nameCookieName, in: head.headers)
         var returnTo = "/"
+        var progress = CallbackProgress()
         do {
             guard let form = FormBody.parse(Array(body.readableBytesView)), let state = form["state"], !state.isEmpty else {
                 throw SignInFailure.malformed("The response from Apple was incomplete.")
             }
-            let login = try await takeLogin(state: state, head: head, on: loop)
+            let login: LoginState
+            do { login = try await takeLogin(state: state, head: head, on: loop) } catch SignInFailure.storeUnavailable {
+                // Whose callback this is cannot be told; a verified identity token can still say whose name it carries.
+                (progress.loginUnknown, progress.token, progress.code, progress.name) = (true, form["id_token"], form["code"], form["user"].flatMap(Self.name(fromUserJSON:)))
+                throw SignInFailure.storeUnavailable
+            }
             returnTo = login.returnTo
             if let error = form["error"] {
                 guard error != "user_cancelled_authorize" else {
@@ -70,25 +79,82 @@ extension AuthEndpointGuard {
             guard let code = form["code"], !code.isEmpty else { throw SignInFailure.malformed("The response from Apple had no authorization code.") }
             // The `user` JSON comes once, ever: keep it under the user before anything can fail.
             let name = form["user"].flatMap(Self.name(fromUserJSON:))
+            (progress.loginVerified, progress.token, progress.code, progress.nonce, progress.name) = (true, form["id_token"], code, login.nonce, name)
             if let token = form["id_token"] {
+                progress.tokenTried = true
                 let early: AppleIdentity
                 do { early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code) } catch { throw SignInFailure.identityToken(error) }
-                if let name { try await storeCall { try await core.store.saveProfile(UserProfile(sub: early.subject, name: name), on: loop).get() } }
+                progress.subject = early.subject
+                if let known = name ?? pendingName(pending, of: early.subject) {
+                    try await storeCall { try await core.store.saveProfile(UserProfile(sub: early.subject, name: known), on: loop).get() }
+                    progress.saved = true
+                }
             }
             try checkRate(.web, key: ClientAddress.limitKey(client))
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
             await arriveByTransfer(identity, on: loop)
-            let created = try await storeCall { try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name, on: loop).get() }
+            let created = try await storeCall {
+                try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name ?? pendingName(pending, of: identity.subject), on: loop).get()
+            }
             await lookUpLink(identity, on: loop)
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
             core.metrics.recordSignIn(flow: .web, outcome: .ok)
             core.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
-            return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: [auth.sessionCookie(created.cookie), clearLogin])
+            var headers = [auth.sessionCookie(created.cookie), clearLogin]
+            if pending != nil { headers.append(auth.clearCookie(auth.nameCookieName, sameSiteNone: true)) }  // the sign-in completed
+            return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: headers)
         } catch let failure as SignInFailure {
-            return counted(failure, flow: .web).page(startAgain: auth.signInPath(rd: returnTo), clearing: clearLogin)
+            var page = counted(failure, flow: .web).page(startAgain: auth.signInPath(rd: returnTo), clearing: clearLogin)
+            if let keep = await keepName(progress) { page.headers.append(keep) }
+            return page
         } catch {
-            return counted(.storeUnavailable, flow: .web).page(startAgain: auth.signInPath(rd: returnTo), clearing: clearLogin)
+            var page = counted(.storeUnavailable, flow: .web).page(startAgain: auth.signInPath(rd: returnTo), clearing: clearLogin)
+            if let keep = await keepName(progress) { page.headers.append(keep) }
+            return page
         }
+    }
+
+    /// How far a callback got, for keeping the first-time name when it fails.
+    struct CallbackProgress {
+        /// The first-time name Apple sent with this callback.
+        var name: String?
+        /// The profile holds it.
+        var saved = false
+        /// The state and pre-auth cookie matched: this browser's own login.
+        var loginVerified = false
+        /// The store failed before the login state could be read.
+        var loginUnknown = false
+        var token: String?
+        var code: String?
+        var nonce: String?
+        /// The identity token's verification was attempted.
+        var tokenTried = false
+        /// The identity token's verified `sub`.
+        var subject: String?
+    }
+
+    /// The `set-cookie` that keeps the first-time name of a failed callback (`PendingName`), or
+    /// nil: no name, already stored, or no user it can be bound to. A callback whose login is
+    /// not this browser's (no pre-auth cookie, unknown or used state) keeps nothing; one whose
+    /// login could not be read (the store down) keeps the name only for the `sub` of an identity
+    /// token that verifies.
+    func keepName(_ p: CallbackProgress) async -> (String, String)? {
+        guard let name = p.name, !p.saved, p.loginVerified || p.loginUnknown else { return nil }
+        var sub = p.subject
+        if sub == nil, let token = p.token {
+            if !p.tokenTried, let apple = core.apple, let identity = try? await apple.verifier.verify(token, expectedNonce: p.nonce, code: p.code) {
+                sub = identity.subject
+            } else if p.loginVerified {
+                sub = PendingName.unverifiedSubject(of: token)
+            }
+        }
+        guard let sub, let sealed = PendingName.seal(name, sub: sub, nowMilliseconds: core.now(), keys: core.keys) else { return nil }
+        return ("set-cookie", "\(auth.nameCookieName)=\(sealed); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=\(PendingName.lifetime)")
+    }
+
+    /// The name a failed callback kept for `sub` in this browser, if any.
+    func pendingName(_ sealed: String?, of sub: String) -> String? {
+        sealed.flatMap { PendingName.open($0, sub: sub, nowMilliseconds: core.now(), keys: core.keys) }
     }
 
     /// The login this callback completes: its state taken (single use) and its pre-auth cookie
