@@ -64,7 +64,7 @@ struct GatewayProcessTests {
         #expect(listed == 0)
         #expect(lines.filter { $0.contains("com.example.web") }.count == 2, "\(lines)")
         let (revoked, revokeLines) = try await run(["sessions", "revoke", "--sub", "user.a", "--config", path, "--at-apple", "--forget"])
-        #expect(revoked == 0 && revokeLines.contains("revoked user.a: 2 sessions ended; profile and stored tokens deleted"), "\(revokeLines)")
+        #expect(revoked == 0 && revokeLines.contains("revoked user.a: 2 sessions ended; profile, stored tokens and link deleted"), "\(revokeLines)")
         #expect(revokeLines.contains("2 refresh tokens queued for revocation at Apple (the running gateways revoke them)"), "\(revokeLines)")
         // Queued as stored: the gateways' key opens them.
         let queued = try await store.jobs(on: loop).get().compactMap { AppleRevocation(payload: $0.payload) }

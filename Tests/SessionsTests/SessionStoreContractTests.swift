@@ -187,25 +187,36 @@ struct SessionStoreContractTests {
     @Test(arguments: StoreKind.allCases)
     func whatARevocationLeavesExpiresWithItsMarkerUnlessTheUserSignsInAgain(kind: StoreKind) async throws {
         try await StoreFixture.with(kind) { f in
-            for sub in ["user.11", "user.12"] {
-                let (_, session) = record(sub, created: now)
-                try await f.store.create(session, profile: UserProfile(sub: sub, name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
-                try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", grantedAt: now + 100, of: sub, on: f.loop).get()
-                // Revoked (an operator; `invalid_grant` of an older grant): the profile and the
-                // token left are kept only as long as the marker (here 50 ms).
-                #expect(try await f.store.revoke(sub, at: now + 1, keep: 50, forget: .grants, on: f.loop).get().ended == 1)
-            }
-            // user.12 signs in again before that: kept.
-            let (_, again) = record("user.12", created: now + 200)
-            try await f.store.create(again, profile: UserProfile(sub: "user.12"), expiresAt: now + 60_000, on: f.loop).get()
+            // Revoked (an operator; `invalid_grant` of an older grant): the profile and the token
+            // left are kept only as long as the marker (here 50 ms).
+            let (_, gone) = record("user.11", created: now)
+            try await f.store.create(gone, profile: UserProfile(sub: "user.11", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", grantedAt: now + 100, of: "user.11", on: f.loop).get()
+            #expect(try await f.store.revoke("user.11", at: now + 1, keep: 50, forget: .grants, on: f.loop).get().ended == 1)
             let deadline = ContinuousClock.now + .seconds(5)
             while try await f.store.profile(of: "user.11", on: f.loop).get() != nil, ContinuousClock.now < deadline {
                 try await Task.sleep(for: .milliseconds(20))
             }
             #expect(try await f.store.profile(of: "user.11", on: f.loop).get() == nil, "expired with the marker")
             #expect(try await f.store.refreshTokens(of: "user.11", on: f.loop).get().isEmpty)
+            // Revoked with a marker kept a minute, then signed in again: kept for good (the
+            // revocation's expiry is lifted, which Redis shows as no TTL).
+            let (_, back) = record("user.12", created: now)
+            try await f.store.create(back, profile: UserProfile(sub: "user.12", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
+            try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", grantedAt: now + 100, of: "user.12", on: f.loop).get()
+            #expect(try await f.store.revoke("user.12", at: now + 1, keep: 60_000, forget: .grants, on: f.loop).get().ended == 1)
+            if let client = f.client {
+                #expect(try await client.send(["PTTL", .string(f.prefix + "user:{user.12}")]).int ?? -1 > 0, "left to expire")
+            }
+            let (_, again) = record("user.12", created: now + 200)
+            try await f.store.create(again, profile: UserProfile(sub: "user.12"), expiresAt: now + 60_000, on: f.loop).get()
             #expect(try await f.store.profile(of: "user.12", on: f.loop).get()?.name == "Ada", "a user who came back keeps the profile")
             #expect(try await f.store.refreshTokens(of: "user.12", on: f.loop).get() == ["com.example.web": "sealed"])
+            if let client = f.client {
+                for key in ["user:{user.12}", "user:{user.12}:tokens"] {
+                    #expect(try await client.send(["PTTL", .string(f.prefix + key)]).int == -1, "\(key): kept for good")
+                }
+            }
         }
     }
 
