@@ -51,6 +51,7 @@ extension GatewayConfiguration {
         let name = host.hasSuffix(".") ? host.dropLast() : host
         if name == "localhost" || name.hasSuffix(".localhost") { return "localhost" }
         if IPAddress.parse(String(name)) != nil || name.allSatisfy({ $0.isNumber || $0 == "." }) { return "an IP address" }
+        if !name.contains(".") { return "not a domain name" }  // as the simulator's `Team.isDomainName`
         return nil
     }
 

@@ -34,7 +34,9 @@ public enum FormBody {
             }
             i += 1
         }
-        return String(validating: out, as: UTF8.self)
+        // `String(validating:)` needs macOS 15: decode, and refuse if anything was replaced.
+        let text = String(decoding: out, as: UTF8.self)
+        return text.utf8.elementsEqual(out) ? text : nil
     }
 
     /// Percent-encodes everything but RFC 3986 unreserved characters.

@@ -144,6 +144,8 @@ public final class MemorySessionStore: SessionStore {
                 if entry.expiresAt > t { live += 1 }
             }
             if s.userSessions[sub]?.isEmpty == true { s.userSessions[sub] = nil }
+            // A session or a token from after the revocation: the user came back since.
+            let superseded = survives || (s.userTokens[sub]?.values.contains { $0.grantedAt > revokedAt } ?? false)
             switch forget {
             case .nothing: break
             case .grants:
@@ -154,9 +156,9 @@ public final class MemorySessionStore: SessionStore {
                 s.userTokens[sub] = nil
                 if let account = s.links.removeValue(forKey: sub), s.accounts[account] == sub { s.accounts[account] = nil }
             }
-            if !survives, forget != .everything { s.userExpiry[sub] = t + keep }
+            if !superseded, forget == .grants { s.userExpiry[sub] = t + keep }
             s.wrote(now: t)
-            return Revocation(ended: live, superseded: survives)
+            return Revocation(ended: live, superseded: superseded)
         }
         return eventLoop.makeSucceededFuture(outcome)
     }

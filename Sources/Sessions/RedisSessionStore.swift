@@ -207,7 +207,9 @@ public final class RedisSessionStore: SessionStore {
                 // Created up to the revocation, or already gone (no `created`): deleted.
                 let created = zip(handles, replies).map { ($0, $1.string.flatMap(Int64.init)) }
                 let doomed = created.filter { _, at in at.map { $0 <= revokedAt } ?? true }.map(\.0)
-                let survives = created.contains { _, at in at.map { $0 > revokedAt } ?? false }
+                // A session or a token from after the revocation: the user came back since.
+                let granted = Self.tokens(replies.last ?? .array(nil))
+                let superseded = created.contains { _, at in at.map { $0 > revokedAt } ?? false } || granted.values.contains { $0.grantedAt > revokedAt }
                 // The later marker wins, atomically (two revocations racing must not move it back).
                 var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
                 if !doomed.isEmpty {
@@ -219,19 +221,18 @@ public final class RedisSessionStore: SessionStore {
                 case .grants:
                     // Only tokens granted up to the revocation: one the user got by consenting
                     // again since is theirs.
-                    let granted = Self.tokens(replies.last ?? .array(nil))
                     let dead = granted.filter { $0.value.grantedAt <= revokedAt }.keys.sorted()
                     if !dead.isEmpty { commands.append(["HDEL", .string(self.userTokensKey(sub))] + dead.flatMap { [RedisArgument.string($0), .string(Self.grantField($0))] }) }
                 case .everything:
                     commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))])
                     commands.append(["EVAL", .string(Self.unlinkScript), "1", .string(self.linkKey(sub)), .string(sub), .string(self.prefix)])
                 }
-                if !survives, forget != .everything {
+                if !superseded, forget == .grants {
                     commands.append(["PEXPIRE", .string(self.userKey(sub)), RedisArgument(max(keep, 1))])
                     commands.append(["PEXPIRE", .string(self.userTokensKey(sub)), RedisArgument(max(keep, 1))])
                 }
                 return self.transaction(commands, on: loop).map { results in
-                    Revocation(ended: doomed.isEmpty ? 0 : Int(results[1].int ?? 0), superseded: survives)
+                    Revocation(ended: doomed.isEmpty ? 0 : Int(results[1].int ?? 0), superseded: superseded)
                 }
             }
         }

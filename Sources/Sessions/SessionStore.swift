@@ -208,8 +208,8 @@ public enum Forgetting: Sendable, Equatable {
 public struct Revocation: Sendable, Equatable {
     /// Live sessions ended.
     public var ended: Int
-    /// A session created after the revocation survives: the user came back since, and the
-    /// revocation concerned an older grant (nothing of the newer one was touched).
+    /// A session created, or a token granted, after the revocation survives: the user came back
+    /// since, and the revocation concerned an older grant (nothing of the newer one was touched).
     public var superseded: Bool
 
     public init(ended: Int, superseded: Bool) {
@@ -269,12 +269,12 @@ public protocol SessionStore: Sendable {
     func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]>
     /// Records `revokedAt` for the user (a later revocation already recorded wins), kept `keep`
     /// milliseconds (sessions older than that are gone anyway: the absolute timeout), and
-    /// deletes the sessions created up to it. A session created after `revokedAt` (the user
-    /// signed in again before a late notification) is kept: the revocation is then
-    /// `superseded`. `forget` says what else goes (`Forgetting`). When no later session
-    /// survives, the profile and tokens left expire with the marker (`keep`) unless the user
-    /// signs in again (`create` keeps them); the link to a legacy account is kept (only
-    /// `.everything` removes it).
+    /// deletes the sessions created up to it. A session created after `revokedAt`, or a token
+    /// granted after it (the user consented again before a late notification), is kept: the
+    /// revocation is then `superseded`. `forget` says what else goes (`Forgetting`). A
+    /// revocation of the grants that nothing superseded leaves the profile and tokens to expire
+    /// with the marker (`keep`) unless the user signs in again (`create` keeps them); the link
+    /// to a legacy account is kept (only `.everything` removes it).
     func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation>
     /// Keeps the user's latest refresh token for `clientID` (sealed for the user), granted at
     /// `grantedAt` (Unix ms: the sign-in), beyond their sessions, so that a deletion can revoke

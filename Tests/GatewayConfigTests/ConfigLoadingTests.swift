@@ -306,6 +306,7 @@ struct ConfigLoadingTests {
         ("localhost over https", "https://localhost:8443", nil, true),
         ("LOCALHOST in capitals", "https://LOCALHOST", nil, true),
         ("a .localhost name", "https://app.localhost", nil, true),
+        ("a name without a dot (an intranet host)", "https://intranet", nil, true),
         ("loopback http", "http://localhost:8080", nil, true),
         ("loopback http with the simulator", "http://localhost:8080", "http://127.0.0.1:9092", false),
         ("an IP literal with the simulator", "http://127.0.0.1:8080", "http://127.0.0.1:9092", false),

@@ -241,6 +241,26 @@ struct AppEventsTests {
         }
     }
 
+    @Test("a job queued by the previous version (a JWS signed then) is signed again at delivery: its own typ, an exp, today's key")
+    func legacyPayloadSignedAgain() throws {
+        let (then, today) = (try IdentityAssertionSigner(pem: P256.Signing.PrivateKey().pemRepresentation, issuer: "https://a.example", ttl: 60),
+                             try IdentityAssertionSigner(pem: P256.Signing.PrivateKey().pemRepresentation, issuer: "https://a.example", ttl: 60))
+        let queued = then.sign(["jti": "j-1", "type": "user.revoked", "sub": "001.a", "reason": "operator", "event_time": 5000, "iat": 5, "iss": "https://a.example"])
+        let job = OutboxJob(id: "event-j-1", kind: .event, payload: "https://app.example/events user.revoked " + queued, nextAttempt: 0, created: 0)
+        let sent = try #require(AppEvents.payload(of: job, signer: today, now: 1_000_000))
+        #expect(sent.url == "https://app.example/events" && sent.type == "user.revoked")
+        let parts = sent.jws.split(separator: ".").map(String.init)
+        let header = try #require(Base64URLTest.decode(parts[0]))
+        #expect(String(decoding: header, as: UTF8.self).contains(#""kid":"\#(today.keyID)""#) && String(decoding: header, as: UTF8.self).contains(#""typ":"sessiongate-event+jwt""#))
+        let raw = try #require(Base64URLTest.decode(parts[2]))
+        let signature = try P256.Signing.ECDSASignature(rawRepresentation: raw)
+        #expect(today.key.publicKey.isValidSignature(signature, for: Array("\(parts[0]).\(parts[1])".utf8)))
+        let payload = try #require(Base64URLTest.decode(parts[1]))
+        let claims = try #require(try JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any])
+        #expect(claims["jti"] as? String == "j-1" && claims["aud"] as? String == "https://app.example/events")
+        #expect(Self.number(claims["iat"]) == 1000 && Self.number(claims["exp"]) == 1300 && Self.number(claims["event_time"]) == 5000)
+    }
+
     @Test("events need the assertion key; URLs are checked")
     func configuration() {
         var yaml = "events:\n  url: http://127.0.0.1:9000/events\nroutes:\n  - name: app\n    upstream: \"http://127.0.0.1:9000\"\n    auth: public\n"

@@ -88,6 +88,25 @@ struct FirstAuthorizationNameTests {
         }
     }
 
+    @Test("this browser's own login with an identity token Apple's keys refuse (forged for someone else) keeps no name")
+    func refusedTokenKeepsNothing() async throws {
+        try await SignInHarness.with(store: .memory) { h in
+            let attacker = h.simulator.createUser(firstName: "Eve", lastName: "Mallory")
+            let victim = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            var form = try await browser.signIn(from: "/x", as: attacker, stopBeforeCallback: true).form
+            // The attacker's own login, with an identity token naming the victim (not Apple's signature).
+            let forged = [#"{"alg":"RS256","kid":"KEY1234567"}"#, #"{"sub":"\#(victim)","iss":"https://appleid.apple.com"}"#]
+                .map { Base64URLTest.encode(Array($0.utf8)) }.joined(separator: ".") + ".c2lnbmF0dXJl"
+            form.fields = form.fields.map { $0.0 == "id_token" ? ($0.0, forged) : $0 }
+            #expect(form.fields.contains { $0.0 == "user" }, "the attacker's own first authorization carries a name")
+            let answer = try await browser.request(form.action, method: .POST, form: form.fields)
+            #expect((400..<500).contains(answer.status), "\(answer.status)")
+            #expect(!answer.headers["set-cookie"].contains { $0.hasPrefix("__Host-sessiongate-name=") && !$0.contains("Max-Age=0") },
+                    "a refused token binds no name to the sub it claims")
+        }
+    }
+
     /// The `href` of the link labelled `label` in a page.
     static func link(_ label: String, in html: String) -> String? {
         guard let labelRange = html.range(of: ">\(label)<"), let href = html[..<labelRange.lowerBound].range(of: "href=\"", options: .backwards) else { return nil }

@@ -86,6 +86,8 @@ extension TransferredUserTests {
                         #expect(MigrationTests.seen(b, "x-auth-user") == newBatched && MigrationTests.seen(b, "x-auth-former-user") == batched)
                         let assertion = try await Base64URLTest.verifiedClaims(try #require(MigrationTests.seen(b, "x-auth-assertion")), gateway: browser)
                         #expect(assertion["former_sub"] as? String == batched)
+                        let info = try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")])
+                        #expect(info.body.contains(#""former_sub":"\#(batched)""#), "userinfo says it too: \(info.body)")
 
                         // The late user is mapped at their first sign-in, and announced then.
                         let lateBrowser = TestBrowser(gatewayOrigin: b.origin)

@@ -217,9 +217,9 @@ final class Authenticator: Sendable {
 
     /// Revokes a user everywhere (`Revocations.revokeUser`), the revocation kept for this
     /// generation's absolute session timeout.
-    func revokeUser(_ sub: String, source: Revocations.Source, at: Int64? = nil, forget: Forgetting = .nothing,
+    func revokeUser(_ sub: String, source: Revocations.Source, at: Int64? = nil, happened: Int64? = nil, forget: Forgetting = .nothing,
                     event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
-        core.revocations.revokeUser(sub, source: source, at: at, keep: absoluteTimeout, forget: forget, event: event, on: loop)
+        core.revocations.revokeUser(sub, source: source, at: at, happened: happened, keep: absoluteTimeout, forget: forget, event: event, on: loop)
     }
 
     // MARK: sessions

@@ -1,3 +1,4 @@
+import AppleID
 import AsyncHTTPClient
 import Foundation
 import GatewayConfig
@@ -31,8 +32,8 @@ struct AppEvent: Sendable {
     var sub: String
     /// Why (`account_deleted`, `consent_revoked`, `disconnect`, `apple_invalid_grant`, `logout`, …).
     var reason: String
-    /// When it happened (Unix ms): Apple's `event_time` for what Apple notified, the grant time
-    /// of a refresh token Apple refused; nil: when the gateway acted.
+    /// When it happened (Unix ms): Apple's `event_time` for what Apple notified; nil: when the
+    /// gateway acted (an `invalid_grant`: when Apple refused).
     var happenedAt: Int64? = nil
     var email: String? = nil
     var emailForwarding: String? = nil
@@ -104,13 +105,21 @@ final class AppEvents: Sendable {
     }
 
     /// The JWS one delivery of `job` sends, signed now by `signer`; nil for a payload that is
-    /// not an event. A job queued by an earlier version holds its JWS already: sent as it is.
+    /// not an event. A job queued by an earlier version holds a JWS signed then: its claims are
+    /// signed again like any other (its own `typ`, an `exp`, the key of today).
     static func payload(of job: OutboxJob, signer: IdentityAssertionSigner, now t: Int64) -> (url: String, type: String, jws: String)? {
         let parts = job.payload.split(separator: " ", maxSplits: 2)
         guard parts.count == 3 else { return nil }
         let (url, type, body) = (String(parts[0]), String(parts[1]), parts[2])
-        guard body.hasPrefix("{") else { return (url, type, String(body)) }
-        guard var claims = (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any] else { return nil }
+        let json: Data
+        if body.hasPrefix("{") {
+            json = Data(body.utf8)
+        } else {
+            let parts = body.split(separator: ".", omittingEmptySubsequences: false)
+            guard parts.count == 3, let decoded = Base64URL.decode(parts[1]) else { return nil }
+            json = Data(decoded)
+        }
+        guard var claims = (try? JSONSerialization.jsonObject(with: json)) as? [String: Any] else { return nil }
         claims["iss"] = signer.issuer
         claims["aud"] = url
         claims["iat"] = t / 1000

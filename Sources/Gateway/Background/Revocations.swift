@@ -39,12 +39,15 @@ final class Revocations: Sendable {
     /// the sessions created up to it deleted, the user dropped from this instance's cache at
     /// once and from every other instance's through pub/sub.
     /// - Parameters:
-    ///   - at: when the revocation happened (a notification's `event_time`, the grant time of a
-    ///     token Apple refused), clamped to now; a session created after it (the user signed in
-    ///     again) lives on, and the app is then not told (the revocation concerned an older grant).
+    ///   - at: what the revocation reaches: sessions and grants up to this time (a notification's
+    ///     `event_time`, the grant time of a token Apple refused), clamped to now. A session or
+    ///     token from after it (the user came back) lives on, and the app is then not told (the
+    ///     revocation concerned an older grant) — unless everything is forgotten.
+    ///   - happened: when it happened, the event's `event_time` (Apple's for a notification);
+    ///     nil: now.
     ///   - forget: what goes besides the sessions (`Forgetting`).
-    ///   - event: what the app is told, and why (`events.url`); it carries `at` as its `event_time`.
-    func revokeUser(_ sub: String, source: Source, at: Int64? = nil, keep: Int64, forget: Forgetting = .nothing,
+    ///   - event: what the app is told, and why (`events.url`).
+    func revokeUser(_ sub: String, source: Source, at: Int64? = nil, happened: Int64? = nil, keep: Int64, forget: Forgetting = .nothing,
                     event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         cache.invalidate(sub: sub)
         let t = now()
@@ -54,13 +57,13 @@ final class Revocations: Sendable {
             self.fleet.publish(.user(sub), on: loop)
             self.recheck(self.tunnels.tunnels(of: sub))
             self.metrics.recordRevocation(source: source)
-            if outcome.superseded {
+            if outcome.superseded, forget != .everything {
                 self.logger.info("a revocation older than the user's latest sign-in: the older sessions ended, the app is not told",
                                  metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(outcome.ended)"])
                 return outcome
             }
             let (kind, reason) = event ?? (.userRevoked, source.rawValue)
-            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason, happenedAt: revokedAt))
+            self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason, happenedAt: happened.map { min($0, t) } ?? t))
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(outcome.ended)", "forgotten": "\(forget)"])
             return outcome
         }

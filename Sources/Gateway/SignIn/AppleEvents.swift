@@ -43,13 +43,13 @@ extension AuthEndpointGuard {
                 // the tokens granted up to it; the profile and the link to a legacy account stay,
                 // so a user who comes back is the same account. A sign-in after the event (a new
                 // consent) lives on, and the app is then not told.
-                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, forget: .grants,
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, at: eventAt, happened: eventAt, forget: .grants,
                                               event: (.userRevoked, "consent_revoked"), on: loop).get()
             case .accountDeleted:
                 // The Apple account is gone: its `sub` can never sign in again, so every session
                 // ends and everything is forgotten, whatever Apple's clock said (`event_time`
                 // behind ours must not let a session survive the deletion).
-                _ = try await auth.revokeUser(event.subject, source: .appleNotification, forget: .everything,
+                _ = try await auth.revokeUser(event.subject, source: .appleNotification, happened: eventAt, forget: .everything,
                                               event: (.userDeleted, "account_deleted"), on: loop).get()
             case .emailDisabled, .emailEnabled:
                 if let profile = try await core.store.profile(of: event.subject, on: loop).get() {

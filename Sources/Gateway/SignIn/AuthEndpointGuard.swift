@@ -71,7 +71,7 @@ struct AuthEndpointGuard: RequestGuard {
         case .userinfo:
             return resolved(head, on: loop) { resolution in
                 switch resolution {
-                case .session(_, let cached): return AuthResponses.json(.ok, Self.userJSON(cached.stored.user))
+                case .session(_, let cached): return AuthResponses.json(.ok, Self.userJSON(cached.stored.user, now: core.now()))
                 case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
                 case .unavailable: return AuthResponses.storeUnavailable(head)
                 case .appleUnavailable: return AuthResponses.appleUnavailable(head, prefix: auth.prefix)
@@ -145,8 +145,11 @@ struct AuthEndpointGuard: RequestGuard {
         return core.keys.handle(forCookie: value)
     }
 
-    static func userJSON(_ user: UserProfile) -> [String: Any] {
+    /// - Parameter now: Unix ms; a transferred user's `former_sub` is given during the transfer
+    ///   period after their mapping (as `X-Auth-Former-User`).
+    static func userJSON(_ user: UserProfile, now: Int64) -> [String: Any] {
         var u: [String: Any] = ["sub": user.sub]
+        if let v = user.formerSub(at: now) { u["former_sub"] = v }
         if let v = user.email { u["email"] = v }
         if let v = user.emailVerified { u["email_verified"] = v }
         if let v = user.privateEmail { u["is_private_email"] = v }

@@ -61,7 +61,7 @@ extension AuthEndpointGuard {
             await endReplaced(presentedSession(head), on: loop)
             core.metrics.recordSignIn(flow: .native, outcome: .ok)
             core.logger.info("signed in", metadata: ["flow": "native", "sub": "\(identity.subject)"])
-            return AuthResponses.json(.ok, ["token": created.cookie, "expires_at": Self.iso8601(created.expiresAt), "user": Self.userJSON(created.user)],
+            return AuthResponses.json(.ok, ["token": created.cookie, "expires_at": Self.iso8601(created.expiresAt), "user": Self.userJSON(created.user, now: core.now())],
                                       headers: [auth.sessionCookie(created.cookie)])
         } catch let failure as SignInFailure {
             return counted(failure, flow: .native).json

@@ -83,9 +83,13 @@ extension AuthEndpointGuard {
             if let token = form["id_token"] {
                 progress.tokenTried = true
                 let early: AppleIdentity
-                do { early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code) } catch { throw SignInFailure.identityToken(error) }
+                do { early = try await apple.verifier.verify(token, expectedNonce: login.nonce, code: code) } catch {
+                    progress.keysUnavailable = error.isTransient
+                    throw SignInFailure.identityToken(error)
+                }
                 progress.subject = early.subject
-                if let known = name ?? pendingName(pending, of: early.subject) {
+                let kept = name == nil ? await pendingName(pending, of: early.subject, on: loop) : nil
+                if let known = name ?? kept {
                     try await storeCall { try await core.store.saveProfile(UserProfile(sub: early.subject, name: known), on: loop).get() }
                     progress.saved = true
                 }
@@ -93,8 +97,9 @@ extension AuthEndpointGuard {
             try checkRate(.web, key: ClientAddress.limitKey(client))
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
             await arriveByTransfer(identity, on: loop)
+            let kept = name == nil ? await pendingName(pending, of: identity.subject, on: loop) : nil
             let created = try await storeCall {
-                try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name ?? pendingName(pending, of: identity.subject), on: loop).get()
+                try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name ?? kept, on: loop).get()
             }
             await lookUpLink(identity, on: loop)
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
@@ -129,6 +134,8 @@ extension AuthEndpointGuard {
         var nonce: String?
         /// The identity token's verification was attempted.
         var tokenTried = false
+        /// It failed only because Apple's keys could not be fetched (the token itself may be fine).
+        var keysUnavailable = false
         /// The identity token's verified `sub`.
         var subject: String?
     }
@@ -142,19 +149,24 @@ extension AuthEndpointGuard {
         guard let name = p.name, !p.saved, p.loginVerified || p.loginUnknown else { return nil }
         var sub = p.subject
         if sub == nil, let token = p.token {
-            if !p.tokenTried, let apple = core.apple, let identity = try? await apple.verifier.verify(token, expectedNonce: p.nonce, code: p.code) {
-                sub = identity.subject
-            } else if p.loginVerified {
-                sub = PendingName.unverifiedSubject(of: token)
+            var uncheckable = p.keysUnavailable
+            if !p.tokenTried, let apple = core.apple {
+                do { sub = try await apple.verifier.verify(token, expectedNonce: p.nonce, code: p.code).subject } catch { uncheckable = error.isTransient }
             }
+            // Only when the token could not be checked (Apple's keys unreachable), never when it
+            // was refused: a forged token must not bind a name to someone else's `sub`.
+            if sub == nil, p.loginVerified, uncheckable { sub = PendingName.unverifiedSubject(of: token) }
         }
         guard let sub, let sealed = PendingName.seal(name, sub: sub, nowMilliseconds: core.now(), keys: core.keys) else { return nil }
         return ("set-cookie", "\(auth.nameCookieName)=\(sealed); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=\(PendingName.lifetime)")
     }
 
-    /// The name a failed callback kept for `sub` in this browser, if any.
-    func pendingName(_ sealed: String?, of sub: String) -> String? {
-        sealed.flatMap { PendingName.open($0, sub: sub, nowMilliseconds: core.now(), keys: core.keys) }
+    /// The name a failed callback kept for `sub` in this browser, if any, and only while the
+    /// user's profile holds none: a kept name completes a first sign-in, it never replaces a name.
+    func pendingName(_ sealed: String?, of sub: String, on loop: any EventLoop) async -> String? {
+        guard let name = sealed.flatMap({ PendingName.open($0, sub: sub, nowMilliseconds: core.now(), keys: core.keys) }) else { return nil }
+        let stored = try? await core.store.profile(of: sub, on: loop).get()
+        return stored?.name == nil ? name : nil
     }
 
     /// The login this callback completes: its state taken (single use) and its pre-auth cookie

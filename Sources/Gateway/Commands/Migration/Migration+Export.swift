@@ -24,7 +24,9 @@ extension Migration {
         }
         let mapping = try TransferMapping(beside: file, target: target)
         var known: [String: String] = [:]  // sub → transfer id for `target` this store already holds
-        for record in try await store.transfers(on: loop).get() where record.target == target {
+        // A record written before ids were kept per team (no `target`) counts only when this very
+        // file holds its id: the file was made for one team, so the id is that team's.
+        for record in try await store.transfers(on: loop).get() where record.target == target || (record.target == nil && inFile.contains(record.id)) {
             if let from = record.from { known[from] = record.id }
         }
         let users = Set(try await store.users(on: loop).get()).sorted()  // SCAN may name a key twice
