@@ -47,17 +47,17 @@ final class SignInHarness: @unchecked Sendable {
     static func with<Result>(store: Store = .memory, redis existing: TestRedis? = nil, storeTimeout: Duration = .seconds(3),
                              localCacheTTL: Duration = .seconds(5), idleTimeout: Duration = .seconds(3600), absoluteTimeout: Duration = .seconds(86_400),
                              assertion: Bool = false, clock: TestClock = TestClock(), teamID: String = "TEAM123456", ledger: TransferLedger = TransferLedger(),
-                             logs: LogRecorder? = nil,
+                             logs: LogRecorder? = nil, loops: MultiThreadedEventLoopGroup = .singleton,
                              configure: (inout GatewayConfiguration) -> Void = { _ in }, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
         let harness = try await start(store: store, redis: existing, storeTimeout: storeTimeout, localCacheTTL: localCacheTTL, idleTimeout: idleTimeout,
                                       absoluteTimeout: absoluteTimeout, assertion: assertion, clock: clock, teamID: teamID, ledger: ledger, logs: logs,
-                                      configure: configure)
+                                      loops: loops, configure: configure)
         return try await withTeardown(harness, stop: { await $0.stop() }, body)
     }
 
     private static func start(store: Store, redis existing: TestRedis?, storeTimeout: Duration, localCacheTTL: Duration, idleTimeout: Duration,
                               absoluteTimeout: Duration, assertion: Bool, clock: TestClock, teamID: String, ledger: TransferLedger, logs: LogRecorder?,
-                              configure: (inout GatewayConfiguration) -> Void) async throws -> SignInHarness {
+                              loops: MultiThreadedEventLoopGroup, configure: (inout GatewayConfiguration) -> Void) async throws -> SignInHarness {
         let directory = NSTemporaryDirectory() + "sessiongate-test-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let appleKey = P256.Signing.PrivateKey()
@@ -115,7 +115,7 @@ final class SignInHarness: @unchecked Sendable {
         configure(&c)
         var logger = logs.map { recorder in Logger(label: "gateway-test") { _ in recorder } } ?? Logger(label: "gateway-test")
         logger.logLevel = logs == nil ? .warning : .debug
-        let service = try GatewayService(configuration: c, configPath: nil, logger: logger, clock: clock.now)
+        let service = try GatewayService(configuration: c, configPath: nil, group: loops, logger: logger, clock: clock.now)
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
         let runTask = Task { try await group.run() }
         await service.waitUntilStarted()

@@ -313,8 +313,11 @@ struct RedisSessionEndToEndTests {
         try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
         let process = try RedisServerProcess(arguments: ["--appendonly", "yes", "--appendfsync", "always", "--dir", dataDirectory])
         defer { try? FileManager.default.removeItem(atPath: dataDirectory) }
+        // Loops of its own: on the process's shared loops another suite's work once held the
+        // store.timeout timer's loop past a second, and a 1 s timeout answered in 2.1 s.
+        try await withEventLoops(1) { loops in
         try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: 0, database: 0, process: process),
-                                              storeTimeout: .seconds(1), localCacheTTL: .zero) { h in  // a second: the sign-in's writes fsync (appendfsync always) on 2 loaded cores
+                                              storeTimeout: .seconds(1), localCacheTTL: .zero, loops: loops) { h in  // a second: the sign-in's writes fsync (appendfsync always) on 2 loaded cores
             let sub = h.simulator.createUser()
             let b = TestBrowser(gatewayOrigin: h.origin)
             _ = try await b.signIn(from: "/x", as: sub)
@@ -369,6 +372,7 @@ struct RedisSessionEndToEndTests {
             try process.start()
             try await expectRecovery("after a restart")
             #expect(try await waitForReadiness("ready\n") == 200, "/readyz recovers")
+        }
         }
     }
 
