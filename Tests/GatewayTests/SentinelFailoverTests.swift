@@ -104,9 +104,16 @@ struct SentinelFailoverTests {
                 let line = metrics.split(separator: "\n").first { $0.hasPrefix(#"sessiongate_session_cache_total{result="hit"}"#) }
                 return line.flatMap { $0.split(separator: " ").last }.flatMap { Double($0) } ?? 0
             }
-            let hitsBefore = try await cacheHits()
-            #expect(try await onB.request("/x").status == 200)
-            #expect(try await cacheHits() == hitsBefore + 1, "B answered from its cache: only the invalidation can make it refuse now")
+            // NUMSUB counts B's subscription when Redis took it; B flushes its cache when it reads
+            // the confirmation, a moment later (once after the request above had cached the
+            // session): wait until a request is answered from the cache.
+            let cached = try await firstTime(1, within: .seconds(10)) {
+                let hitsBefore = try await cacheHits()
+                let status = try await onB.request("/x").status
+                let hitsAfter = try await cacheHits()
+                return status == 200 && hitsAfter == hitsBefore + 1 ? 1 : 0
+            }
+            #expect(cached != nil, "B answers from its cache: only the invalidation can make it refuse now")
             #expect(try await user.request("/_auth/logout", method: .POST, form: []).status == 303)
             let loggedOut = ContinuousClock.now
             let refused = try await firstTime(302, within: .seconds(5)) { try await onB.request("/x").status }
