@@ -178,15 +178,18 @@ struct RedisSentinelTests {
         // The sentinels close the clients of the server they demote (CLIENT KILL); a connection
         // dialled again must reach the new master, not the old one, which still answers reads
         // as a replica (stale, every write refused): the dialer's ROLE check.
-        func role(on loop: any EventLoop) async -> String? {
-            guard case .array(let parts?)? = try? await wiring.client.send(["ROLE"], on: loop).get() else { return nil }
-            return parts.first?.string
+        // Which server each connection is on, by its port: the old master still answers ROLE
+        // "master" until the sentinels get round to demoting it (once 64 ms after the promotion
+        // every connection said "master" from the old server, and the demotion then cut the write).
+        func server(on loop: any EventLoop) async -> Int? {
+            guard case .array(let parts?)? = try? await wiring.client.send(["CONFIG", "GET", "port"], on: loop).get(), parts.count == 2 else { return nil }
+            return parts[1].string.flatMap { Int($0) }
         }
         var moved: ContinuousClock.Instant?
         while moved == nil, ContinuousClock.now - promoted < .seconds(15) {
-            var roles: [String?] = []
-            for loop in loops { roles.append(await role(on: loop)) }
-            if roles.allSatisfy({ $0 == "master" }) { moved = .now } else { try await Task.sleep(for: .milliseconds(100)) }
+            var servers: [Int?] = []
+            for loop in loops { servers.append(await server(on: loop)) }
+            if servers.allSatisfy({ $0 == newMaster }) { moved = .now } else { try await Task.sleep(for: .milliseconds(100)) }
         }
         let done = try #require(moved, "a connection stayed on the demoted master \(oldMaster)")
         print("sentinel switchover: promotion seen by a sentinel → every connection on the new master \(done - promoted)")
