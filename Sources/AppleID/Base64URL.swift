@@ -22,4 +22,13 @@ public enum Base64URL {
         }
         return Data(base64Encoded: standard).map { Array($0) }
     }
+
+    /// The claims of a compact JWS, read **without** checking its signature: for a token this
+    /// process signed itself, or one only used to bind something a verified step vouches for.
+    /// nil unless it has three parts and a JSON object for claims.
+    public static func unverifiedClaims(ofJWS token: some StringProtocol) -> [String: Any]? {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let payload = decode(Substring(parts[1])) else { return nil }
+        return (try? JSONSerialization.jsonObject(with: Data(payload))) as? [String: Any]
+    }
 }

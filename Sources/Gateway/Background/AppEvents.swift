@@ -111,15 +111,9 @@ final class AppEvents: Sendable {
         let parts = job.payload.split(separator: " ", maxSplits: 2)
         guard parts.count == 3 else { return nil }
         let (url, type, body) = (String(parts[0]), String(parts[1]), parts[2])
-        let json: Data
-        if body.hasPrefix("{") {
-            json = Data(body.utf8)
-        } else {
-            let parts = body.split(separator: ".", omittingEmptySubsequences: false)
-            guard parts.count == 3, let decoded = Base64URL.decode(parts[1]) else { return nil }
-            json = Data(decoded)
-        }
-        guard var claims = (try? JSONSerialization.jsonObject(with: json)) as? [String: Any] else { return nil }
+        let stored = body.hasPrefix("{") ? (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any]
+                                         : Base64URL.unverifiedClaims(ofJWS: body)  // queued signed, by an earlier version
+        guard var claims = stored else { return nil }
         claims["iss"] = signer.issuer
         claims["aud"] = url
         claims["iat"] = t / 1000

@@ -45,10 +45,8 @@ enum PendingName {
     /// that this browser's verified login state vouches for to the user the token names (the
     /// seal opens only when a later, verified sign-in is that user). Never an identity.
     static func unverifiedSubject(of token: String) -> String? {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard token.utf8.count <= 16 * 1024, parts.count == 3, let payload = Base64URL.decode(parts[1]).map({ Data($0) }),
-              let claims = try? JSONSerialization.jsonObject(with: payload) as? [String: Any],
-              let sub = claims["sub"] as? String, AuthEndpointGuard.isSubject(sub) else { return nil }
+        guard token.utf8.count <= 16 * 1024, let sub = Base64URL.unverifiedClaims(ofJWS: token)?["sub"] as? String,
+              AuthEndpointGuard.isSubject(sub) else { return nil }
         return sub
     }
 }
