@@ -97,7 +97,8 @@ extension AuthEndpointGuard {
             try checkRate(.web, key: ClientAddress.limitKey(client))
             let (identity, refreshToken) = try await exchange(apple, code: code, clientID: apple.webClientID, redirectURI: auth.callbackURL, nonce: login.nonce).get()
             await arriveByTransfer(identity, on: loop)
-            let kept = name == nil ? await pendingName(pending, of: identity.subject, on: loop) : nil
+            // Already saved above when the early verification found it: not read a second time.
+            let kept = name == nil && !progress.saved ? await pendingName(pending, of: identity.subject, on: loop) : nil
             let created = try await storeCall {
                 try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name ?? kept, on: loop).get()
             }
