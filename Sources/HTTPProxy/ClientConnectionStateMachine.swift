@@ -2,25 +2,21 @@ import GatewayConfig
 import NIOCore
 import NIOHTTP1
 
-/// Everything a client connection decides, as a value: each event (a parsed request part, a
-/// verdict, an upstream connection, a response part, a timer) moves it from one state to the
-/// next and returns the one `Action` the channel handler runs. The handler
-/// (`ProxyServerHandler`) only translates NIO events into events and runs actions; nothing here
-/// touches a channel.
+/// Everything an HTTP/1 client connection decides, as a value: each event (a parsed request
+/// part, a verdict, an upstream connection, a response part, a timer, the client's FIN) moves it
+/// from one state to the next and returns the one `Action` the channel handler runs. The
+/// handler (`ProxyServerHandler`) only translates NIO events into events and runs actions;
+/// nothing here touches a channel.
 ///
-/// States carry their data: the exchange waiting for a verdict is in `.awaitingVerdict`, the
-/// upstream connection serving it is in `.forwarding`. An answer that arrives for another
-/// exchange than the state's (the client left, the request was answered meanwhile) finds no
-/// state to apply to, so it is discarded — an action cannot outlive its state.
+/// The request in flight is an `ExchangeStateMachine` nested in `.exchange`: what happens to a
+/// request (guard, upstream, response) is decided there, for HTTP/1 and HTTP/2 alike; this
+/// machine adds what is HTTP/1's — the connection kept or closed after a response, pipelining,
+/// the client's FIN, the head's deadline, encoding responses as HTTP/1 bytes — and the
+/// connection's ends: a graceful close, the lingering after it, the tunnel.
 ///
 /// Pipelining needs no queue: the handler hands in parsed parts only while `acceptsParts`, so a
 /// pipelined request stays unparsed in the `RequestReader` until the one before it is answered
 /// (and junk behind a complete request is only found, and answered 400, in its turn).
-///
-/// Its parts are in three files: this one (states, actions, the answers that come back, timers,
-/// responses the gateway makes), `+Request` (a request's head and body) and `+Upstream` (the
-/// app's response). Members are internal so that the three can share them; only
-/// `ProxyServerHandler` uses the machine, through its events.
 struct ClientConnectionStateMachine {
     typealias Part = RequestReader.Part
 
@@ -28,24 +24,19 @@ struct ClientConnectionStateMachine {
         /// Between requests; `headSince`: when the first byte of the next request's head came
         /// (its head must be complete within `timeouts.requestHead`).
         case idle(headSince: NIODeadline? = nil)
-        /// The route's guard is deciding (`verdict(_:for:)`); body parts are buffered.
-        case awaitingVerdict(ExchangeContext)
-        /// Reading a body for one of the gateway's own endpoints.
-        case collecting(ExchangeContext, Collector)
-        /// The endpoint has the body and is answering (`answered(_:for:)`).
-        case answering(ExchangeContext)
-        /// Waiting for an upstream connection (`connected(_:for:)`); body parts are buffered.
-        case connecting(ExchangeContext)
-        /// The request goes to, and the response comes from, this upstream connection.
-        case forwarding(ExchangeContext, UpstreamConnection)
-        /// Nothing more is read or answered: closing, lingering, or handed to a tunnel.
+        /// A request is in flight; `keepAlive`: the client wants the connection after it.
+        case exchange(ExchangeStateMachine, keepAlive: Bool)
+        /// The last response is going out; then the output is shut (`lingering`).
+        case closing
+        /// The output is shut; what the client still sends is read and discarded for a moment
+        /// (RFC 9112 §9.6), until its FIN.
+        case lingering
+        /// The connection was handed to a WebSocket tunnel.
+        case tunnel
+        /// Gone.
         case closed
-    }
-
-    struct Collector {
-        let maxBytes: Int
-        let respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>
-        var body: ByteBuffer
+        /// Only while an event changes the nested exchange in place (never seen outside one).
+        case modifying
     }
 
     /// What follows a complete response.
@@ -56,23 +47,26 @@ struct ClientConnectionStateMachine {
         case close
     }
 
-    /// Kept small (a few words): an action is returned and switched on per event, and a large
-    /// payload (a head) made each of those a copy. The rare large ones are boxed (`indirect`).
+    /// An exchange that ended: what the access log records and the places to give back.
+    struct Ended {
+        var log: ExchangeLog
+        var lease: ExchangeLease
+    }
+
+    /// Kept small (a few words): an action is returned and switched on per event. The large
+    /// ones, at most one per request, are boxed (`indirect`).
     enum Action {
         case none
-        /// Ask the route's guard (`guardRequest(for:)`); its decision comes back as `verdict(_:for:)`.
-        case admit(ExchangeContext, ProxyRoute)
+        /// Ask the route's guard (`guardRequest()`); its decision comes back as `verdict(_:for:)`.
+        case admit(exchange: UInt64, ProxyRoute)
         /// Hand the collected body to the endpoint; its response comes back as `answered(_:for:)`.
-        case answer(ExchangeContext, ByteBuffer, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)
+        case answer(exchange: UInt64, ByteBuffer, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)
         /// Take an idle connection to the route's upstream of `principal` (`pooled`) or open one
         /// for it (nil: for this request only); it comes back as `connected(_:for:)`.
-        case connect(ExchangeContext, ProxyRoute, principal: UpstreamPrincipal?, pooled: Bool)
-        /// Write the request head (`upstreamHead`) and what was buffered of the body to the new
-        /// upstream connection.
-        case startForwarding(UpstreamConnection, ExchangeContext, body: CircularBuffer<Part>)
-        /// A body part for the upstream.
+        case connect(exchange: UInt64, ProxyRoute, principal: UpstreamPrincipal?, pooled: Bool)
+        /// Write the request head and what was buffered of the body to the new upstream connection.
+        indirect case startForwarding(UpstreamConnection, head: ByteBuffer, method: HTTPMethod, chunked: Bool, body: CircularBuffer<Part>)
         case forwardBody(UpstreamConnection, ByteBuffer)
-        /// The request's end, for the upstream.
         case forwardEnd(UpstreamConnection)
         /// Bytes for the client (a response head, an interim response).
         case write(ByteBuffer)
@@ -80,52 +74,50 @@ struct ClientConnectionStateMachine {
         case writeBody(ByteBuffer, chunked: Bool)
         /// A response the gateway made: write it, record the exchange, let go of `upstream` (and
         /// count `failure` against it), then `after`.
-        case respond(ByteBuffer, ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?, after: After)
+        indirect case respond(ByteBuffer, Ended, upstream: UpstreamConnection?, failure: UpstreamErrorKind?, after: After)
         /// The upstream's response is complete: write the last chunk if any, record, return the
         /// connection to the pool (`reuse`) or close it, then `after`.
-        case finish(ExchangeContext, lastChunk: Bool, upstream: UpstreamConnection?, reuse: Bool, after: After)
-        /// The response cannot be completed: record `exchange` as aborted, close everything.
-        case abort(ExchangeContext?, upstream: UpstreamConnection?, failure: UpstreamErrorKind?)
+        indirect case finish(Ended, lastChunk: Bool, upstream: UpstreamConnection, reuse: Bool, after: After)
+        /// The response cannot be completed: record the exchange (if any) as aborted, close everything.
+        indirect case abort(Ended?, upstream: UpstreamConnection?, failure: UpstreamErrorKind?)
         /// Close gracefully with nothing to answer (idle timeout, drain, half-close).
         case close(upstream: UpstreamConnection?)
-        /// The app accepted the WebSocket handshake: relay its 101, then splice the connections.
-        indirect case upgrade(ExchangeContext, UpstreamConnection, ResponseHead)
+        /// The app accepted the WebSocket handshake: relay its head (the 101), then splice.
+        indirect case upgrade(Ended, UpstreamConnection, head: ByteBuffer)
         /// A connection nobody needs any more (it arrived too late).
         case closeUpstream(UpstreamConnection)
         /// A verdict nobody will apply: its tunnel lease, if any, is finished.
         case discard(Verdict)
-        /// The client left before anything was answered: nothing to record; the exchange's
-        /// tunnel lease, if any, is finished.
-        case drop(ExchangeContext)
+        /// The client left before anything was answered: nothing to record; the places the
+        /// exchange held are given back.
+        case drop(ExchangeLease)
     }
 
     let shared: ProxyShared
-    var peerAddress: IPAddress? = nil
-    var remoteAddress: SocketAddress? = nil
-    /// The client's address as `X-Forwarded-For` and the access log write it.
-    var peerString = "-"
-    /// This client connection's number: the principal of its anonymous requests.
-    var clientID: UInt64 = 0
-    /// The peer is one of `server.trusted_proxies` (as of the last request head).
-    var peerTrusted = false
     let allocator = ByteBufferAllocator()
+    /// Who the client is (set once, when the connection starts).
+    var peer = Peer()
     var state: State = .idle()
-    /// Body parts received while the verdict or the upstream connection is pending.
-    var buffered = CircularBuffer<Part>()
-    var quiescing = false
-    var inputClosed = false
-    /// The last exchange, reused for the next when nothing else holds it (`newExchange`).
-    var spare: ExchangeContext? = nil
-    var requestIDs: RequestIDs
+    private var requestIDs: RequestIDs
+    /// The number of the next exchange: answers that come back name theirs.
+    private var exchanges: UInt64 = 0
+    /// The server drains: the exchange in flight is the last.
+    private(set) var quiescing = false
+    /// The client's FIN came: nothing more than what the reader holds will.
+    private(set) var inputClosed = false
+    /// Bytes came from the client or the upstream (for the idle timeout).
+    private(set) var lastActivity: NIODeadline
 
-    // Deadlines (one timer in the handler serves them all).
-    var lastActivity: NIODeadline
-    var responseDeadline: NIODeadline? = nil
-    /// While a request body is arriving: when its head came (`ExchangeRules.bodyDeadline`), and
-    /// how long the gateway held the client back meanwhile (not the client's time).
-    var bodyStart: NIODeadline? = nil
-    var bodyHeld: TimeAmount = .zero
-    var heldSince: NIODeadline? = nil
+    struct Peer {
+        var address: IPAddress? = nil
+        var socketAddress: SocketAddress? = nil
+        /// The client's address as `X-Forwarded-For` and the access log write it.
+        var string = "-"
+        /// This client connection's number: the principal of its anonymous requests.
+        var clientID: UInt64 = 0
+        /// The peer is one of `server.trusted_proxies` (as of the last request head).
+        var trusted = false
+    }
 
     init(shared: ProxyShared, seed: UInt64) {
         self.shared = shared
@@ -136,71 +128,81 @@ struct ClientConnectionStateMachine {
     /// The connection is in a pipeline: who the client is (read once: `Channel.remoteAddress`
     /// takes a lock on every access), and when it started.
     mutating func connectionStarted(remoteAddress: SocketAddress?, clientID: UInt64, now: NIODeadline) {
-        self.remoteAddress = remoteAddress
-        self.clientID = clientID
         let ip = remoteAddress?.ipAddress
-        peerString = ip ?? "-"
-        peerAddress = ip.flatMap(IPAddress.parse)
+        peer = Peer(address: ip.flatMap(IPAddress.parse), socketAddress: remoteAddress, string: ip ?? "-", clientID: clientID)
         lastActivity = now
     }
-
-    /// The state's phase (`ExchangeRules`' view of it), its exchange and its upstream connection,
-    /// in one pass (each binding of a payload is a retain).
-    var parts: (phase: ExchangeRules.Phase, exchange: ExchangeContext?, upstream: UpstreamConnection?) {
-        switch state {
-        case .idle: return (.idle, nil, nil)
-        case .closed: return (.closed, nil, nil)
-        case .awaitingVerdict(let x), .answering(let x): return (.awaitingVerdict, x, nil)
-        case .collecting(let x, _): return (.collecting, x, nil)
-        case .connecting(let x): return (.connecting, x, nil)
-        case .forwarding(let x, let upstream): return (.forwarding, x, upstream)
-        }
-    }
-
-    /// The exchange in flight, if any.
-    var current: ExchangeContext? { parts.exchange }
-
-    var phase: ExchangeRules.Phase { parts.phase }
 
     // The queries the handler asks per event are `mutating` on purpose: a non-mutating read of
     // a struct stored in a class copies the whole struct first (every reference in it retained
     // and released), measured at ~1 µs a request; a mutating access works in place.
 
+    /// Nothing more is read or answered (closing, lingering, a tunnel, gone).
     var isClosed: Bool {
-        mutating get { if case .closed = state { return true } else { return false } }
+        mutating get {
+            switch state {
+            case .idle, .exchange: return false
+            case .closing, .lingering, .tunnel, .closed, .modifying: return true
+            }
+        }
+    }
+
+    var isLingering: Bool {
+        mutating get { if case .lingering = state { return true } else { return false } }
+    }
+
+    /// The upstream connection serving the request in flight, if any.
+    var upstream: UpstreamConnection? {
+        mutating get { if case .exchange(let x, _) = state { return x.upstream } else { return nil } }
     }
 
     /// Whether the next parsed request part may be handed in: between requests, and while the
     /// current request is still arriving. A pipelined request waits, unparsed, for its turn.
     var acceptsParts: Bool {
         mutating get {
-        switch state {
-        case .idle: return true
-        case .closed: return false
-        case .awaitingVerdict(let x), .collecting(let x, _), .answering(let x), .connecting(let x), .forwarding(let x, _): return !x.requestEnded
-        }
+            switch state {
+            case .idle: return true
+            case .exchange(let x, _): return !x.body.ended
+            case .closing, .lingering, .tunnel, .closed, .modifying: return false
+            }
         }
     }
 
     /// Whether the client may be read now (`ExchangeRules.shouldReadClient`); `unparsedBytes`:
-    /// the reader holds bytes of a request not yet handed in.
+    /// the reader holds bytes of a request not yet handed in. While lingering, always.
     mutating func wantsRead(clientWritable: Bool, unparsedBytes: Bool) -> Bool {
-        let (phase, exchange, upstream) = parts
-        let requestEnded = exchange?.requestEnded ?? false
-        let upstreamWritable = upstream?.isWritable ?? false
-        return ExchangeRules.shouldReadClient(phase: phase, quiescing: quiescing, requestEnded: requestEnded, pipelinedEmpty: !unparsedBytes,
-                                              upstreamWritable: upstreamWritable, clientWritable: clientWritable)
+        switch state {
+        case .idle:
+            return ExchangeRules.shouldReadClient(phase: .idle, quiescing: quiescing, requestEnded: false, pipelinedEmpty: !unparsedBytes,
+                                                  upstreamWritable: false, clientWritable: clientWritable)
+        case .exchange(let x, _):
+            return ExchangeRules.shouldReadClient(phase: x.phase, quiescing: quiescing, requestEnded: x.body.ended, pipelinedEmpty: !unparsedBytes,
+                                                  upstreamWritable: x.upstream?.isWritable ?? false, clientWritable: clientWritable)
+        case .lingering: return true
+        case .closing, .tunnel, .closed, .modifying: return false
+        }
     }
 
     /// The head, body or response deadline, when one is running (the idle deadline is checked lazily).
     var eagerDeadline: NIODeadline? {
         mutating get {
-            if case .idle(let since?) = state { return since + shared.timeouts.requestHead }
-            switch (responseDeadline, currentBodyDeadline) {
-            case (let a?, let b?): return min(a, b)
-            case (let a, let b): return a ?? b
+            switch state {
+            case .idle(let since?): return since + shared.timeouts.requestHead
+            case .exchange(let x, _): return x.deadline(bodyAllowance: shared.timeouts.requestBody)
+            default: return nil
             }
         }
+    }
+
+    /// Runs `event` on the exchange in flight, in place (the state lets go of its copy first).
+    /// nil when there is none.
+    @inline(__always)
+    private mutating func withExchange<R>(_ event: (inout ExchangeStateMachine) -> R) -> (R, keepAlive: Bool)? {
+        guard case .exchange(var x, let keepAlive) = state else { return nil }
+        state = .modifying
+        let result = event(&x)
+        state = .exchange(x, keepAlive: keepAlive)
+        return (result, keepAlive)
     }
 
     // MARK: client events
@@ -220,15 +222,12 @@ struct ClientConnectionStateMachine {
 
     /// The handler held a read back (the gateway, not the client, is slow meanwhile).
     mutating func readHeld(now: @autoclosure () -> NIODeadline) {
-        if bodyStart != nil, heldSince == nil { heldSince = now() }
+        _ = withExchange { $0.readHeld(now: now()) }
     }
 
     /// Reading resumes: the time the client was held back is not counted against its body.
     mutating func readResumed(now: @autoclosure () -> NIODeadline) {
-        if let since = heldSince {
-            bodyHeld = bodyHeld + (now() - since)
-            heldSince = nil
-        }
+        _ = withExchange { $0.readResumed(now: now()) }
     }
 
     /// A part the `RequestReader` parsed (only while `acceptsParts`). The clocks are read only
@@ -239,24 +238,12 @@ struct ClientConnectionStateMachine {
             // Anything but a head here is what remains of a request answered before its end.
             guard case .head(let head) = part else { return .none }
             return startExchange(head, now: now())
-        case .closed, .answering:
+        case .exchange:
+            let timeout = shared.timeouts.upstreamResponse
+            guard let (action, _) = withExchange({ $0.requestPart(part, now: now(), responseTimeout: timeout) }) else { return .none }
+            return run(action)
+        case .closing, .lingering, .tunnel, .closed, .modifying:
             return .none
-        case .awaitingVerdict(let x), .connecting(let x):
-            if let failed = count(part, x) { return failed }
-            buffered.append(part)
-            return .none
-        case .collecting(let x, var collector):
-            if let failed = count(part, x) { return failed }
-            return collect(part, x, &collector)
-        case .forwarding(let x, let upstream):
-            if let failed = count(part, x) { return failed }
-            switch part {
-            case .body(let bytes): return .forwardBody(upstream, bytes)
-            case .end:
-                startResponseDeadline(now: now())
-                return .forwardEnd(upstream)
-            case .head: return .none
-            }
         }
     }
 
@@ -268,14 +255,11 @@ struct ClientConnectionStateMachine {
         case .tooLarge(let reason): response = .error(.requestHeaderFieldsTooLarge, "request head too large: \(reason)", close: true)
         case .malformed(let reason): response = .error(.badRequest, "malformed HTTP request: \(reason)", close: true)
         }
-        let exchange: ExchangeContext
-        if let x = current {
-            if ExchangeRules.onDecoderError(phase: phase, responseStarted: x.responseStarted) == .abort { return abort(failure: nil) }
-            exchange = x
-        } else {
-            exchange = ExchangeContext(method: .GET, clientVersion: .http1_1, start: now, path: "", requestID: nextRequestID())
+        if case .exchange(let x, _) = state {
+            if ExchangeRules.onDecoderError(phase: x.phase, responseStarted: x.responseStarted) == .abort { return abort(failure: nil) }
+            return respond(response)
         }
-        return respond(response, exchange)
+        return answerUnread(response, start: now)
     }
 
     /// The client's FIN: a half-close, or a close (with half-closure allowed, both arrive so).
@@ -286,7 +270,10 @@ struct ClientConnectionStateMachine {
     /// response says `Connection: close`.
     mutating func clientInputClosed(unparsedBytes: Bool) -> Action {
         inputClosed = true
-        if !unparsedBytes { current?.keepAlive = false }
+        if !unparsedBytes, case .exchange(let x, true) = state {
+            state = .modifying
+            state = .exchange(x, keepAlive: false)
+        }
         return readerDrained()
     }
 
@@ -295,8 +282,16 @@ struct ClientConnectionStateMachine {
     /// between requests the connection closes; a request cut short is aborted as the client's.
     mutating func readerDrained() -> Action {
         guard inputClosed, acceptsParts else { return .none }
-        let (phase, exchange, _) = parts
-        switch ExchangeRules.onClientInputEnd(phase: phase, requestEnded: exchange?.requestEnded ?? true) {
+        let phase: ExchangeRules.Phase
+        var requestEnded = true
+        switch state {
+        case .idle: phase = .idle
+        case .exchange(let x, _):
+            phase = x.phase
+            requestEnded = x.body.ended
+        default: phase = .closed
+        }
+        switch ExchangeRules.onClientInputEnd(phase: phase, requestEnded: requestEnded) {
         case .carryOn: return .none
         case .close: return closeNow()
         case .abortRequest: return clientAbandoned()
@@ -307,9 +302,8 @@ struct ClientConnectionStateMachine {
     /// recorded as aborted, with `ExchangeRecord.clientClosedRequest` (499) when no response had
     /// begun, and the upstream connection serving it, if any, is closed.
     mutating func clientAbandoned() -> Action {
-        if let x = current, !x.responseStarted { x.status = ExchangeRecord.clientClosedRequest }
-        buffered.removeAll()
-        return abort(failure: nil)
+        guard let (action, _) = withExchange({ $0.clientLeft() }) else { return .none }
+        return run(action)
     }
 
     /// The server drains: finish the exchange in flight, then close.
@@ -323,143 +317,95 @@ struct ClientConnectionStateMachine {
     mutating func clientClosed() -> Action {
         let before = state
         state = .closed
-        buffered.removeAll()
-        switch before {
-        case .forwarding(let x, let upstream):
-            if !x.responseStarted { x.status = ExchangeRecord.clientClosedRequest }
-            return .abort(x, upstream: upstream, failure: nil)
-        case .connecting(let x), .awaitingVerdict(let x), .collecting(let x, _), .answering(let x):
-            return .drop(x)
-        case .idle, .closed:
-            return .none
+        guard case .exchange(var x, _) = before else { return .none }
+        if case .forwarding = x.state {
+            let upstream = x.upstream
+            _ = x.clientLeft()
+            return .abort(Ended(log: x.log, lease: x.lease), upstream: upstream, failure: nil)
         }
+        // Nothing was answered or sent upstream: nothing to record.
+        return .drop(x.lease)
     }
 
-    /// The handler closed the connection gracefully and now only discards what arrives.
-    mutating func closing() { state = .closed }
+    /// The handler shut the connection's output after the last response: what arrives now is
+    /// read and discarded until the client's FIN.
+    mutating func lingering() { state = .lingering }
+
+    /// The handler left the pipeline.
+    mutating func gone() { state = .closed }
 
     // MARK: answers that come back
 
-    /// What the guard of `.admit(exchange, route)` is asked (built from the exchange, not carried
-    /// in the action: a head is too large to pass around by value).
-    mutating func guardRequest(for x: ExchangeContext, route: ProxyRoute) -> GuardRequest? {
-        guard let inbound = x.inbound, let target = x.target else { return nil }
-        return GuardRequest(wire: inbound.head, target: target, routeName: route.name, clientAddress: remoteAddress, host: inbound.host,
-                            isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer)
+    /// What the guard of `.admit(exchange:_:)` is asked (built from the state, not carried in
+    /// the action: a head is too large to pass around by value).
+    mutating func guardRequest(for id: UInt64) -> GuardRequest? {
+        guard case .exchange(let x, _) = state, x.id == id, case .awaitingVerdict(let admitted, _) = x.state else { return nil }
+        return admitted.guardRequest(clientAddress: peer.socketAddress)
     }
 
-    mutating func verdict(_ result: Result<Verdict, any Error>, for exchange: ExchangeContext, now: @autoclosure () -> NIODeadline) -> Action {
-        guard case .awaitingVerdict(let x) = state, x === exchange else {
+    mutating func verdict(_ result: Result<Verdict, any Error>, for id: UInt64, now: @autoclosure () -> NIODeadline) -> Action {
+        guard case .exchange(let x, _) = state, x.id == id else {
             if case .success(let verdict) = result { return .discard(verdict) }
             return .none
         }
-        switch result {
-        case .failure: return respond(.error(.serviceUnavailable, "admission could not be decided"), x)
-        case .success(.respond(let response)): return respond(response, x)
-        case .success(.collectBody(let maxBytes, let respond)):
-            var collector = Collector(maxBytes: maxBytes, respond: respond, body: allocator.buffer(capacity: 0))
-            state = .collecting(x, collector)
-            while let part = buffered.popFirst() {
-                let action = collect(part, x, &collector)
-                if case .none = action { continue }
-                buffered.removeAll()
-                return action
-            }
-            return .none
-        case .success(.forward(let addHeaders, let removeHeaders, let tunnel, let user)):
-            guard let inbound = x.inbound, let target = x.target, let route = x.route else { return .discard(.forward(addHeaders: [], tunnel: tunnel)) }
-            x.tunnel = tunnel
-            x.user = user
-            if route.maxInFlight > 0 {
-                // Shed at once rather than queue without bound behind a slow app.
-                guard route.enterInFlight() else {
-                    var response = LocalResponse.error(.serviceUnavailable, "route \(route.name) has max_in_flight requests in flight; retry shortly")
-                    response.headers.append(("retry-after", "1"))
-                    return respond(response, x, failure: .maxInFlight)
-                }
-                x.inFlight = true
-            }
-            x.forwarded = true
-            x.inbound = nil
-            // WebSocket handshakes never take a pooled connection (theirs becomes a tunnel).
-            let principal = x.isWebSocket ? nil : ExchangeRules.upstreamPrincipal(reuse: route.upstreamReuse, user: user, client: clientID,
-                                                                                  hasBody: x.requestHasBody, viaTrustedProxy: peerTrusted)
-            let head = UpstreamRequestHead.forwarding(inbound, method: x.method, target: target, route: route, requestID: x.requestID,
-                                                      client: peerString, scheme: shared.scheme, adding: addHeaders, removing: removeHeaders,
-                                                      closing: principal == nil && !x.isWebSocket)
-            var bytes = allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
-            head.write(inbound, into: &bytes)
-            x.upstreamHead = bytes
-            x.upstreamStart = now()
-            state = .connecting(x)
-            return .connect(x, route, principal: principal, pooled: principal != nil)
-        }
+        let client = ExchangeStateMachine.Client(id: peer.clientID, address: peer.string, trusted: peer.trusted, scheme: shared.scheme)
+        let allocator = self.allocator
+        guard let (action, _) = withExchange({ $0.verdict(result, client: client, allocator: allocator, now: now()) }) else { return .none }
+        return run(action)
     }
 
-    mutating func answered(_ result: Result<LocalResponse, any Error>, for exchange: ExchangeContext) -> Action {
-        guard case .answering(let x) = state, x === exchange else { return .none }
-        switch result {
-        case .success(let response): return respond(response, x)
-        case .failure: return respond(.error(.serviceUnavailable, "the request could not be answered"), x)
-        }
+    mutating func answered(_ result: Result<LocalResponse, any Error>, for id: UInt64) -> Action {
+        guard case .exchange(let x, _) = state, x.id == id else { return .none }
+        guard let (action, _) = withExchange({ $0.answered(result) }) else { return .none }
+        return run(action)
     }
 
     /// The upstream connection asked for with `.connect`, or why there is none.
-    mutating func connected(_ result: Result<UpstreamConnection, any Error>, for exchange: ExchangeContext, now: @autoclosure () -> NIODeadline) -> Action {
-        guard case .connecting(let x) = state, x === exchange else {
+    mutating func connected(_ result: Result<UpstreamConnection, any Error>, for id: UInt64, now: @autoclosure () -> NIODeadline) -> Action {
+        guard case .exchange(let x, _) = state, x.id == id else {
             if case .success(let connection) = result { return .closeUpstream(connection) }
             return .none
         }
-        switch result {
-        case .success(let connection):
-            guard x.upstreamHead != nil else { return .closeUpstream(connection) }
-            state = .forwarding(x, connection)
-            // The request's end is among what goes out now: the upstream's time to answer starts.
-            if x.requestEnded { startResponseDeadline(now: now()) }
-            let body = buffered
-            buffered.removeAll()
-            return .startForwarding(connection, x, body: body)
-        case .failure(let error):
-            if let channelError = error as? ChannelError, case .connectTimeout = channelError {
-                return respond(.error(.gatewayTimeout, "upstream did not accept the connection in time"), x, failure: .connectTimeout)
-            } else if error is UpstreamTLSFailure {
-                return respond(.error(.badGateway, "TLS handshake with the upstream failed"), x, failure: .tlsHandshake)
-            }
-            return respond(.error(.badGateway, "upstream refused the connection"), x, failure: .connectRefused)
-        }
+        let timeout = shared.timeouts.upstreamResponse
+        guard let (action, _) = withExchange({ $0.connected(result, now: now(), responseTimeout: timeout) }) else { return .none }
+        return run(action)
+    }
+
+    /// A part of the app's response.
+    mutating func upstreamPart(_ part: ResponseReader.Part, now: @autoclosure () -> NIODeadline) -> Action {
+        guard let (action, _) = withExchange({ $0.upstreamPart(part, now: now()) }) else { return .none }
+        return run(action)
+    }
+
+    /// The upstream connection closed (`error`: it sent what is not a response, or failed).
+    mutating func upstreamClosed(_ error: (any Error)?) -> Action {
+        guard let (action, _) = withExchange({ $0.upstreamClosed(error) }) else { return .none }
+        return run(action)
     }
 
     // MARK: timers
 
     mutating func timerFired(now: NIODeadline) -> Action {
-        if case .closed = state { return .none }
-        if let deadline = responseDeadline, deadline <= now, case .forwarding(let x, _) = state, !x.responseStarted {
-            responseDeadline = nil
-            return respond(.error(.gatewayTimeout, "upstream did not respond in time"), x, failure: .responseTimeout)
-        }
-        if let deadline = currentBodyDeadline, deadline <= now {
-            return requestFailed(.requestTimeout, "the request body did not arrive within server.timeouts.request_body")
-        }
-        if case .idle(let since?) = state, since + shared.timeouts.requestHead <= now {
+        switch state {
+        case .exchange:
+            let allowance = shared.timeouts.requestBody
+            if let (action, _) = withExchange({ $0.timerFired(now: now, bodyAllowance: allowance) }), !action.isNone {
+                return run(action)
+            }
+        case .idle(let since?) where since + shared.timeouts.requestHead <= now:
             // A client trickling header lines resets the idle timer with each; the head's own
             // deadline does not move (nginx's client_header_timeout, HAProxy's http-request).
-            let x = ExchangeContext(method: .GET, clientVersion: .http1_1, start: since, path: "", requestID: nextRequestID())
-            return respond(.error(.requestTimeout, "the request head did not arrive within server.timeouts.request_head", close: true), x)
-        }
-        guard lastActivity + shared.timeouts.idle <= now else { return .none }
-        switch state {
+            return answerUnread(.error(.requestTimeout, "the request head did not arrive within server.timeouts.request_head", close: true),
+                                start: since)
         case .idle:
-            return closeNow()
-        case .collecting(let x, _):
-            return respond(.error(.requestTimeout, "the request body did not arrive within the idle timeout", close: true), x)
-        case .awaitingVerdict(let x), .answering(let x):
-            return respond(.error(.serviceUnavailable, "admission could not be decided in time", close: true), x)
-        case .forwarding(let x, _), .connecting(let x):
-            if x.responseStarted { return abort(failure: .idleTimeout) }
-            return respond(.error(.gatewayTimeout, "no progress within the idle timeout", close: true), x, failure: .idleTimeout)
-        case .closed:
+            break
+        case .closing, .lingering, .tunnel, .closed, .modifying:
             return .none
         }
+        guard lastActivity + shared.timeouts.idle <= now else { return .none }
+        if case .idle = state { return closeNow() }
+        guard let (action, _) = withExchange({ $0.idleTimeout() }) else { return .none }
+        return run(action)
     }
 
     /// When the timer should fire next (after `timerFired` returned `.none`).
@@ -469,73 +415,119 @@ struct ClientConnectionStateMachine {
         return max(next, now + .milliseconds(1))
     }
 
-    // MARK: responses the gateway makes
+    // MARK: the exchange's actions, for HTTP/1
 
-    /// The request failed while its body was arriving (too large, too slow): answered with
-    /// `status` and closed if no response byte went out yet; otherwise the connection is aborted.
-    mutating func requestFailed(_ status: HTTPResponseStatus, _ reason: String) -> Action {
-        bodyStart = nil
-        guard let x = current else { return .none }
-        if x.responseStarted { return abort(failure: nil) }
-        return respond(.error(status, reason, close: true), x)
+    /// What an action of the exchange in flight means on this connection: responses encoded as
+    /// HTTP/1, the connection kept or closed after one that ends it.
+    private mutating func run(_ action: ExchangeStateMachine.Action) -> Action {
+        switch action {
+        case .none: return .none
+        case .askGuard:
+            guard case .exchange(let x, _) = state, case .awaitingVerdict(let admitted, _) = x.state else { return .none }
+            return .admit(exchange: x.id, admitted.route)
+        case .answer(let body, let respond):
+            guard case .exchange(let x, _) = state else { return .none }
+            return .answer(exchange: x.id, body, respond: respond)
+        case .connect(let route, let principal, let pooled):
+            guard case .exchange(let x, _) = state else { return .none }
+            return .connect(exchange: x.id, route, principal: principal, pooled: pooled)
+        case .startForwarding(let connection, let head, let chunked, let body):
+            guard case .exchange(let x, _) = state else { return .none }
+            return .startForwarding(connection, head: head, method: x.log.method, chunked: chunked, body: body)
+        case .forwardBody(let connection, let bytes): return .forwardBody(connection, bytes)
+        case .forwardEnd(let connection): return .forwardEnd(connection)
+        case .respond(let response, let upstream, let failure):
+            return respondLocally(response, upstream: upstream, failure: failure)
+        case .interim(let status):
+            // Interim (100 Continue, 103): the status line alone, to HTTP/1.1 clients.
+            var buffer = allocator.buffer(capacity: 64)
+            HTTPWire.writeStatusLine(HTTPResponseStatus(statusCode: status), into: &buffer)
+            buffer.writeStaticString("\r\n")
+            return .write(buffer)
+        case .relayHead(let head, let framing, let rules):
+            guard case .exchange(let x, var keepAlive) = state else { return .none }
+            if framing == .untilClose || quiescing {
+                keepAlive = false
+                state = .modifying
+                state = .exchange(x, keepAlive: false)
+            }
+            var buffer = allocator.buffer(capacity: head.head.bytes.readableBytes + 96)
+            head.write(rules: rules, .init(requestID: x.log.requestID, chunked: framing == .chunked, keepAlive: keepAlive, clientVersion: x.log.version),
+                       into: &buffer)
+            return .write(buffer)
+        case .relayBody(let bytes, let chunked):
+            return .writeBody(bytes, chunked: chunked)
+        case .finish(let lastChunk, let upstream, let reuse):
+            guard case .exchange(let x, let keepAlive) = state else { return .none }
+            let after = afterResponse(keepAlive: keepAlive, requestComplete: x.body.ended)
+            state = after == .close ? .closing : .idle()
+            return .finish(Ended(log: x.log, lease: x.lease), lastChunk: lastChunk, upstream: upstream, reuse: reuse, after: after)
+        case .abort(let upstream, let failure):
+            guard case .exchange(let x, _) = state else { return .none }
+            state = .closing
+            return .abort(Ended(log: x.log, lease: x.lease), upstream: upstream, failure: failure)
+        case .upgrade(let connection, let head, let rules):
+            guard case .exchange(let x, _) = state else { return .none }
+            state = .tunnel
+            var buffer = allocator.buffer(capacity: head.head.bytes.readableBytes)
+            head.writeUpgrade(rules: rules, into: &buffer)
+            return .upgrade(Ended(log: x.log, lease: x.lease), connection, head: buffer)
+        case .closeUpstream(let connection): return .closeUpstream(connection)
+        case .discard(let verdict): return .discard(verdict)
+        }
     }
 
-    /// A response the gateway makes for `x`; the upstream connection in the state, if any, is let go.
-    mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, failure: UpstreamErrorKind? = nil) -> Action {
-        var upstream: UpstreamConnection? = nil
-        if case .forwarding(_, let connection) = state { upstream = connection }
-        return respond(response, x, upstream: upstream, failure: failure)
+    /// A response the gateway makes for the exchange in flight.
+    mutating func respond(_ response: LocalResponse) -> Action {
+        guard let (action, _) = withExchange({ $0.respond(response) }) else { return .none }
+        return run(action)
     }
 
-    mutating func respond(_ response: LocalResponse, _ x: ExchangeContext, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
+    /// A response the gateway made for the exchange in flight, which ended with it.
+    private mutating func respondLocally(_ response: LocalResponse, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
+        guard case .exchange(let x, let requested) = state else { return .none }
         // A body not read to its end leaves the connection's framing in doubt.
-        let drained = x.requestEnded || !x.requestHasBody
-        x.keepAlive = !response.close && keepsAlive(x, requestComplete: drained)
-        x.status = Int(response.status.code)
-        x.responseStarted = true
-        x.bytesSent = response.body.readableBytes
-        let bytes = HTTPWire.localResponse(response, requestID: x.requestID, keepAlive: x.keepAlive, clientVersion: x.clientVersion,
-                                           headRequest: x.method == .HEAD, allocator: allocator)
-        responseDeadline = nil
-        bodyStart = nil
-        buffered.removeAll()
-        let after: After = x.keepAlive ? .nextRequest : .close
-        state = after == .close ? .closed : .idle()
-        return .respond(bytes, x, upstream: upstream, failure: failure, after: after)
+        let keepAlive = !response.close && afterResponse(keepAlive: requested, requestComplete: x.body.drained) == .nextRequest
+        let bytes = HTTPWire.localResponse(response, requestID: x.log.requestID, keepAlive: keepAlive, clientVersion: x.log.version,
+                                           headRequest: x.log.method == .HEAD, allocator: allocator)
+        let after: After = keepAlive ? .nextRequest : .close
+        state = after == .close ? .closing : .idle()
+        return .respond(bytes, Ended(log: x.log, lease: x.lease), upstream: upstream, failure: failure, after: after)
     }
 
-    func afterResponse(_ x: ExchangeContext) -> After {
-        keepsAlive(x, requestComplete: x.requestEnded) ? .nextRequest : .close
+    private func afterResponse(keepAlive: Bool, requestComplete: Bool) -> After {
+        ExchangeRules.clientKeepsAlive(requested: keepAlive, requestComplete: requestComplete, quiescing: quiescing) ? .nextRequest : .close
     }
 
-    func keepsAlive(_ x: ExchangeContext, requestComplete: Bool) -> Bool {
-        ExchangeRules.clientKeepsAlive(requested: x.keepAlive, requestComplete: requestComplete, quiescing: quiescing)
+    /// A response to bytes that never made a request (a head that broke or never ended).
+    private mutating func answerUnread(_ response: LocalResponse, start: NIODeadline) -> Action {
+        let log = ExchangeLog(method: .GET, version: .http1_1, start: start, path: "", requestID: nextRequestID())
+        state = .exchange(ExchangeStateMachine(id: nextExchange(), log: log, framing: .none), keepAlive: false)
+        return respond(response)
     }
 
     mutating func abort(failure: UpstreamErrorKind?) -> Action {
-        var upstream: UpstreamConnection? = nil
-        if case .forwarding(_, let connection) = state { upstream = connection }
-        let x = current
-        state = .closed
-        return .abort(x, upstream: upstream, failure: failure)
+        guard let (action, _) = withExchange({ $0.abort(failure: failure) }) else {
+            state = .closing
+            return .abort(nil, upstream: nil, failure: failure)
+        }
+        return run(action)
     }
 
     mutating func closeNow() -> Action {
-        var upstream: UpstreamConnection? = nil
-        if case .forwarding(_, let connection) = state { upstream = connection }
-        state = .closed
+        let upstream = self.upstream
+        state = .closing
         return .close(upstream: upstream)
     }
 
-    mutating func startResponseDeadline(now: NIODeadline) {
-        responseDeadline = now + shared.timeouts.upstreamResponse
-    }
-
-    /// nil while no body is arriving, or while the gateway holds the client back.
-    var currentBodyDeadline: NIODeadline? {
-        guard let start = bodyStart, heldSince == nil, let x = current, !x.requestEnded else { return nil }
-        return ExchangeRules.bodyDeadline(start: start, allowance: shared.timeouts.requestBody, held: bodyHeld, bytesReceived: x.bodyBytes)
-    }
-
     mutating func nextRequestID() -> String { requestIDs.next() }
+
+    mutating func nextExchange() -> UInt64 {
+        exchanges &+= 1
+        return exchanges
+    }
+}
+
+extension ExchangeStateMachine.Action {
+    var isNone: Bool { if case .none = self { return true } else { return false } }
 }

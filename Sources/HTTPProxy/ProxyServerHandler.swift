@@ -30,9 +30,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     /// re-enter), so the pump goes round once more instead of starting a nested one.
     private var pumping = false
     private var pumpAgain = false
-    private var closing = false
-    /// After the last response: output shut, input still read and discarded (lingering close).
-    private var lingering = false
     private var timer: Scheduled<Void>? = nil
     private var timerDeadline: NIODeadline = .distantFuture
 
@@ -62,8 +59,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         timer = nil
         // No upstream may call back into a handler without a pipeline (closing it clears its
         // owner); normally channelInactive or the upgrade has let it go already.
-        if case .forwarding(_, let upstream) = machine.state { upstream.close() }
-        machine.closing()
+        machine.upstream?.close()
+        machine.gone()
         // The context holds this handler: keeping it would keep both, and the connection's
         // every buffer, for the life of the process (measured: ~2 KiB per closed connection).
         self.context = nil
@@ -72,13 +69,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
         run(machine.clientClosed())
-        connector.clientClosed(machine.clientID)
+        connector.clientClosed(machine.peer.clientID)
         shared.observer.clientConnectionClosed()
         context.fireChannelInactive()
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if lingering || machine.isClosed { return }
+        if machine.isClosed { return }  // closing or lingering: discarded
         machine.activity(now: now)
         inReadBurst = true
         reader.receive(unwrapInboundIn(data))
@@ -87,13 +84,13 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     func channelReadComplete(context: ChannelHandlerContext) {
         inReadBurst = false
-        if case .forwarding(_, let upstream) = machine.state { upstream.flush() }
+        machine.upstream?.flush()
         context.flush()
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
         if context.channel.isWritable {
-            if case .forwarding(_, let upstream) = machine.state { upstream.clientBecameWritable() }
+            machine.upstream?.clientBecameWritable()
             resumeReading()
         }
         context.fireChannelWritabilityChanged()
@@ -111,14 +108,14 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             return run(machine.quiesce())
         }
         if let event = event as? ChannelEvent, event == .inputClosed {
-            if lingering { return context.close(promise: nil) }  // the client is done too
+            if machine.isLingering { return context.close(promise: nil) }  // the client is done too
             return run(machine.clientInputClosed(unparsedBytes: reader.holdsUnparsedRequest))
         }
         context.fireUserInboundEventTriggered(event)
     }
 
     func read(context: ChannelHandlerContext) {
-        if lingering || wantsRead {
+        if wantsRead {
             readPending = false
             machine.readResumed(now: now)
             context.read()
@@ -164,7 +161,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             run(machine.readerDrained())
             // Parts handed on outside a client read burst: channelReadComplete will not flush
             // them. The flush may fail at once and end the exchange (then: round again).
-            if !inReadBurst, case .forwarding(_, let upstream) = machine.state { upstream.flush() }
+            if !inReadBurst { machine.upstream?.flush() }
         } while pumpAgain && context != nil && !machine.isClosed
         machine.headPending(reader.holdsUnparsedRequest, now: now)
         noteHeldRead()
@@ -183,7 +180,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         guard context != nil else {
             if case .closeUpstream(let connection) = action { connection.close() }
             if case .discard(let verdict) = action { Self.discard(verdict) }
-            if case .drop(let exchange) = action { exchange.ended() }
+            if case .drop(let lease) = action { lease.release() }
             return
         }
         run(action)
@@ -221,7 +218,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .none:
             break
         case .admit(let exchange, let route):
-            guard let request = machine.guardRequest(for: exchange, route: route) else {
+            guard let request = machine.guardRequest(for: exchange) else {
                 // Cannot happen (`.admit` follows a parsed head): answered 503, never left hanging.
                 return run(machine.verdict(.failure(ChannelError.inappropriateOperationForState), for: exchange, now: now))
             }
@@ -229,9 +226,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             case .verdict(let verdict):
                 run(machine.verdict(.success(verdict), for: exchange, now: now))
             case .pending(let future):
-                let bound = NIOLoopBound((self, exchange), eventLoop: context.eventLoop)
+                let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
                 future.hop(to: context.eventLoop).whenComplete { result in
-                    let (handler, exchange) = bound.value
+                    let handler = bound.value
                     guard handler.context != nil else {
                         if case .success(let verdict) = result { Self.discard(verdict) }
                         return
@@ -240,9 +237,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 }
             }
         case .answer(let exchange, let body, let respond):
-            let bound = NIOLoopBound((self, exchange), eventLoop: context.eventLoop)
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
             respond(body).hop(to: context.eventLoop).whenComplete { result in
-                let (handler, exchange) = bound.value
+                let handler = bound.value
                 guard handler.context != nil else { return }
                 handler.deliver(handler.machine.answered(result, for: exchange))
             }
@@ -251,9 +248,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             if pooled, let principal, let connection = connector.takeIdle(address, for: principal) {
                 return run(machine.connected(.success(connection), for: exchange, now: now))
             }
-            let bound = NIOLoopBound((self, exchange), eventLoop: context.eventLoop)
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
             connector.connect(address, for: principal).whenComplete { result in
-                let (handler, exchange) = bound.value
+                let handler = bound.value
                 let connection = result.map { $0.value }
                 guard handler.context != nil else {
                     if case .success(let connection) = connection { connection.close() }
@@ -261,9 +258,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 }
                 handler.deliver(handler.machine.connected(connection, for: exchange, now: handler.now))
             }
-        case .startForwarding(let connection, let exchange, let body):
+        case .startForwarding(let connection, let head, let method, let chunked, let body):
             connection.owner = self
-            if let head = exchange.upstreamHead { connection.writeHead(head, method: exchange.method, chunked: exchange.requestChunked) }
+            connection.writeHead(head, method: method, chunked: chunked)
             for part in body { write(part, to: connection) }
             // Inside a read burst, channelReadComplete flushes once for the whole burst; inside
             // a pump, the pump flushes when the parts it hands on are written.
@@ -276,41 +273,39 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             context.write(wrapOutboundOut(bytes), promise: nil)
         case .writeBody(let bytes, let chunked):
             if chunked { HTTPWire.writeChunk(bytes, context: context) } else { context.write(wrapOutboundOut(bytes), promise: nil) }
-        case .respond(let bytes, let exchange, let upstream, let failure, let after):
+        case .respond(let bytes, let ended, let upstream, let failure, let after):
             upstream?.close()
-            if let failure { shared.observer.upstreamFailed(failure, route: exchange.route?.name ?? "-") }
+            if let failure { shared.observer.upstreamFailed(failure, route: ended.log.route?.name ?? "-") }
             context.write(wrapOutboundOut(bytes), promise: nil)
-            record(exchange, aborted: false)
+            record(ended, aborted: false)
             then(after)
-        case .finish(let exchange, let lastChunk, let upstream, let reuse, let after):
+        case .finish(let ended, let lastChunk, let upstream, let reuse, let after):
             if lastChunk { context.write(wrapOutboundOut(ByteBuffer(staticString: "0\r\n\r\n")), promise: nil) }
             // The upstream's readComplete will not reach us once the connection is back in the
             // pool: flush the response now (one flush per response in the common case).
             context.flush()
-            record(exchange, aborted: false)
-            if let upstream {
-                if reuse { connector.release(upstream) } else { upstream.close() }
-            }
+            record(ended, aborted: false)
+            if reuse { connector.release(upstream) } else { upstream.close() }
             then(after)
-        case .abort(let exchange, let upstream, let failure):
+        case .abort(let ended, let upstream, let failure):
             // What was written goes out, then the connection closes: the client sees a
             // truncated response, never a complete-looking one.
-            if let failure { shared.observer.upstreamFailed(failure, route: exchange?.route?.name ?? "-") }
-            if let exchange { record(exchange, aborted: true) }
+            if let failure { shared.observer.upstreamFailed(failure, route: ended?.log.route?.name ?? "-") }
+            if let ended { record(ended, aborted: true) }
             upstream?.close()
             context.flush()
             context.close(promise: nil)
         case .close(let upstream):
             upstream?.close()
             closeGracefully()
-        case .upgrade(let exchange, let connection, let head):
-            upgrade(exchange, connection, head)
+        case .upgrade(let ended, let connection, let head):
+            upgrade(ended, connection, head)
         case .closeUpstream(let connection):
             connection.close()
         case .discard(let verdict):
             Self.discard(verdict)
-        case .drop(let exchange):
-            exchange.ended()
+        case .drop(let lease):
+            lease.release()
         }
     }
 
@@ -341,9 +336,9 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         if case .forward(_, _, let tunnel?, _) = verdict { tunnel.finish() }
     }
 
-    private func record(_ exchange: ExchangeContext, aborted: Bool) {
-        exchange.ended()
-        shared.observer.exchangeCompleted(exchange.record(aborted: aborted, client: machine.peerString, now: now))
+    private func record(_ ended: Machine.Ended, aborted: Bool) {
+        ended.lease.release()
+        shared.observer.exchangeCompleted(ended.log.record(aborted: aborted, client: machine.peer.string, now: now))
     }
 
     /// Lingering close (RFC 9112 §9.6): what was written goes out, then FIN, then what the client
@@ -351,9 +346,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     /// kernel answer with a reset, which can destroy the response (a 400, 413 or 504) before the
     /// client has read it.
     private func closeGracefully() {
-        guard !closing else { return }
-        closing = true
-        machine.closing()
         let channel = context.channel
         let this = NIOLoopBound(self, eventLoop: context.eventLoop)
         // A client that never reads would keep the last write, and so the connection, pending
@@ -372,7 +364,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     private func linger(_ channel: any Channel) {
         guard let context else { return channel.close(promise: nil) }
-        lingering = true
+        machine.lingering()
         timer?.cancel()
         timer = nil
         let lingerEnd = context.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
@@ -382,12 +374,11 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
 
     /// The app accepted a WebSocket handshake: its 101 goes to the client, then both connections
     /// become a byte tunnel (`Upgrade`).
-    private func upgrade(_ exchange: ExchangeContext, _ connection: UpstreamConnection, _ head: ResponseHead) {
+    private func upgrade(_ ended: Machine.Ended, _ connection: UpstreamConnection, _ head: ByteBuffer) {
         guard let upstreamChannel = connection.channel else {
-            return run(.abort(exchange, upstream: connection, failure: .resetDuringResponse))
+            return run(.abort(ended, upstream: connection, failure: .resetDuringResponse))
         }
-        var buffer = context.channel.allocator.buffer(capacity: head.head.bytes.readableBytes)
-        head.writeUpgrade(rules: exchange.snapshot?.rules, into: &buffer)
+        var buffer = head
         // What the app sent right behind its 101 is the tunnel's already.
         var early = connection.takeTunnelBytes()
         buffer.writeBuffer(&early)
@@ -397,15 +388,16 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             // The client left while the 101 was written (the failed write closed it, and its
             // channelInactive found nothing to close): no tunnel, and the app's side closes.
             connection.close()
-            return record(exchange, aborted: true)
+            return record(ended, aborted: true)
         }
-        let tunnel = exchange.tunnel
-        exchange.tunnel = nil
-        record(exchange, aborted: false)
+        // The tunnel takes the lease; the in-flight place is given back now.
+        var withoutTunnel = ended
+        withoutTunnel.lease.tunnel = nil
+        record(withoutTunnel, aborted: false)
         timer?.cancel()
         timer = nil
         Upgrade.splice(client: context, upstream: connection, upstreamChannel: upstreamChannel, clientBytes: reader.takeRemaining(),
-                       clientInputClosed: machine.inputClosed, tunnel: tunnel)
+                       clientInputClosed: machine.inputClosed, tunnel: ended.lease.tunnel)
     }
 
     // MARK: the timer
