@@ -21,7 +21,7 @@ PRODUCTS = {
     "NIOExtras": "swift-nio-extras", "NIOSSL": "swift-nio-ssl", "Logging": "swift-log", "Prometheus": "swift-prometheus",
     "ServiceLifecycle": "swift-service-lifecycle", "UnixSignals": "swift-service-lifecycle",
     "ArgumentParser": "swift-argument-parser", "Yams": "Yams", "Crypto": "swift-crypto", "_CryptoExtras": "swift-crypto",
-    "AsyncHTTPClient": "async-http-client",
+    "AsyncHTTPClient": "async-http-client", "NIOHTTP2": "swift-nio-http2", "NIOHPACK": "swift-nio-http2",
 }
 
 def balanced(text, start, open_, close):

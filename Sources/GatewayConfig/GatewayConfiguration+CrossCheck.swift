@@ -17,6 +17,9 @@ extension GatewayConfiguration {
            server.listen.host == server.adminListen.host || wildcard.contains(server.listen.host) || wildcard.contains(server.adminListen.host) {
             r.report(Self.path(.server, Server.Key.adminListen), "\(server.adminListen) is the public listener's address (server.listen \(server.listen)); give the admin listener its own port")
         }
+        if server.http2Cleartext, server.tls != nil {
+            r.report(Self.path(.server, Server.Key.http2Cleartext), "is for a listener without server.tls; with TLS, HTTP/2 is offered by server.tls.alpn")
+        }
         checkAppleReturnURL(r)
         guard routes.contains(where: { $0.auth != .public }) else { return }
         checkSignIn(r, root)

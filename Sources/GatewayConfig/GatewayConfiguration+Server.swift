@@ -3,7 +3,7 @@ extension GatewayConfiguration.Server {
         case listen, publicURL = "public_url", authPrefix = "auth_prefix", adminListen = "admin_listen"
         case trustedProxies = "trusted_proxies", allowedRedirectHosts = "allowed_redirect_hosts"
         case allowedOrigins = "allowed_origins", tls, accessLog = "access_log", log, timeouts, limits
-        case redirectHTTPListen = "redirect_http_listen"
+        case redirectHTTPListen = "redirect_http_listen", http2Cleartext = "http2_cleartext", http2
     }
 
     /// Reads `server`: each key the file sets replaces its default.
@@ -44,6 +44,8 @@ extension GatewayConfiguration.Server {
         if let l = r.section(s, .log, keys: GatewayConfiguration.Log.Key.self) { log.read(l, r) }
         if let t = r.section(s, .timeouts, keys: GatewayConfiguration.Timeouts.Key.self) { timeouts.read(t, r) }
         if let l = r.section(s, .limits, keys: GatewayConfiguration.Limits.Key.self) { limits.read(l, r) }
+        if let v = r.bool(s, .http2Cleartext) { http2Cleartext = v }
+        if let h = r.section(s, .http2, keys: GatewayConfiguration.HTTP2.Key.self) { http2.read(h, r) }
     }
 
     /// A path of segments of letters, digits, `- _ . ~` (not `.` or `..`), with a leading `/` and
@@ -64,15 +66,32 @@ extension GatewayConfiguration.Server {
 
 extension GatewayConfiguration.TLSFiles {
     enum Key: String, ConfigKey {
-        case certificateFile = "certificate_file", privateKeyFile = "private_key_file"
+        case certificateFile = "certificate_file", privateKeyFile = "private_key_file", alpn
     }
 
-    /// Reads `server.tls`: both files, or nil (each missing one reported).
+    /// Reads `server.tls`: both files, or nil (each missing one reported); `alpn` when set.
     init?(_ t: ConfigReader.Section<Key>, _ r: ConfigReader) {
         let certificate = r.path(t, .certificateFile, required: "the PEM certificate, leaf first, then its chain")
         let key = r.path(t, .privateKeyFile, required: "the PEM private key of the certificate")
+        let alpn = Self.readALPN(t, r)
         guard let certificate, let key else { return nil }
         self.init(certificateFile: certificate, privateKeyFile: key)
+        if let alpn { self.alpn = alpn }
+    }
+
+    /// `server.tls.alpn`: a non-empty list of `h2` and `http/1.1`, each at most once.
+    private static func readALPN(_ t: ConfigReader.Section<Key>, _ r: ConfigReader) -> [GatewayConfiguration.ApplicationProtocol]? {
+        let allowed = GatewayConfiguration.ApplicationProtocol.allCases.map { "'\($0.rawValue)'" }.joined(separator: " or ")
+        guard let list = r.list(t, .alpn, what: allowed, parse: GatewayConfiguration.ApplicationProtocol.init(rawValue:)) else { return nil }
+        if list.isEmpty {
+            r.report(t, .alpn, "must offer at least one protocol (h2, http/1.1)")
+            return nil
+        }
+        if Set(list).count != list.count {
+            r.report(t, .alpn, "names a protocol twice")
+            return nil
+        }
+        return list
     }
 }
 
@@ -116,5 +135,18 @@ extension GatewayConfiguration.Limits {
         if let v = r.int(l, .maxBodyBytes, range: 0...Int(Int64.max)) { maxBodyBytes = v }
         if let v = r.int(l, .maxHeaderBytes, range: 1024...(1 << 20)) { maxHeaderBytes = v }
         if let v = r.int(l, .maxHeaderCount, range: 8...1000) { maxHeaderCount = v }
+    }
+}
+
+extension GatewayConfiguration.HTTP2 {
+    enum Key: String, ConfigKey {
+        case maxConcurrentStreams = "max_concurrent_streams", maxHeaderListSize = "max_header_list_size"
+        case maxStreamResets = "max_stream_resets"
+    }
+
+    mutating func read(_ h: ConfigReader.Section<Key>, _ r: ConfigReader) {
+        if let v = r.int(h, .maxConcurrentStreams, range: 1...1000) { maxConcurrentStreams = v }
+        if let v = r.int(h, .maxHeaderListSize, range: 1024...(1 << 20)) { maxHeaderListSize = v }
+        if let v = r.int(h, .maxStreamResets, range: 1...100_000) { maxStreamResets = v }
     }
 }

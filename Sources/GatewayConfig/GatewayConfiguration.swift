@@ -43,16 +43,54 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var tls: TLSFiles? = nil
         /// A plain-HTTP listener that answers every request with a 308 to the https URL.
         public var redirectHTTPListen: ListenAddress? = nil
+        /// HTTP/2 with prior knowledge (h2c) on a listener without `tls`: for a TLS terminator in
+        /// front that speaks h2c. A connection that starts with the HTTP/2 preface gets HTTP/2,
+        /// any other HTTP/1.1 as before.
+        public var http2Cleartext = false
+        /// The bounds of every HTTP/2 connection (`server.http2`).
+        public var http2 = HTTP2()
         public init() {}
+    }
+
+    /// The bounds of an HTTP/2 connection, each against one kind of resource exhaustion.
+    public struct HTTP2: Sendable, Equatable {
+        /// Streams a client may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); a stream
+        /// over it is refused (RST_STREAM REFUSED_STREAM).
+        public var maxConcurrentStreams = 100
+        /// The largest request header list (SETTINGS_MAX_HEADER_LIST_SIZE: names and values plus
+        /// 32 bytes a field, RFC 9113 §6.5.2), also the bound on the HEADERS and CONTINUATION
+        /// bytes of one block; nil: `server.limits.max_header_bytes`.
+        public var maxHeaderListSize: Int? = nil
+        /// Streams a client may reset (RST_STREAM) within `streamResetWindow`; one more and the
+        /// connection ends with GOAWAY (rapid reset, CVE-2023-44487).
+        public var maxStreamResets = 200
+        /// The window `maxStreamResets` counts over (fixed).
+        public static let streamResetWindow: Duration = .seconds(10)
+
+        /// `maxHeaderListSize`, or the HTTP/1 head bound when it is not set.
+        public func headerListSize(_ limits: Limits) -> Int { maxHeaderListSize ?? limits.maxHeaderBytes }
+        public init() {}
+    }
+
+    /// A protocol a TLS listener offers by ALPN (`server.tls.alpn`).
+    public enum ApplicationProtocol: String, Sendable, Equatable, CaseIterable {
+        case h2
+        case http11 = "http/1.1"
     }
 
     /// A certificate (PEM, leaf first, chain after) and its private key (PEM).
     public struct TLSFiles: Sendable, Equatable {
         public var certificateFile: String
         public var privateKeyFile: String
-        public init(certificateFile: String, privateKeyFile: String) {
+        /// The protocols offered by ALPN, in the server's order of preference; a client that
+        /// offers none of them (or no ALPN) gets HTTP/1.1.
+        public var alpn: [ApplicationProtocol]
+        /// HTTP/2 first, HTTP/1.1 for the clients that do not speak it.
+        public static let defaultALPN: [ApplicationProtocol] = [.h2, .http11]
+        public init(certificateFile: String, privateKeyFile: String, alpn: [ApplicationProtocol] = defaultALPN) {
             self.certificateFile = certificateFile
             self.privateKeyFile = privateKeyFile
+            self.alpn = alpn
         }
     }
 

@@ -5,6 +5,7 @@ import NIOCore
 import NIOExtras
 import NIOHTTP1
 import NIOPosix
+import NIOTLS
 
 /// Settings of the data path (typed values; the file format lives in `GatewayConfig`).
 public struct ProxyConfiguration: Sendable {
@@ -13,6 +14,8 @@ public struct ProxyConfiguration: Sendable {
     public var limits: ProxyLimits
     /// TLS termination on `listen`; nil: plain HTTP.
     public var tls: TLSTermination? = nil
+    /// Where HTTP/2 is spoken (ALPN on TLS, h2c on plain) and its bounds.
+    public var http2 = HTTP2Settings()
 
     public struct Timeouts: Sendable {
         public var upstreamConnect: TimeAmount
@@ -108,8 +111,9 @@ final class ProxyShared: Sendable {
     func replace(_ snapshot: RoutingSnapshot) { current.withLockedValue { $0 = snapshot } }
 }
 
-/// The gateway's public HTTP/1.1 listener: one event loop per core, each with its own upstream
-/// pool. Start with `start()`, swap routes with `replaceRouting(_:)`, stop with `shutdown`.
+/// The gateway's public listener, HTTP/1.1 and (by ALPN on TLS, or h2c when configured)
+/// HTTP/2: one event loop per core, each with its own upstream pool. Start with `start()`, swap
+/// routes with `replaceRouting(_:)`, stop with `shutdown`.
 public final class ProxyServer: Sendable {
     private let configuration: ProxyConfiguration
     private let group: any EventLoopGroup
@@ -117,11 +121,21 @@ public final class ProxyServer: Sendable {
     private let pools: [ObjectIdentifier: NIOLoopBoundBox<UpstreamPool>]
     private let state = NIOLockedValueBox<(channel: (any Channel)?, quiesce: ServerQuiescingHelper?)>((nil, nil))
     private let logger: Logger
+    private let http2Streams: HTTP2StreamInitializer
 
-    public init(configuration: ProxyConfiguration, routing: RoutingSnapshot, group: MultiThreadedEventLoopGroup, observer: any ProxyObserver = SilentProxyObserver(), logger: Logger) {
+    public convenience init(configuration: ProxyConfiguration, routing: RoutingSnapshot, group: MultiThreadedEventLoopGroup,
+                            observer: any ProxyObserver = SilentProxyObserver(), logger: Logger) {
+        self.init(configuration: configuration, routing: routing, group: group, observer: observer, logger: logger,
+                  http2Streams: HTTP2UnwiredStreamHandler.initializer)
+    }
+
+    /// - Parameter http2Streams: installs the handler of each HTTP/2 stream.
+    init(configuration: ProxyConfiguration, routing: RoutingSnapshot, group: MultiThreadedEventLoopGroup, observer: any ProxyObserver = SilentProxyObserver(),
+         logger: Logger, http2Streams: @escaping HTTP2StreamInitializer) {
         self.configuration = configuration
         self.group = group
         self.logger = logger
+        self.http2Streams = http2Streams
         self.shared = ProxyShared(snapshot: routing, configuration: configuration, observer: observer)
         var pools: [ObjectIdentifier: NIOLoopBoundBox<UpstreamPool>] = [:]
         for loop in group.makeIterator() {
@@ -141,6 +155,8 @@ public final class ProxyServer: Sendable {
         let pools = self.pools
         let tls = configuration.tls
         let logger = self.logger
+        let http2 = configuration.http2
+        let streams = self.http2Streams
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -162,7 +178,23 @@ public final class ProxyServer: Sendable {
                         shared.observer.clientConnectionRefused(refusal)
                         return try sync.addHandler(RefusedConnectionHandler())
                     }
-                    try sync.addHandler(ProxyServerHandler(shared: shared, connector: pool))
+                    let selector = ProtocolSelector(shared: shared, pool: pool, settings: http2, logger: logger, streams: streams)
+                    switch (tls != nil, tls != nil ? http2.overTLS : http2.cleartext) {
+                    case (_, false):
+                        // HTTP/1.1 alone: the pipeline as it always was.
+                        try sync.addHandler(ProxyServerHandler(shared: shared, connector: pool))
+                    case (true, true):
+                        try sync.addHandler(ApplicationProtocolNegotiationHandler { result, channel in
+                            channel.eventLoop.makeCompletedFuture {
+                                guard case .negotiated("h2") = result else { return try selector.configure(.http1, channel) }
+                                try selector.configure(.http2, channel)
+                            }
+                        })
+                    case (false, true):
+                        try sync.addHandler(HTTP2PrefaceSniffer(timeout: shared.timeouts.requestHead) { choice, _ in
+                            try selector.configure(choice, channel)
+                        })
+                    }
                 }
             }
             .bind(host: configuration.listen.host, port: configuration.listen.port)
@@ -189,6 +221,26 @@ public final class ProxyServer: Sendable {
         timeout.cancel()
         for (_, pool) in pools {
             try? await pool.eventLoop.submit { pool.value.closeAll() }.get()
+        }
+    }
+}
+
+/// Adds the pipeline of the protocol a connection speaks, once it is known (ALPN, or the h2c
+/// preface): HTTP/1.1's handler as it always was, or the HTTP/2 connection pipeline.
+struct ProtocolSelector {
+    let shared: ProxyShared
+    let pool: UpstreamPool
+    let settings: HTTP2Settings
+    let logger: Logger
+    let streams: HTTP2StreamInitializer
+
+    func configure(_ choice: HTTP2PrefaceSniffer.Choice, _ channel: any Channel) throws {
+        switch choice {
+        case .http1:
+            try channel.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, connector: pool))
+        case .http2:
+            let environment = HTTP2StreamEnvironment(shared: shared, connector: pool, settings: settings)
+            try HTTP2ConnectionPipeline.configure(channel, environment: environment, idle: shared.timeouts.idle, logger: logger, streams: streams)
         }
     }
 }

@@ -40,25 +40,32 @@ struct ResponseHead {
     /// The head for the client of a final (2xx–5xx) response.
     func write(rules: RequestHeaderRules?, _ additions: Additions, into buffer: inout ByteBuffer) {
         HTTPWire.writeStatusLine(HTTPResponseStatus(statusCode: head.status), into: &buffer)
-        // Fields the app named in `Connection` are hop-by-hop too (RFC 9110 §7.6.1).
-        let named = connectionTokens.filter { $0 != "close" && $0 != "keep-alive" }
-        let status = head.status
-        copyFields(into: &buffer) { field in
-            let kind = head.kind(of: field)
-            switch kind {
-            case .hopByHop, .connection, .upgrade, .transferEncoding: return false
-            case .contentLength where status == 204: return false
-            case .other where !named.isEmpty && named.contains(where: { head.nameEquals(field, $0) }):
-                // Only ordinary fields: an app answering `Connection: content-length` must not
-                // make the proxy relay a body without its length on a kept-alive connection.
-                return false
-            default: return !withholds(field, rules)
-            }
-        }
+        let named = connectionNamed
+        copyFields(into: &buffer) { relays($0, named: named, rules: rules) }
         if !hasRequestID, let id = additions.requestID { HTTPWire.writeHeader("x-request-id", id, into: &buffer) }
         if additions.chunked { buffer.writeStaticString("transfer-encoding: chunked\r\n") }
         HTTPWire.writeConnection(ExchangeRules.connectionField(keepAlive: additions.keepAlive, clientVersion: additions.clientVersion), into: &buffer)
         buffer.writeStaticString("\r\n")
+    }
+
+    /// Fields the app named in `Connection`: hop-by-hop too (RFC 9110 §7.6.1).
+    var connectionNamed: [String] { connectionTokens.filter { $0 != "close" && $0 != "keep-alive" } }
+
+    /// Whether a field of a final response reaches the client, over HTTP/1.1 and HTTP/2 alike:
+    /// not hop-by-hop or framing (`Connection`, `Upgrade`, `Transfer-Encoding`, `Keep-Alive`, …),
+    /// not named in `Connection` (`named`), not `Content-Length` on a 204, not a `Set-Cookie`
+    /// for one of the gateway's cookies.
+    @inline(__always)
+    func relays(_ field: WireField, named: [String], rules: RequestHeaderRules?) -> Bool {
+        switch head.kind(of: field) {
+        case .hopByHop, .connection, .upgrade, .transferEncoding: return false
+        case .contentLength where head.status == 204: return false
+        case .other where !named.isEmpty && named.contains(where: { head.nameEquals(field, $0) }):
+            // Only ordinary fields: an app answering `Connection: content-length` must not
+            // make the proxy relay a body without its length on a kept-alive connection.
+            return false
+        default: return !withholds(field, rules)
+        }
     }
 
     /// The head of a 101 that opens a WebSocket tunnel: `Connection` and `Upgrade` stay (the

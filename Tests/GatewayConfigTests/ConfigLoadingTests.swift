@@ -28,6 +28,8 @@ struct ConfigLoadingTests {
         var defaults = GatewayConfiguration()
         #expect(config.server.timeouts == defaults.server.timeouts)
         #expect(config.server.limits == defaults.server.limits)
+        #expect(config.server.http2 == defaults.server.http2)
+        #expect(config.server.http2Cleartext == defaults.server.http2Cleartext)
         #expect(config.server.log == defaults.server.log)
         #expect(config.server.authPrefix == defaults.server.authPrefix)
         #expect(config.server.adminListen == defaults.server.adminListen)
@@ -119,6 +121,25 @@ struct ConfigLoadingTests {
         BadCase(name: "negative connection cap", yaml: "server:\n  limits:\n    max_connections_per_client: -5\n" + minimal, path: "server.limits.max_connections_per_client", line: 3, column: 33, message: "must be between 0 and"),
         BadCase(name: "bad request_head", yaml: "server:\n  timeouts:\n    request_head: soon\n" + minimal, path: "server.timeouts.request_head", line: 3, column: 19, message: "not a duration"),
         BadCase(name: "bad access_log", yaml: "server:\n  access_log: verbose\n" + minimal, path: "server.access_log", line: 2, column: 15, message: "text | json | off"),
+        BadCase(name: "an ALPN protocol the gateway does not speak", yaml: "server:\n  tls: { certificate_file: /c, private_key_file: /k, alpn: [h2, h3] }\n" + minimal,
+                path: "server.tls.alpn[1]", line: 2, column: 65, message: "is not 'h2' or 'http/1.1'"),
+        BadCase(name: "an empty ALPN list", yaml: "server:\n  tls: { certificate_file: /c, private_key_file: /k, alpn: [] }\n" + minimal,
+                path: "server.tls.alpn", line: 2, column: 60, message: "at least one protocol"),
+        BadCase(name: "an ALPN protocol named twice", yaml: "server:\n  tls: { certificate_file: /c, private_key_file: /k, alpn: [h2, h2] }\n" + minimal,
+                path: "server.tls.alpn", line: 2, column: 60, message: "names a protocol twice"),
+        BadCase(name: "http2_cleartext not a bool", yaml: "server:\n  http2_cleartext: maybe\n" + minimal, path: "server.http2_cleartext", line: 2, column: 20, message: "true or false"),
+        BadCase(name: "http2_cleartext on a TLS listener", yaml: "server:\n  http2_cleartext: true\n  tls: { certificate_file: /c, private_key_file: /k }\n" + minimal,
+                path: "server.http2_cleartext", line: 2, column: 3, message: "without server.tls"),
+        BadCase(name: "no concurrent stream", yaml: "server:\n  http2: { max_concurrent_streams: 0 }\n" + minimal, path: "server.http2.max_concurrent_streams", line: 2, column: 36,
+                message: "must be between 1 and 1000"),
+        BadCase(name: "too many concurrent streams", yaml: "server:\n  http2:\n    max_concurrent_streams: 1001\n" + minimal, path: "server.http2.max_concurrent_streams", line: 3, column: 29,
+                message: "must be between 1 and 1000"),
+        BadCase(name: "a header list below 1 KiB", yaml: "server:\n  http2:\n    max_header_list_size: 100\n" + minimal, path: "server.http2.max_header_list_size", line: 3, column: 27,
+                message: "must be between 1024 and"),
+        BadCase(name: "no stream reset allowed", yaml: "server:\n  http2:\n    max_stream_resets: 0\n" + minimal, path: "server.http2.max_stream_resets", line: 3, column: 24,
+                message: "must be between 1 and"),
+        BadCase(name: "an unknown http2 key", yaml: "server:\n  http2:\n    max_streams: 5\n" + minimal, path: "server.http2.max_streams", line: 3, column: 5,
+                message: "did you mean 'max_concurrent_streams'?"),
     ]
 
     @Test("upstream reuse is principal by default; shared, none, max_in_flight, request_head and the connection caps parse")
@@ -150,6 +171,37 @@ struct ConfigLoadingTests {
         #expect(c.server.limits.maxConnectionsPerClient == 64)
         #expect(c.routes.map(\.upstreamReuse) == [.principal, .shared, .none])
         #expect(c.routes.map(\.maxInFlight) == [0, 200, 0])
+    }
+
+    @Test("HTTP/2: h2 and http/1.1 offered on TLS by default, h2c off, 100 streams, the head bound as header list, 200 resets")
+    func http2Defaults() throws {
+        let c = try #require(GatewayConfiguration.parse(yaml: "server:\n  tls: { certificate_file: /c, private_key_file: /k }\n" + Self.minimal).configuration)
+        #expect(c.server.tls?.alpn == [.h2, .http11])
+        #expect(c.server.http2Cleartext == false)
+        #expect(c.server.http2.maxConcurrentStreams == 100)
+        #expect(c.server.http2.maxHeaderListSize == nil)
+        #expect(c.server.http2.headerListSize(c.server.limits) == 16 * 1024)
+        #expect(c.server.http2.maxStreamResets == 200)
+    }
+
+    @Test("HTTP/2 keys parse: the ALPN order, h2c, the stream, header list and reset bounds")
+    func http2Keys() throws {
+        let yaml = """
+            server:
+              tls: { certificate_file: /c, private_key_file: /k, alpn: ["http/1.1"] }
+              limits: { max_header_bytes: 8192 }
+              http2: { max_concurrent_streams: 20, max_header_list_size: 32768, max_stream_resets: 50 }
+
+            """ + Self.minimal
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        let c = try #require(result.configuration, "\(result.errors)")
+        #expect(c.server.tls?.alpn == [.http11])
+        #expect(c.server.http2.maxConcurrentStreams == 20)
+        #expect(c.server.http2.headerListSize(c.server.limits) == 32768)
+        #expect(c.server.http2.maxStreamResets == 50)
+        let cleartext = try #require(GatewayConfiguration.parse(yaml: "server:\n  http2_cleartext: true\n  limits: { max_header_bytes: 8192 }\n" + Self.minimal).configuration)
+        #expect(cleartext.server.http2Cleartext)
+        #expect(cleartext.server.http2.headerListSize(cleartext.server.limits) == 8192, "unset: the HTTP/1 head bound")
     }
 
     @Test("https upstreams, TLS, rediss:// and sentinels parse; skipping verification is a loud warning")

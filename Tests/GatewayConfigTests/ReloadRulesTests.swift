@@ -16,7 +16,11 @@ struct ReloadRulesTests {
           allowed_origins: []
           access_log: text
           redirect_http_listen: "0.0.0.0:80"
-          tls: { certificate_file: "/etc/sessiongate/cert.pem", private_key_file: "/etc/sessiongate/key.pem" }
+          tls: { certificate_file: "/etc/sessiongate/cert.pem", private_key_file: "/etc/sessiongate/key.pem", alpn: ["h2", "http/1.1"] }
+          http2:
+            max_concurrent_streams: 100
+            max_header_list_size: 16384
+            max_stream_resets: 200
           timeouts:
             upstream_connect: 5s
             upstream_response: 60s
@@ -109,6 +113,10 @@ struct ReloadRulesTests {
         ("identity.assertion.key_file", "assertion.pem", "assertion2.pem"),
         ("server.redirect_http_listen", #"redirect_http_listen: "0.0.0.0:80""#, #"redirect_http_listen: "0.0.0.0:81""#),
         ("server.timeouts.tls_handshake", "tls_handshake: 10s", "tls_handshake: 5s"),
+        ("server.tls.alpn", #"alpn: ["h2", "http/1.1"]"#, #"alpn: ["http/1.1"]"#),
+        ("server.http2.max_concurrent_streams", "max_concurrent_streams: 100", "max_concurrent_streams: 10"),
+        ("server.http2.max_header_list_size", "max_header_list_size: 16384", "max_header_list_size: 8192"),
+        ("server.http2.max_stream_resets", "max_stream_resets: 200", "max_stream_resets: 100"),
         ("store.tls.ca_file", "redis-ca.pem", "redis-ca2.pem"),
         ("store.tls.server_name", #"server_name: "redis.internal""#, #"server_name: "redis2.internal""#),
         ("store.sentinel.master_name", #"master_name: "mymaster""#, #"master_name: "other""#),
@@ -158,6 +166,16 @@ struct ReloadRulesTests {
         let next = try #require(try Self.load(Self.base.replacingOccurrences(of: from, with: to)).configuration)
         #expect(next != running, "the edit changes the configuration")
         #expect(ReloadRules.changed(running: running, next: next) == [])
+    }
+
+    @Test("turning h2c on or off on a plain listener applies only at restart")
+    func cleartextHTTP2() throws {
+        let plain = "server:\n  http2_cleartext: false\nroutes:\n  - name: a\n    upstream: \"http://127.0.0.1:1\"\n    auth: public\n"
+        let running = try #require(try Self.load(plain).configuration)
+        let next = try Self.load(plain.replacingOccurrences(of: "http2_cleartext: false", with: "http2_cleartext: true"))
+        let refusal = ReloadRules.refusal(running: running, next: try #require(next.configuration), locations: next.locations)
+        #expect(refusal.map(\.path) == ["server.http2_cleartext"])
+        #expect(refusal.first?.line == 2)
     }
 
     @Test("a key the new file no longer sets is located at its nearest enclosing key; removing apple names apple")

@@ -7,7 +7,7 @@ import NIOPosix
 /// their guards (built again, as one value, on every reload).
 extension GatewayService {
     static func proxyConfiguration(_ c: GatewayConfiguration) -> ProxyConfiguration {
-        ProxyConfiguration(
+        var configuration = ProxyConfiguration(
             listen: c.server.listen,
             timeouts: .init(upstreamConnect: .init(c.server.timeouts.upstreamConnect),
                             upstreamResponse: .init(c.server.timeouts.upstreamResponse),
@@ -15,6 +15,11 @@ extension GatewayService {
                             requestHead: .init(c.server.timeouts.requestHead)),
             limits: ProxyLimits(maxHeaderBytes: c.server.limits.maxHeaderBytes, maxHeaderCount: c.server.limits.maxHeaderCount,
                                 maxConnections: c.server.limits.maxConnections, maxConnectionsPerClient: c.server.limits.maxConnectionsPerClient))
+        configuration.http2 = HTTP2Settings(
+            overTLS: c.server.tls?.alpn.contains(.h2) ?? false, cleartext: c.server.http2Cleartext,
+            maxConcurrentStreams: c.server.http2.maxConcurrentStreams, maxHeaderListSize: c.server.http2.headerListSize(c.server.limits),
+            maxStreamResets: c.server.http2.maxStreamResets, streamResetWindow: .init(GatewayConfiguration.HTTP2.streamResetWindow))
+        return configuration
     }
 
     /// Routes as the proxy sees them, upstream names resolved, each with its session guard; the

@@ -24,7 +24,7 @@ enum TLSContexts {
     static let renewalWarning: Int64 = 14 * 86_400
 
     /// TLS 1.2 and 1.3 with BoringSSL's modern defaults (forward-secret AEAD suites only), ALPN
-    /// `http/1.1`. The key must belong to the certificate, and the certificate must be valid now.
+    /// `server.tls.alpn` (h2 and http/1.1 by default). The key must belong to the certificate, and the certificate must be valid now.
     static func server(_ files: GatewayConfiguration.TLSFiles, now: Int64 = Int64(time(nil))) throws -> ServerCertificate {
         let chain = try certificates(files.certificateFile, key: "server.tls.certificate_file")
         let privateKey = try key(files.privateKeyFile, key: "server.tls.private_key_file")
@@ -38,7 +38,7 @@ enum TLSContexts {
         }
         var configuration = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(privateKey))
         configuration.minimumTLSVersion = .tlsv12
-        configuration.applicationProtocols = ["http/1.1"]
+        configuration.applicationProtocols = files.alpn.map(\.rawValue)
         let context: NIOSSLContext
         do { context = try NIOSSLContext(configuration: configuration) } catch {
             throw StartupFailure(key: "server.tls.private_key_file", "\(files.privateKeyFile): the key does not belong to the certificate in \(files.certificateFile)")

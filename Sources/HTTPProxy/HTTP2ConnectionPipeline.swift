@@ -1,0 +1,65 @@
+import Logging
+import NIOCore
+import NIOHTTP2
+
+/// What the handler of one HTTP/2 stream is given: the server's shared state, the connection's
+/// upstream pool (its event loop's), and the HTTP/2 bounds.
+struct HTTP2StreamEnvironment {
+    let shared: ProxyShared
+    let connector: any UpstreamConnector
+    let settings: HTTP2Settings
+}
+
+/// Installs the handler of one HTTP/2 stream on its stream channel (inbound and outbound
+/// `HTTP2Frame.FramePayload`), on the connection's event loop. Everything NIOHTTP2 refuses —
+/// malformed header blocks, a `content-length` the DATA frames do not match, streams over the
+/// concurrency limit, and every connection-level abuse — is refused before a stream handler
+/// exists or sees the frame.
+typealias HTTP2StreamInitializer = @Sendable (_ stream: any Channel, _ environment: HTTP2StreamEnvironment) throws -> Void
+
+/// The pipeline of one HTTP/2 connection: NIOHTTP2's handler with its inline stream
+/// multiplexer, bounded by `HTTP2Settings`, then `HTTP2ConnectionHandler` (idle and drain
+/// GOAWAY, the connection count, a close on a connection error).
+enum HTTP2ConnectionPipeline {
+    /// NIOHTTP2's configuration for the bounds (each one of issue 26's resource-exhaustion
+    /// classes).
+    static func configuration(_ settings: HTTP2Settings) -> NIOHTTP2Handler.Configuration {
+        var connection = NIOHTTP2Handler.ConnectionConfiguration()
+        connection.initialSettings = [
+            HTTP2Setting(parameter: .maxConcurrentStreams, value: settings.maxConcurrentStreams),
+            HTTP2Setting(parameter: .maxHeaderListSize, value: settings.maxHeaderListSize),
+            // RFC 8441's extended CONNECT is not offered.
+            HTTP2Setting(parameter: .enableConnectProtocol, value: 0),
+        ]
+        // RFC 9113 §8.2 and §8.1.1: malformed header blocks and bodies that do not match their
+        // content-length are stream errors (both on by default; said here because the proxy
+        // relies on them).
+        connection.headerBlockValidation = .enabled
+        connection.contentLengthValidation = .enabled
+        connection.maximumSequentialContinuationFrames = settings.maxSequentialContinuationFrames
+        connection.maximumBufferedControlFrames = settings.maxBufferedControlFrames
+        connection.controlFrameRateLimit.maximumCount = settings.maxControlFrames
+        connection.controlFrameRateLimit.windowLength = settings.streamResetWindow
+        var stream = NIOHTTP2Handler.StreamConfiguration()
+        stream.streamResetFrameRateLimit.maximumCount = settings.maxStreamResets
+        stream.streamResetFrameRateLimit.windowLength = settings.streamResetWindow
+        stream.streamErrorRateLimit.maximumCount = settings.maxStreamErrors
+        stream.streamErrorRateLimit.windowLength = settings.streamResetWindow
+        return NIOHTTP2Handler.Configuration(connection: connection, stream: stream)
+    }
+
+    /// Adds the HTTP/2 handlers at the end of `channel`'s pipeline (already active: after ALPN
+    /// chose h2, or after the h2c preface was seen). On the channel's event loop.
+    static func configure(_ channel: any Channel, environment: HTTP2StreamEnvironment, idle: TimeAmount, logger: Logger,
+                          streams: @escaping HTTP2StreamInitializer) throws {
+        let sync = channel.pipeline.syncOperations
+        let configuration = configuration(environment.settings)
+        let bound = NIOLoopBound(environment, eventLoop: channel.eventLoop)
+        _ = try sync.configureHTTP2Pipeline(
+            mode: .server, connectionConfiguration: configuration.connection, streamConfiguration: configuration.stream
+        ) { stream in
+            stream.eventLoop.makeCompletedFuture { try streams(stream, bound.value) }
+        }
+        try sync.addHandler(HTTP2ConnectionHandler(idle: idle, observer: environment.shared.observer, logger: logger))
+    }
+}

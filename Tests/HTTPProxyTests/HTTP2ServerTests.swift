@@ -1,0 +1,371 @@
+import Foundation
+import GatewayConfig
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Testing
+
+@testable import HTTPProxy
+import TestSupport
+
+/// A real `ProxyServer` on loopback, spoken to by real clients: `curl` (HTTP/2 by ALPN, h2c with
+/// prior knowledge, HTTP/1.1 through the unchanged path) and `scripts/h2-frames.py` (raw frames:
+/// every smuggling class, every flood). HTTP/2 streams are answered by the placeholder stream
+/// handler (503), so what these tests show is what is refused before a stream is served.
+@Suite("HTTP/2 on a real listener", .serialized)
+struct HTTP2ServerTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+
+    /// A started proxy whose one route answers HTTP/1.1 requests itself ("h1 ok"), so that the
+    /// HTTP/1.1 path is seen working without an upstream.
+    struct Server {
+        let proxy: ProxyServer
+        var port: Int { proxy.localAddress!.port! }
+
+        static func start(tls: Bool = false, cleartext: Bool = true, alpn: [String] = ["h2", "http/1.1"], settings: HTTP2Settings = HTTP2Settings(),
+                          idle: TimeAmount = .seconds(30)) async throws -> Server {
+            let answer = ScriptedGuard { _, _ in .verdict(.respond(LocalResponse(status: .ok, body: ByteBuffer(string: "h1 ok")))) }
+            let routes = [ProxyRoute(name: "r", upstream: UpstreamAddress(host: "127.0.0.1", port: 1), requestGuard: answer)]
+            let snapshot = RoutingSnapshot(routes: routes, identityHeaders: ["X-Auth-User"], identityPrefix: "X-Auth-", trustedProxies: [])
+            var configuration = ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0),
+                                                   timeouts: .init(upstreamConnect: .seconds(1), upstreamResponse: .seconds(5), idle: idle))
+            configuration.http2 = settings
+            configuration.http2.overTLS = tls
+            configuration.http2.cleartext = cleartext
+            if tls {
+                var server = TLSConfiguration.makeServerConfiguration(
+                    certificateChain: try NIOSSLCertificate.fromPEMFile(certificate.certificateFile).map { .certificate($0) },
+                    privateKey: .privateKey(try NIOSSLPrivateKey(file: certificate.privateKeyFile, format: .pem)))
+                server.applicationProtocols = alpn
+                configuration.tls = TLSTermination(context: try NIOSSLContext(configuration: server), handshakeTimeout: .seconds(5))
+            }
+            let proxy = ProxyServer(configuration: configuration, routing: snapshot, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+            try await proxy.start()
+            return Server(proxy: proxy)
+        }
+
+        func stop() async { await proxy.shutdown(deadline: .seconds(1)) }
+
+        /// Runs `body` with the server, stopping it afterwards.
+        static func with<T>(tls: Bool = false, cleartext: Bool = true, alpn: [String] = ["h2", "http/1.1"], settings: HTTP2Settings = HTTP2Settings(),
+                            idle: TimeAmount = .seconds(30), _ body: (Server) async throws -> T) async throws -> T {
+            let server = try await start(tls: tls, cleartext: cleartext, alpn: alpn, settings: settings, idle: idle)
+            return try await withTeardown(server, stop: { await $0.stop() }, body)
+        }
+    }
+
+    /// The listener's certificate (a test CA's; clients here do not verify it).
+    static let certificateResult: Result<TestCA.Leaf, any Error> = Result {
+        let ca = try TestCA()
+        return try ca.issue("localhost")
+    }
+    static var certificate: TestCA.Leaf { get throws { try certificateResult.get() } }
+
+    /// Runs a program to its end with `input` on its standard input: what it wrote on standard output.
+    static func run(_ executable: String, _ arguments: [String], input: String = "") async throws -> String {
+        try await blocking {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = arguments
+            let output = Pipe()
+            let stdin = Pipe()
+            process.standardOutput = output
+            process.standardError = FileHandle.nullDevice
+            process.standardInput = stdin
+            try process.run()
+            let writer = Thread {
+                stdin.fileHandleForWriting.write(Data(input.utf8))
+                try? stdin.fileHandleForWriting.close()
+            }
+            writer.start()
+            let data = output.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return String(decoding: data, as: UTF8.self)
+        }
+    }
+
+    /// `curl` with `options` to `/x`: "<http_version> <status> <body>".
+    static func curl(_ url: String, _ options: [String]) async throws -> String {
+        try await run("/usr/bin/curl", ["-sk", "--max-time", "10", "-o", "/dev/stdout", "-w", " %{http_version} %{http_code}"] + options + [url])
+    }
+
+    /// One JSON line of the frame script.
+    static func line(_ object: [String: Any]) -> String {
+        String(decoding: try! JSONSerialization.data(withJSONObject: object, options: []), as: UTF8.self)
+    }
+
+    static func headers(_ stream: Int, _ fields: [(String, String)], flags: [String] = ["END_HEADERS", "END_STREAM"], repeat count: Int = 1) -> String {
+        line(["frame": "headers", "stream": stream, "flags": flags, "headers": fields.map { [$0.0, $0.1] }, "repeat": count, "stream_step": 2])
+    }
+
+    /// Sends `lines` (after the preface) with the frame script: the lines it printed.
+    static func frames(_ port: Int, _ lines: [String], tls: Bool = false, timeout: Double = 1.5) async throws -> [String] {
+        let input = ([line(["frame": "preface"])] + lines).joined(separator: "\n") + "\n"
+        var arguments = [root + "/scripts/h2-frames.py", "--timeout", String(timeout)]
+        if tls { arguments.append("--tls") }
+        let output = try await run("/usr/bin/python3", arguments + ["127.0.0.1", String(port)], input: input)
+        return output.split(separator: "\n").map(String.init)
+    }
+
+    static let get: [(String, String)] = [(":method", "GET"), (":scheme", "http"), (":authority", "app"), (":path", "/x")]
+
+    // MARK: protocol selection
+
+    @Test("curl --http2-prior-knowledge speaks h2c to a listener with http2_cleartext; --http1.1 still gets HTTP/1.1")
+    func cleartextSelection() async throws {
+        try await Server.with { server in
+            let h2 = try await Self.curl("http://127.0.0.1:\(server.port)/x", ["--http2-prior-knowledge"])
+            #expect(h2.hasSuffix(" 2 503"), "\(h2)")
+            #expect(h2.contains(HTTP2UnwiredStreamHandler.body))
+            let h1 = try await Self.curl("http://127.0.0.1:\(server.port)/x", ["--http1.1"])
+            #expect(h1 == "h1 ok 1.1 200")
+        }
+    }
+
+    @Test("without http2_cleartext, a plain listener is HTTP/1.1 only: the preface is a bad request")
+    func cleartextOff() async throws {
+        try await Server.with(cleartext: false) { server in
+            let h2 = try await Self.curl("http://127.0.0.1:\(server.port)/x", ["--http2-prior-knowledge"])
+            #expect(!h2.hasSuffix(" 2 503"), "\(h2)")
+            let h1 = try await Self.curl("http://127.0.0.1:\(server.port)/x", ["--http1.1"])
+            #expect(h1 == "h1 ok 1.1 200")
+        }
+    }
+
+    @Test("on TLS, ALPN h2 gets HTTP/2 (curl --http2); a client offering only http/1.1 gets the HTTP/1.1 path")
+    func alpnSelection() async throws {
+        try await Server.with(tls: true, cleartext: false) { server in
+            let h2 = try await Self.curl("https://127.0.0.1:\(server.port)/x", ["--http2"])
+            #expect(h2.hasSuffix(" 2 503"), "\(h2)")
+            let h1 = try await Self.curl("https://127.0.0.1:\(server.port)/x", ["--http1.1"])
+            #expect(h1 == "h1 ok 1.1 200")
+        }
+    }
+
+    @Test("a TLS listener whose ALPN offers only http/1.1 answers curl --http2 with HTTP/1.1")
+    func alpnWithoutH2() async throws {
+        try await Server.with(tls: true, cleartext: false, alpn: ["http/1.1"]) { server in
+            let answer = try await Self.curl("https://127.0.0.1:\(server.port)/x", ["--http2"])
+            #expect(answer == "h1 ok 1.1 200")
+        }
+    }
+
+    @Test("nghttp negotiates h2 by ALPN and reads the stream's answer")
+    func nghttp() async throws {
+        try await Server.with(tls: true, cleartext: false) { server in
+            let output = try await Self.run("/usr/bin/nghttp", ["-v", "https://127.0.0.1:\(server.port)/x"])
+            #expect(output.contains("h2 negotiated") || output.contains("Negotiated protocol: h2"), "\(output.prefix(400))")
+            #expect(output.contains(":status: 503"))
+        }
+    }
+
+    @Test("the server's SETTINGS announce its bounds")
+    func settings() async throws {
+        var settings = HTTP2Settings()
+        settings.maxConcurrentStreams = 7
+        settings.maxHeaderListSize = 8192
+        try await Server.with(settings: settings) { server in
+            let lines = try await Self.frames(server.port, [])
+            let first = lines.first { $0.hasPrefix("SETTINGS") } ?? ""
+            #expect(first.contains("MAX_CONCURRENT_STREAMS=7"), "\(lines)")
+            #expect(first.contains("MAX_HEADER_LIST_SIZE=8192"))
+        }
+    }
+
+    // MARK: smuggling classes: each a stream error, never served
+
+    static let smuggling: [(String, [(String, String)], [String])] = [
+        ("transfer-encoding", get + [("transfer-encoding", "chunked")], ["END_HEADERS"]),
+        ("connection", get + [("connection", "close")], ["END_HEADERS", "END_STREAM"]),
+        ("keep-alive", get + [("keep-alive", "timeout=5")], ["END_HEADERS", "END_STREAM"]),
+        ("proxy-connection", get + [("proxy-connection", "keep-alive")], ["END_HEADERS", "END_STREAM"]),
+        ("upgrade", get + [("upgrade", "websocket")], ["END_HEADERS", "END_STREAM"]),
+        ("te other than trailers", get + [("te", "gzip")], ["END_HEADERS", "END_STREAM"]),
+        ("CR LF in a value", get + [("x-a", "1\r\nx-auth-user: admin")], ["END_HEADERS", "END_STREAM"]),
+        ("a bare LF in a value", get + [("x-a", "1\nx")], ["END_HEADERS", "END_STREAM"]),
+        ("NUL in a value", get + [("x-a", "a\u{0}b")], ["END_HEADERS", "END_STREAM"]),
+        ("a leading space in a value", get + [("x-a", " 1")], ["END_HEADERS", "END_STREAM"]),
+        ("a trailing tab in a value", get + [("x-a", "1\t")], ["END_HEADERS", "END_STREAM"]),
+        ("CR LF in a name", get + [("x-a\r\nx-b", "1")], ["END_HEADERS", "END_STREAM"]),
+        ("a name with a colon", get + [("x-a:x-auth-user", "admin")], ["END_HEADERS", "END_STREAM"]),
+        ("a name with a space", get + [("x a", "1")], ["END_HEADERS", "END_STREAM"]),
+        ("an upper-case name", get + [("X-Auth-User", "admin")], ["END_HEADERS", "END_STREAM"]),
+        ("a pseudo-header after a regular field", [(":method", "GET"), (":scheme", "http"), ("accept", "*/*"), (":path", "/x"), (":authority", "app")],
+         ["END_HEADERS", "END_STREAM"]),
+        ("a duplicated pseudo-header", get + [(":path", "/admin")], ["END_HEADERS", "END_STREAM"]),
+        ("an unknown pseudo-header", get + [(":host", "app")], ["END_HEADERS", "END_STREAM"]),
+        ("a missing :path", [(":method", "GET"), (":scheme", "http"), (":authority", "app")], ["END_HEADERS", "END_STREAM"]),
+        ("an empty :path", [(":method", "GET"), (":scheme", "http"), (":path", ""), (":authority", "app")], ["END_HEADERS", "END_STREAM"]),
+        ("an absolute-form :path", [(":method", "GET"), (":scheme", "http"), (":path", "http://evil/x"), (":authority", "app")], ["END_HEADERS", "END_STREAM"]),
+        (":authority and host disagreeing", get + [("host", "evil.example.com")], ["END_HEADERS", "END_STREAM"]),
+        ("neither :authority nor host", [(":method", "GET"), (":scheme", "http"), (":path", "/x")], ["END_HEADERS", "END_STREAM"]),
+        ("CONNECT", [(":method", "CONNECT"), (":authority", "evil:443")], ["END_HEADERS"]),
+        ("content-length on a HEADERS that ends the stream", get + [("content-length", "5")], ["END_HEADERS", "END_STREAM"]),
+    ]
+
+    @Test("each smuggling class is a stream error (RST_STREAM PROTOCOL_ERROR), never answered, the connection kept",
+          arguments: smuggling)
+    func smuggled(_ name: String, _ fields: [(String, String)], _ flags: [String]) async throws {
+        try await Server.with { server in
+            let lines = try await Self.frames(server.port, [
+                Self.headers(1, fields, flags: flags), Self.line(["wait_for": "RST_STREAM stream=1"]),
+                // The connection still serves a well-formed request.
+                Self.headers(3, Self.get), Self.line(["wait_for": "DATA stream=3"]),
+            ])
+            #expect(lines.contains("RST_STREAM stream=1 code=PROTOCOL_ERROR"), "\(name): \(lines)")
+            #expect(!lines.contains { $0.hasPrefix("HEADERS stream=1") }, "\(name) was answered")
+            #expect(lines.contains { $0.hasPrefix("HEADERS stream=3") && $0.contains(":status=503") }, "\(name): \(lines)")
+            #expect(!lines.contains { $0.hasPrefix("GOAWAY") })
+        }
+    }
+
+    @Test("DATA that does not add up to content-length is a stream error", arguments: [
+        ("more than announced", "5", "hello world"), ("less than announced", "5", "hi"),
+    ])
+    func contentLengthMismatch(_ name: String, _ length: String, _ body: String) async throws {
+        try await Server.with { server in
+            let post = [(":method", "POST"), (":scheme", "http"), (":authority", "app"), (":path", "/x"), ("content-length", length)]
+            let lines = try await Self.frames(server.port, [
+                Self.headers(1, post, flags: ["END_HEADERS"]),
+                Self.line(["frame": "data", "stream": 1, "flags": ["END_STREAM"], "data": body]),
+                Self.line(["wait_for": "RST_STREAM stream=1"]),
+            ])
+            #expect(lines.contains("RST_STREAM stream=1 code=PROTOCOL_ERROR"), "\(name): \(lines)")
+            #expect(!lines.contains { $0.hasPrefix("HEADERS stream=1") })
+        }
+    }
+
+    @Test("a body that matches its content-length is served")
+    func contentLengthMatch() async throws {
+        try await Server.with { server in
+            let post = [(":method", "POST"), (":scheme", "http"), (":authority", "app"), (":path", "/x"), ("content-length", "5")]
+            let lines = try await Self.frames(server.port, [
+                Self.headers(1, post, flags: ["END_HEADERS"]),
+                Self.line(["frame": "data", "stream": 1, "flags": ["END_STREAM"], "data": "hello"]),
+                Self.line(["wait_for": "DATA stream=1"]),
+            ])
+            #expect(lines.contains { $0.hasPrefix("HEADERS stream=1") && $0.contains(":status=503") }, "\(lines)")
+        }
+    }
+
+    // MARK: resource exhaustion: each bounded
+
+    @Test("rapid reset: 1000 streams opened and reset at once end with GOAWAY ENHANCE_YOUR_CALM and a closed connection")
+    func rapidReset() async throws {
+        try await Server.with { server in
+            var lines: [String] = []
+            for i in 0..<1000 {
+                let stream = 1 + 2 * i
+                lines.append(Self.headers(stream, Self.get, flags: ["END_HEADERS"]))
+                lines.append(Self.line(["frame": "rst", "stream": stream, "code": 8]))
+            }
+            let output = try await Self.frames(server.port, lines, timeout: 3)
+            #expect(output.contains { $0.hasPrefix("GOAWAY") && $0.hasSuffix("code=ENHANCE_YOUR_CALM") }, "\(output.suffix(5))")
+            #expect(output.contains("CLOSED"))
+        }
+    }
+
+    @Test("CONTINUATION flood: a header block that never ends is cut off with GOAWAY after a few frames")
+    func continuationFlood() async throws {
+        try await Server.with { server in
+            let output = try await Self.frames(server.port, [
+                Self.headers(1, Self.get, flags: []),
+                Self.line(["frame": "continuation", "stream": 1, "flags": [], "headers": [["x-a", "1"]], "repeat": 100_000]),
+            ], timeout: 3)
+            #expect(output.contains { $0.hasPrefix("GOAWAY") }, "\(output.suffix(5))")
+            #expect(output.contains("CLOSED"))
+            // The server stopped taking the block long before 100,000 frames.
+            #expect(output.contains { $0.hasPrefix("SEND_FAILED") } || output.contains("SENT 100002") == false)
+        }
+    }
+
+    @Test("a header block over max_header_list_size is refused with GOAWAY, whether sent long or as an HPACK bomb", arguments: [
+        ("20 KB over HEADERS and CONTINUATION", false), ("a 4 KB field repeated by index ten times (HPACK bomb)", true),
+    ])
+    func oversizedHeaderList(_ name: String, _ bomb: Bool) async throws {
+        try await Server.with { server in
+            let big = String(repeating: "a", count: bomb ? 4000 : 10_000)
+            let frames: [String] = bomb
+                ? [Self.headers(1, Self.get + Array(repeating: ("x-bomb", big), count: 10))]
+                : [Self.headers(1, Self.get + [("x-a", big)], flags: []),
+                   Self.line(["frame": "continuation", "stream": 1, "flags": ["END_HEADERS", "END_STREAM"], "headers": [["x-b", big]]])]
+            let output = try await Self.frames(server.port, frames)
+            #expect(!output.contains { $0.hasPrefix("HEADERS stream=1") }, "\(name): \(output)")
+            #expect(output.contains { $0.hasPrefix("GOAWAY") || $0.hasPrefix("RST_STREAM stream=1") }, "\(name): \(output)")
+        }
+    }
+
+    @Test("streams over max_concurrent_streams are refused (RST_STREAM REFUSED_STREAM); the ones within it are served")
+    func concurrentStreams() async throws {
+        var settings = HTTP2Settings()
+        settings.maxConcurrentStreams = 3
+        try await Server.with(settings: settings) { server in
+            // The client acknowledges the server's SETTINGS first: the limit applies from then on.
+            let open = (0..<4).map { Self.headers(1 + 2 * $0, Self.get, flags: ["END_HEADERS"]) }
+            let finish = (0..<3).map { Self.line(["frame": "data", "stream": 1 + 2 * $0, "flags": ["END_STREAM"], "data": ""]) }
+            let output = try await Self.frames(server.port, [Self.line(["frame": "settings", "ack": true]), Self.line(["sleep": 0.2])] + open
+                                               + [Self.line(["wait_for": "RST_STREAM stream=7"])] + finish + [Self.line(["wait_for": "DATA stream=5"])])
+            #expect(output.contains { $0.hasPrefix("RST_STREAM stream=7 code=REFUSED_STREAM") || $0.hasPrefix("RST_STREAM stream=7 code=PROTOCOL_ERROR") },
+                    "\(output)")
+            for stream in [1, 3, 5] {
+                #expect(output.contains { $0.hasPrefix("HEADERS stream=\(stream)") && $0.contains(":status=503") }, "\(output)")
+            }
+        }
+    }
+
+    @Test("PING and SETTINGS floods end with GOAWAY ENHANCE_YOUR_CALM", arguments: ["ping", "settings"])
+    func controlFrameFlood(_ frame: String) async throws {
+        try await Server.with { server in
+            let output = try await Self.frames(server.port, [Self.line(["frame": frame, "repeat": 2000])], timeout: 3)
+            #expect(output.contains { $0.hasPrefix("GOAWAY") && $0.hasSuffix("code=ENHANCE_YOUR_CALM") }, "\(output.suffix(5))")
+            #expect(output.contains("CLOSED"))
+        }
+    }
+
+    @Test("over TLS, the same refusals: a smuggled transfer-encoding is a stream error")
+    func smuggledOverTLS() async throws {
+        try await Server.with(tls: true, cleartext: false) { server in
+            let get = [(":method", "GET"), (":scheme", "https"), (":authority", "app"), (":path", "/x")]
+            let lines = try await Self.frames(server.port, [
+                Self.headers(1, get + [("transfer-encoding", "chunked")], flags: ["END_HEADERS"]), Self.line(["wait_for": "RST_STREAM stream=1"]),
+            ], tls: true)
+            #expect(lines.first == "ALPN h2")
+            #expect(lines.contains("RST_STREAM stream=1 code=PROTOCOL_ERROR"), "\(lines)")
+        }
+    }
+
+    // MARK: connection lifetime
+
+    @Test("a connection with no stream open for the idle timeout ends with GOAWAY NO_ERROR")
+    func idle() async throws {
+        try await Server.with(idle: .milliseconds(300)) { server in
+            let output = try await Self.frames(server.port, [Self.headers(1, Self.get), Self.line(["wait_for": "DATA stream=1"])], timeout: 2)
+            #expect(output.contains("GOAWAY last_stream=1 code=NO_ERROR"), "\(output)")
+            #expect(output.contains("CLOSED"))
+        }
+    }
+
+    @Test("a server that shuts down sends GOAWAY to its HTTP/2 connections")
+    func drain() async throws {
+        let server = try await Server.start()
+        let port = server.port
+        async let output = Self.frames(port, [Self.line(["sleep": 0.5])], timeout: 2)
+        try await Task.sleep(for: .milliseconds(250))
+        await server.stop()
+        let lines = try await output
+        #expect(lines.contains("GOAWAY last_stream=0 code=NO_ERROR"), "\(lines)")
+        #expect(lines.contains("CLOSED"))
+    }
+
+    @Test("h2c: the preface's 24 bytes choose HTTP/2; a byte that differs chooses HTTP/1.1 at once; a strict prefix waits")
+    func prefaceSniffing() async throws {
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")) == .http2)
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\nextra")) == .http2)
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "PRI * HTTP/2")) == nil)
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "P")) == nil)
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "POST / HTTP/1.1\r\n")) == .http1)
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "G")) == .http1)
+        #expect(HTTP2PrefaceSniffer.choice(ByteBuffer(string: "PRI * HTTP/1.1\r\n")) == .http1)
+    }
+}
