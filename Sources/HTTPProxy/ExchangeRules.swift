@@ -21,7 +21,8 @@ enum ExchangeRules {
     static func responseFraming(requestMethod: HTTPMethod, status: Int, hasContentLength: Bool, clientVersion: HTTPVersion) -> ResponseFraming {
         if requestMethod == .HEAD || status == 204 || status == 304 { return .noBody }
         if hasContentLength { return .raw }
-        return clientVersion.minor >= 1 ? .chunked : .untilClose
+        // HTTP/2 frames every body; `.chunked` stands for "no length" there.
+        return clientVersion.major >= 2 || clientVersion.minor >= 1 ? .chunked : .untilClose
     }
 
     /// Whether the upstream connection may serve another request after this response.

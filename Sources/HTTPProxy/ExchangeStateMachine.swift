@@ -412,7 +412,8 @@ struct ExchangeStateMachine {
             return respond(.error(.badGateway, "upstream answered with an invalid status"), failure: .invalidResponse)
         }
         if status < 200 {
-            guard log.version.minor >= 1 else { return .none }
+            // Interim responses are not for HTTP/1.0 clients (RFC 9110 §15.2).
+            guard log.version.major >= 2 || log.version.minor >= 1 else { return .none }
             return .interim(status: status)
         }
         let head = ResponseHead(wire)
@@ -531,7 +532,17 @@ struct ExchangeLog {
         ExchangeRecord(
             method: method.rawValue, path: path, status: status, route: route?.name, upstream: forwarded ? route?.upstream : nil,
             client: client, requestID: requestID, durationNanoseconds: Int64(now.uptimeNanoseconds - start.uptimeNanoseconds),
-            bytesSent: bytesSent, aborted: aborted, userAgent: userAgent, user: user, upstreamNanoseconds: upstreamNanoseconds)
+            bytesSent: bytesSent, aborted: aborted, userAgent: userAgent, user: user, upstreamNanoseconds: upstreamNanoseconds,
+            protocolName: Self.protocolName(version))
+    }
+
+    static func protocolName(_ version: HTTPVersion) -> String {
+        switch (version.major, version.minor) {
+        case (1, 1): return "HTTP/1.1"
+        case (1, 0): return "HTTP/1.0"
+        case (2, _): return "HTTP/2"
+        default: return "HTTP/\(version.major).\(version.minor)"
+        }
     }
 }
 

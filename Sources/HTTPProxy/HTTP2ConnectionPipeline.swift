@@ -8,6 +8,21 @@ struct HTTP2StreamEnvironment {
     let shared: ProxyShared
     let connector: any UpstreamConnector
     let settings: HTTP2Settings
+    /// The connection's client (every stream's).
+    let client: HTTP2Client
+    /// The connection's `X-Request-Id`s for requests that come without one.
+    let ids: HTTP2RequestIDs
+
+    func requestID() -> String { ids.next() }
+}
+
+/// The request ids of one HTTP/2 connection, shared by its streams (all on its event loop).
+final class HTTP2RequestIDs {
+    private var ids: RequestIDs
+
+    init(seed: UInt64) { ids = RequestIDs(seed: seed) }
+
+    func next() -> String { ids.next() }
 }
 
 /// Installs the handler of one HTTP/2 stream on its stream channel (inbound and outbound

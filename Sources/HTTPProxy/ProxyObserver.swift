@@ -43,6 +43,8 @@ public struct ExchangeRecord: Sendable {
     /// From asking for an upstream connection to the upstream's response head (connect plus the
     /// app's time to answer: nginx's `$upstream_header_time`); nil when nothing went upstream.
     public var upstreamNanoseconds: Int64? = nil
+    /// What the client spoke: `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
+    public var protocolName: String = "HTTP/1.1"
 }
 
 /// What the proxy reports; the gateway turns it into metrics and access-log lines.

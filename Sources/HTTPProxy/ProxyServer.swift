@@ -126,7 +126,7 @@ public final class ProxyServer: Sendable {
     public convenience init(configuration: ProxyConfiguration, routing: RoutingSnapshot, group: MultiThreadedEventLoopGroup,
                             observer: any ProxyObserver = SilentProxyObserver(), logger: Logger) {
         self.init(configuration: configuration, routing: routing, group: group, observer: observer, logger: logger,
-                  http2Streams: HTTP2UnwiredStreamHandler.initializer)
+                  http2Streams: HTTP2StreamHandler.initializer)
     }
 
     /// - Parameter http2Streams: installs the handler of each HTTP/2 stream.
@@ -239,7 +239,14 @@ struct ProtocolSelector {
         case .http1:
             try channel.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, connector: pool))
         case .http2:
-            let environment = HTTP2StreamEnvironment(shared: shared, connector: pool, settings: settings)
+            // The connection's number is the anonymous principal of its streams' requests; the
+            // upstream connections kept for it close with it.
+            let clientID = pool.newClient()
+            channel.closeFuture.whenComplete { _ in pool.clientClosed(clientID) }
+            var rng = SystemRandomNumberGenerator()
+            let environment = HTTP2StreamEnvironment(shared: shared, connector: pool, settings: settings,
+                                                     client: HTTP2Client(id: clientID, remoteAddress: channel.remoteAddress),
+                                                     ids: HTTP2RequestIDs(seed: rng.next()))
             try HTTP2ConnectionPipeline.configure(channel, environment: environment, idle: shared.timeouts.idle, logger: logger, streams: streams)
         }
     }

@@ -16,6 +16,8 @@ struct ExchangeRulesTests {
         ("length given to HTTP/1.0", .GET, 200, true, .http1_0, .raw),
         ("no length, HTTP/1.1 client", .POST, 200, false, .http1_1, .chunked),
         ("no length, HTTP/1.0 client", .GET, 500, false, .http1_0, .untilClose),
+        ("no length, HTTP/2 stream (its DATA frames end with the stream)", .GET, 200, false, HTTPVersion(major: 2, minor: 0), .chunked),
+        ("HEAD on an HTTP/2 stream", .HEAD, 200, true, HTTPVersion(major: 2, minor: 0), .noBody),
     ] as [(String, HTTPMethod, Int, Bool, HTTPVersion, ExchangeRules.ResponseFraming)])
     func framing(name: String, method: HTTPMethod, status: Int, hasLength: Bool, version: HTTPVersion, expected: ExchangeRules.ResponseFraming) {
         #expect(ExchangeRules.responseFraming(requestMethod: method, status: status, hasContentLength: hasLength, clientVersion: version) == expected, "\(name)")

@@ -11,7 +11,7 @@ struct AccessLog: Sendable {
         let upstreamMilliseconds = r.upstreamNanoseconds.map { milliseconds($0) }
         // (key, value, is a string): in text every value is printed as is (escaped when needed).
         let fields: [(String, String, Bool)] = [
-            ("method", r.method, true), ("path", r.path, true), ("status", String(r.status), false),
+            ("method", r.method, true), ("path", r.path, true), ("protocol", r.protocolName, true), ("status", String(r.status), false),
             ("route", r.route ?? "-", true), ("upstream", r.upstream?.description ?? "-", true), ("client", r.client, true),
             ("user", r.user ?? "-", true), ("request_id", r.requestID, true),
             ("duration_ms", milliseconds(r.durationNanoseconds), false), ("upstream_ms", upstreamMilliseconds ?? (format == .json ? "null" : "-"), false),

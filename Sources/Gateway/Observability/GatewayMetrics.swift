@@ -15,6 +15,8 @@ public final class GatewayMetrics: Sendable {
     public let registry = PrometheusCollectorRegistry()
     private let routes = MetricCache<String, RouteMetrics>()
     let clientConnections: Prometheus.Gauge
+    /// Requests that came on HTTP/2 streams (the rest came on HTTP/1.x).
+    let http2Requests: Prometheus.Counter
     /// 1 while the session store answers its once-a-second ping.
     let storeUp: Prometheus.Gauge
     let upstreamConnections: Prometheus.Gauge
@@ -43,6 +45,7 @@ public final class GatewayMetrics: Sendable {
 
     public init() {
         clientConnections = registry.makeGauge(descriptor: Self.name("client_connections", help: "Open client connections."))
+        http2Requests = registry.makeCounter(descriptor: Self.name("http2_requests", unit: "total", help: "Requests answered on HTTP/2 streams."))
         storeUp = registry.makeGauge(descriptor: Self.name("store_up", help: "1 while the session store answers (pinged every second), else 0."))
         upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
         let registry = self.registry
@@ -295,7 +298,8 @@ public final class GatewayMetrics: Sendable {
         }
     }
 
-    func recordRequest(route: String, status: Int, durationNanoseconds: Int64) {
+    func recordRequest(route: String, status: Int, durationNanoseconds: Int64, http2: Bool = false) {
+        if http2 { http2Requests.increment() }
         let metrics = routeMetrics(route)
         let index = status >= 100 && status < 600 ? status / 100 - 1 : 5
         metrics.byClass[index].increment()

@@ -8,7 +8,8 @@ struct GatewayObserver: ProxyObserver {
     var wantsRequestDetails: Bool { accessLog != nil }
 
     func exchangeCompleted(_ record: ExchangeRecord) {
-        metrics.recordRequest(route: record.route ?? "-", status: record.status, durationNanoseconds: record.durationNanoseconds)
+        metrics.recordRequest(route: record.route ?? "-", status: record.status, durationNanoseconds: record.durationNanoseconds,
+                              http2: record.protocolName == "HTTP/2")
         accessLog?.write(record)
     }
 

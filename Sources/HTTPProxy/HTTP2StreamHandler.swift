@@ -1,0 +1,435 @@
+import GatewayConfig
+import NIOCore
+import NIOHPACK
+import NIOHTTP1
+import NIOHTTP2
+
+/// Who an HTTP/2 connection's client is, read once when the connection starts: every stream
+/// on it shares it (the anonymous principal of its requests is the connection's, as on HTTP/1).
+struct HTTP2Client: Sendable {
+    let id: UInt64
+    let socketAddress: SocketAddress?
+    let address: IPAddress?
+    /// The address as `X-Forwarded-For` and the access log write it.
+    let string: String
+
+    init(id: UInt64, remoteAddress: SocketAddress?) {
+        self.id = id
+        self.socketAddress = remoteAddress
+        let ip = remoteAddress?.ipAddress
+        self.address = ip.flatMap(IPAddress.parse)
+        self.string = ip ?? "-"
+    }
+}
+
+/// One HTTP/2 stream as one exchange: the header block is checked by HTTP/2's rules and
+/// presented as a head (`HTTP2RequestHead`), admission and the guard are HTTP/1's
+/// (`Admission.admit`), and the exchange itself — verdict, upstream connection, body, response,
+/// deadlines — is the same `ExchangeStateMachine` an HTTP/1 connection nests. This handler only
+/// encodes what it decides as HTTP/2 frames. Upstreams stay HTTP/1.1, through the event loop's
+/// user-bound pool.
+///
+/// Back-pressure: the stream is read only while the exchange can take what it sends
+/// (`ExchangeRules.shouldReadClient`, as on HTTP/1), so NIOHTTP2 sends no WINDOW_UPDATE and the
+/// client's window closes; the upstream is read only while the stream is writable (its flow
+/// control window is open), so a slow stream holds back its own upstream and no other.
+final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
+    typealias InboundIn = HTTP2Frame.FramePayload
+    typealias OutboundIn = HTTP2Frame.FramePayload
+    typealias OutboundOut = HTTP2Frame.FramePayload
+    typealias X = ExchangeStateMachine
+
+    /// The `HTTP2StreamInitializer` that installs it.
+    static let initializer: HTTP2StreamInitializer = { stream, environment in
+        try stream.pipeline.syncOperations.addHandler(HTTP2StreamHandler(environment: environment))
+    }
+
+    enum State {
+        /// Waiting for the request's header block.
+        case head
+        case exchange(X)
+        /// Answered, reset or gone.
+        case done
+    }
+
+    private let environment: HTTP2StreamEnvironment
+    private var shared: ProxyShared { environment.shared }
+    private var context: ChannelHandlerContext!
+    private var state: State = .head
+    private var readPending = false
+    private var lastActivity: NIODeadline = .now()
+    private var timer: Scheduled<Void>? = nil
+
+    init(environment: HTTP2StreamEnvironment) {
+        self.environment = environment
+    }
+
+    private var now: NIODeadline { context?.eventLoop.now ?? .now() }
+
+    // MARK: NIO events
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        lastActivity = context.eventLoop.now
+        armTimer()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timer?.cancel()
+        timer = nil
+        self.context = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        lastActivity = now
+        switch unwrapInboundIn(data) {
+        case .headers(let headers):
+            if case .head = state { return start(headers.headers, endStream: headers.endStream) }
+            // Trailers: the body's end (trailers are not forwarded, as on HTTP/1).
+            if headers.endStream { part(.end(nil)) }
+        case .data(let data):
+            if case .byteBuffer(let bytes) = data.data, bytes.readableBytes > 0 { part(.body(bytes)) }
+            if data.endStream { part(.end(nil)) }
+        default:
+            break
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        upstream?.flush()
+        context.flush()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { upstream?.clientBecameWritable() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    /// The stream closed (the client reset it, the connection went, or it ended): an exchange
+    /// still open is the client's abort.
+    func channelInactive(context: ChannelHandlerContext) {
+        timer?.cancel()
+        if case .exchange(var x) = state, case .ended = x.state {} else if case .exchange(var x) = state {
+            state = .done
+            let upstream = x.upstream
+            if case .forwarding = x.state {
+                _ = x.clientLeft()
+                record(x, aborted: true)
+            } else {
+                x.lease.release()
+            }
+            upstream?.close()
+        }
+        state = .done
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A stream error NIOHTTP2 found (and answered with RST_STREAM): the stream is over.
+        context.close(promise: nil)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if wantsRead {
+            readPending = false
+            withExchange { $0.readResumed(now: self.now) }
+            context.read()
+        } else {
+            readPending = true
+            withExchange { $0.readHeld(now: self.now) }
+        }
+    }
+
+    private var wantsRead: Bool {
+        switch state {
+        case .head: return true
+        case .done: return false
+        case .exchange(let x):
+            return ExchangeRules.shouldReadClient(phase: x.phase, quiescing: false, requestEnded: x.body.ended, pipelinedEmpty: true,
+                                                  upstreamWritable: x.upstream?.isWritable ?? false)
+        }
+    }
+
+    private func resumeReading() {
+        guard readPending, context != nil, wantsRead else { return }
+        readPending = false
+        withExchange { $0.readResumed(now: self.now) }
+        context.read()
+    }
+
+    // MARK: the exchange
+
+    private var upstream: UpstreamConnection? {
+        if case .exchange(let x) = state { return x.upstream }
+        return nil
+    }
+
+    @discardableResult
+    private func withExchange<R>(_ event: (inout X) -> R) -> R? {
+        guard case .exchange(var x) = state else { return nil }
+        state = .done
+        let result = event(&x)
+        state = .exchange(x)
+        return result
+    }
+
+    private func start(_ headers: HPACKHeaders, endStream: Bool) {
+        let limits = shared.limits
+        let maxHeadBytes = max(limits.maxHeaderBytes, environment.settings.maxHeaderListSize)
+        let request: HTTP2RequestHead
+        switch HTTP2RequestHead.make(headers, endStream: endStream, maxHeadBytes: maxHeadBytes, maxFields: limits.maxHeaderCount) {
+        case .success(let made): request = made
+        case .failure(let refusal) where refusal.isStreamError:
+            // Malformed (RFC 9113 §8.1.1): a stream error, never forwarded.
+            state = .done
+            context.writeAndFlush(wrapOutboundOut(.rstStream(refusal.errorCode)), promise: nil)
+            context.close(promise: nil)
+            return
+        case .failure(let refusal):
+            let log = ExchangeLog(method: .GET, version: Self.version, start: now, path: "", requestID: environment.requestID())
+            state = .exchange(X(id: 0, log: log, framing: .none))
+            return run(withExchange { $0.respond(.error(.requestHeaderFieldsTooLarge, "request head too large: \(refusal)")) } ?? .none)
+        }
+        let head = request.head
+        var log = ExchangeLog(method: head.method, version: Self.version, start: now, path: head.target, requestID: environment.requestID())
+        let snapshot = shared.snapshot
+        let trusted = snapshot.trusts(environment.client.address)
+        let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: trusted)
+        switch admission {
+        case .admitted(let admitted):
+            if let id = admitted.inbound.requestID { log.requestID = id }
+            if shared.observer.wantsRequestDetails { log.userAgent = head.firstValue(named: "user-agent") }
+            state = .exchange(X(id: 1, log: log, admitted: admitted, now: now))
+            if endStream { _ = withExchange { $0.requestPart(.end(nil), now: self.now, responseTimeout: self.shared.timeouts.upstreamResponse) } }
+            askGuard()
+        case .refused(let refusal):
+            if let id = refusal.inbound?.requestID { log.requestID = id }
+            if let path = refusal.path { log.path = path }
+            state = .exchange(X(id: 0, log: log, framing: refusal.inbound?.framing ?? .none))
+            run(withExchange { $0.respond(refusal.response) } ?? .none)
+        }
+    }
+
+    /// HTTP/2 streams are logged as such.
+    static let version = HTTPVersion(major: 2, minor: 0)
+
+    private func part(_ part: X.Part) {
+        let timeout = shared.timeouts.upstreamResponse
+        guard let action = withExchange({ $0.requestPart(part, now: self.now, responseTimeout: timeout) }) else { return }
+        run(action)
+    }
+
+    private func askGuard() {
+        guard case .exchange(let x) = state, case .awaitingVerdict(let admitted, _) = x.state else { return }
+        let request = admitted.guardRequest(clientAddress: environment.client.socketAddress)
+        switch admitted.route.requestGuard.admit(request, on: context.eventLoop) {
+        case .verdict(let decided):
+            verdict(.success(decided))
+        case .pending(let future):
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+            future.hop(to: context.eventLoop).whenComplete { result in
+                let handler = bound.value
+                guard handler.context != nil else {
+                    if case .success(let verdict) = result { Self.discard(verdict) }
+                    return
+                }
+                handler.verdict(result)
+            }
+        }
+    }
+
+    private func verdict(_ result: Result<Verdict, any Error>) {
+        let client = X.Client(id: environment.client.id, address: environment.client.string, trusted: shared.snapshot.trusts(environment.client.address),
+                              scheme: shared.scheme)
+        let allocator = context.channel.allocator
+        guard let action = withExchange({ $0.verdict(result, client: client, allocator: allocator, now: self.now) }) else {
+            if case .success(let verdict) = result { Self.discard(verdict) }
+            return
+        }
+        deliver(action)
+    }
+
+    /// Runs an action that came from an answer (not from a read): reading may resume after it.
+    private func deliver(_ action: X.Action) {
+        run(action)
+        upstream?.flush()
+        resumeReading()
+        armTimer()
+    }
+
+    private func run(_ action: X.Action) {
+        guard context != nil else {
+            switch action {
+            case .closeUpstream(let connection): connection.close()
+            case .discard(let verdict): Self.discard(verdict)
+            default: break
+            }
+            return
+        }
+        switch action {
+        case .none:
+            break
+        case .askGuard:
+            askGuard()
+        case .answer(let body, let respond):
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+            respond(body).hop(to: context.eventLoop).whenComplete { result in
+                let handler = bound.value
+                guard handler.context != nil, let action = handler.withExchange({ $0.answered(result) }) else { return }
+                handler.deliver(action)
+            }
+        case .connect(let route, let principal, let pooled):
+            if pooled, let principal, let connection = environment.connector.takeIdle(route.upstream, for: principal) {
+                return connected(.success(connection))
+            }
+            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+            environment.connector.connect(route.upstream, for: principal).whenComplete { result in
+                let handler = bound.value
+                let connection = result.map { $0.value }
+                guard handler.context != nil else {
+                    if case .success(let connection) = connection { connection.close() }
+                    return
+                }
+                handler.connected(connection)
+            }
+        case .startForwarding(let connection, let head, let chunked, let body):
+            connection.owner = self
+            let method: HTTPMethod
+            if case .exchange(let x) = state { method = x.log.method } else { method = .GET }
+            connection.writeHead(head, method: method, chunked: chunked)
+            for part in body {
+                switch part {
+                case .body(let bytes): connection.writeBody(bytes)
+                case .end: connection.writeEnd()
+                case .head: break
+                }
+            }
+            connection.flush()
+        case .forwardBody(let connection, let bytes):
+            connection.writeBody(bytes)
+        case .forwardEnd(let connection):
+            connection.writeEnd()
+            connection.flush()
+        case .respond(let response, let upstream, let failure):
+            upstream?.close()
+            guard case .exchange(let x) = state else { return }
+            if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
+            let (headers, body) = HTTP2ResponseHeaders.local(response, requestID: x.log.requestID, headRequest: x.log.method == .HEAD)
+            context.write(wrapOutboundOut(.headers(.init(headers: headers, endStream: body == nil))), promise: nil)
+            if let body { context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(body), endStream: true))), promise: nil) }
+            context.flush()
+            end(x, aborted: false)
+        case .interim(let status):
+            var headers = HPACKHeaders()
+            headers.add(name: ":status", value: String(status))
+            context.writeAndFlush(wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
+        case .relayHead(let head, _, let rules):
+            guard case .exchange(let x) = state else { return }
+            let headers = HTTP2ResponseHeaders.relayed(head, rules: rules, requestID: x.log.requestID)
+            context.write(wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
+        case .relayBody(let bytes, _):
+            context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(bytes)))), promise: nil)
+        case .finish(_, let upstream, let reuse):
+            context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
+            if reuse { environment.connector.release(upstream) } else { upstream.close() }
+            if case .exchange(let x) = state { end(x, aborted: false) }
+        case .abort(let upstream, let failure):
+            upstream?.close()
+            guard case .exchange(let x) = state else { return }
+            if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
+            // A truncated response must never look complete: the stream is reset, not ended.
+            context.writeAndFlush(wrapOutboundOut(.rstStream(.internalError)), promise: nil)
+            end(x, aborted: true)
+            context.close(promise: nil)
+        case .upgrade(let connection, _, _):
+            // No WebSocket over HTTP/2 (RFC 8441 is not offered): a 101 cannot be asked for.
+            connection.close()
+            run(withExchange { $0.abort(failure: .closedBeforeResponse) } ?? .none)
+        case .closeUpstream(let connection):
+            connection.close()
+        case .discard(let verdict):
+            Self.discard(verdict)
+        }
+    }
+
+    private func connected(_ result: Result<UpstreamConnection, any Error>) {
+        let timeout = shared.timeouts.upstreamResponse
+        guard let action = withExchange({ $0.connected(result, now: self.now, responseTimeout: timeout) }) else {
+            if case .success(let connection) = result { connection.close() }
+            return
+        }
+        deliver(action)
+    }
+
+    /// The exchange ended: recorded, its places given back; the stream takes nothing more.
+    private func end(_ x: X, aborted: Bool) {
+        state = .done
+        timer?.cancel()
+        timer = nil
+        record(x, aborted: aborted)
+    }
+
+    private func record(_ x: X, aborted: Bool) {
+        x.lease.release()
+        shared.observer.exchangeCompleted(x.log.record(aborted: aborted, client: environment.client.string, now: now))
+    }
+
+    private static func discard(_ verdict: Verdict) {
+        if case .forward(_, _, let tunnel?, _) = verdict { tunnel.finish() }
+    }
+
+    // MARK: UpstreamConnectionOwner
+
+    var clientIsWritable: Bool { context?.channel.isWritable ?? false }
+
+    func upstreamRead(_ part: ResponseReader.Part) {
+        guard let action = withExchange({ $0.upstreamPart(part, now: self.now) }) else { return }
+        run(action)
+    }
+
+    func upstreamReadComplete() {
+        lastActivity = now
+        context?.flush()
+    }
+
+    func upstreamClosed(_ error: (any Error)?) {
+        guard let action = withExchange({ $0.upstreamClosed(error) }) else { return }
+        deliver(action)
+    }
+
+    func upstreamWritabilityChanged(isWritable: Bool) {
+        if isWritable { resumeReading() }
+    }
+
+    // MARK: the timer
+
+    private func armTimer() {
+        guard let context else { return }
+        var deadline = lastActivity + shared.timeouts.idle
+        if case .exchange(let x) = state, let eager = x.deadline(bodyAllowance: shared.timeouts.requestBody), eager < deadline { deadline = eager }
+        if case .head = state, lastActivity + shared.timeouts.requestHead < deadline { deadline = lastActivity + shared.timeouts.requestHead }
+        timer?.cancel()
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        timer = context.eventLoop.scheduleTask(deadline: max(deadline, now + .milliseconds(1))) { bound.value.timerFired() }
+    }
+
+    private func timerFired() {
+        guard context != nil else { return }
+        timer = nil
+        let now = self.now
+        switch state {
+        case .done: return
+        case .head:
+            // The header block never completed in time (NIOHTTP2 holds a partial one).
+            state = .done
+            context.writeAndFlush(wrapOutboundOut(.rstStream(.cancel)), promise: nil)
+            context.close(promise: nil)
+            return
+        case .exchange:
+            let allowance = shared.timeouts.requestBody
+            if let action = withExchange({ $0.timerFired(now: now, bodyAllowance: allowance) }), !action.isNone { return deliver(action) }
+            if lastActivity + shared.timeouts.idle <= now, let action = withExchange({ $0.idleTimeout() }) { return deliver(action) }
+        }
+        armTimer()
+    }
+}
