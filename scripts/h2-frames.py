@@ -24,7 +24,7 @@ Any frame object may carry "repeat": N (sent N times; with "stream_step": 2 the 
 by 2 each time). The HPACK encoder's state is kept across blocks, as a real client's is.
 
 Standard output: one line a frame received, then `CLOSED` if the server closed the connection
-(else `OPEN` after --timeout seconds without a frame), and `SENT n` / `SEND_FAILED n` (frames
+(else `OPEN` after --settle seconds without a frame), and `SENT n` / `SEND_FAILED n` (frames
 written before the server stopped taking them). Lines look like
 
     SETTINGS stream=0 flags= MAX_CONCURRENT_STREAMS=100 MAX_HEADER_LIST_SIZE=16384
@@ -175,7 +175,9 @@ def frames(spec, encoder):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tls", action="store_true", help="TLS with ALPN h2 (the certificate is not verified)")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds without a frame before giving up")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds a wait_for waits at most")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="after the last line, seconds without a frame before printing (default: --timeout)")
     parser.add_argument("host")
     parser.add_argument("port", type=int)
     args = parser.parse_args()
@@ -211,7 +213,7 @@ def main():
             except OSError:
                 failed = True
                 break
-    reader.wait_quiet(args.timeout)
+    reader.wait_quiet(args.timeout if args.settle is None else args.settle)
     with reader.changed:
         for line in reader.lines:
             print(line)

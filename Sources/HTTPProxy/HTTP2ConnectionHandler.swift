@@ -3,9 +3,10 @@ import NIOCore
 import NIOHTTP2
 
 /// Last on an HTTP/2 connection, after NIOHTTP2's handler: runs `HTTP2ConnectionLifecycle`
-/// (GOAWAY when idle and on a drain), counts the connection as a client connection (as the
-/// HTTP/1.1 handler does), and closes it on a connection error, which NIOHTTP2 has already
-/// answered with GOAWAY.
+/// (GOAWAY when idle and on a drain; streams are counted through `HTTP2StreamCounter`), counts
+/// the connection as a client connection (as the HTTP/1.1 handler does), and logs the errors
+/// NIOHTTP2 reports (a connection error's close is `HTTP2GoAwayWatcher`'s: an error here may be
+/// one stream's).
 final class HTTP2ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = HTTP2Frame
     typealias OutboundIn = HTTP2Frame
@@ -17,6 +18,7 @@ final class HTTP2ConnectionHandler: ChannelDuplexHandler {
     private var lifecycle = HTTP2ConnectionLifecycle()
     private var timer: Scheduled<Void>? = nil
     private var counted = false
+    private var context: ChannelHandlerContext? = nil
 
     init(idle: TimeAmount, observer: any ProxyObserver, logger: Logger) {
         self.idle = idle
@@ -26,6 +28,7 @@ final class HTTP2ConnectionHandler: ChannelDuplexHandler {
 
     /// Added to an active channel (after ALPN or the h2c preface): the connection starts here.
     func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
         counted = true
         observer.clientConnectionOpened()
         run(lifecycle.started(), context: context)
@@ -34,6 +37,17 @@ final class HTTP2ConnectionHandler: ChannelDuplexHandler {
     func handlerRemoved(context: ChannelHandlerContext) {
         timer?.cancel()
         timer = nil
+        self.context = nil
+    }
+
+    func streamOpened(_ id: HTTP2StreamID) {
+        guard let context else { return }
+        run(lifecycle.streamOpened(id), context: context)
+    }
+
+    func streamClosed() {
+        guard let context else { return }
+        run(lifecycle.streamClosed(), context: context)
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -46,12 +60,7 @@ final class HTTP2ConnectionHandler: ChannelDuplexHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        switch event {
-        case let created as NIOHTTP2StreamCreatedEvent: run(lifecycle.streamOpened(created.streamID), context: context)
-        case is StreamClosedEvent: run(lifecycle.streamClosed(), context: context)
-        case is ChannelShouldQuiesceEvent: run(lifecycle.quiesce(), context: context)
-        default: break
-        }
+        if event is ChannelShouldQuiesceEvent { run(lifecycle.quiesce(), context: context) }
         context.fireUserInboundEventTriggered(event)
     }
 
@@ -59,8 +68,7 @@ final class HTTP2ConnectionHandler: ChannelDuplexHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        logger.debug("http2 connection error", metadata: ["error": "\(error)"])
-        context.close(promise: nil)
+        logger.debug("http2 error", metadata: ["error": "\(error)"])
     }
 
     private func run(_ action: HTTP2ConnectionLifecycle.Action, context: ChannelHandlerContext) {

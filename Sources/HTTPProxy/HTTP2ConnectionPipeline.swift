@@ -32,9 +32,10 @@ final class HTTP2RequestIDs {
 /// exists or sees the frame.
 typealias HTTP2StreamInitializer = @Sendable (_ stream: any Channel, _ environment: HTTP2StreamEnvironment) throws -> Void
 
-/// The pipeline of one HTTP/2 connection: NIOHTTP2's handler with its inline stream
-/// multiplexer, bounded by `HTTP2Settings`, then `HTTP2ConnectionHandler` (idle and drain
-/// GOAWAY, the connection count, a close on a connection error).
+/// The pipeline of one HTTP/2 connection: `HTTP2GoAwayWatcher` (closes the connection once
+/// NIOHTTP2 has answered a connection error with GOAWAY), NIOHTTP2's handler with its inline
+/// stream multiplexer, bounded by `HTTP2Settings`, then `HTTP2ConnectionHandler` (idle and drain
+/// GOAWAY, the connection count).
 enum HTTP2ConnectionPipeline {
     /// NIOHTTP2's configuration for the bounds (each one of issue 26's resource-exhaustion
     /// classes).
@@ -70,11 +71,25 @@ enum HTTP2ConnectionPipeline {
         let sync = channel.pipeline.syncOperations
         let configuration = configuration(environment.settings)
         let bound = NIOLoopBound(environment, eventLoop: channel.eventLoop)
+        let connection = HTTP2ConnectionHandler(idle: idle, observer: environment.shared.observer, logger: logger)
+        try sync.addHandler(HTTP2GoAwayWatcher())
         _ = try sync.configureHTTP2Pipeline(
-            mode: .server, connectionConfiguration: configuration.connection, streamConfiguration: configuration.stream
+            mode: .server, connectionConfiguration: configuration.connection, streamConfiguration: configuration.stream,
+            streamDelegate: HTTP2StreamCounter(NIOLoopBound(connection, eventLoop: channel.eventLoop))
         ) { stream in
             stream.eventLoop.makeCompletedFuture { try streams(stream, bound.value) }
         }
-        try sync.addHandler(HTTP2ConnectionHandler(idle: idle, observer: environment.shared.observer, logger: logger))
+        try sync.addHandler(connection)
     }
+}
+
+/// Tells the connection handler of the streams NIOHTTP2's inline multiplexer opens and closes
+/// (it reports them to a delegate, not down the connection's pipeline).
+struct HTTP2StreamCounter: NIOHTTP2StreamDelegate {
+    let handler: NIOLoopBound<HTTP2ConnectionHandler>
+
+    init(_ handler: NIOLoopBound<HTTP2ConnectionHandler>) { self.handler = handler }
+
+    func streamCreated(_ id: HTTP2StreamID, channel: any Channel) { handler.value.streamOpened(id) }
+    func streamClosed(_ id: HTTP2StreamID, channel: any Channel) { handler.value.streamClosed() }
 }

@@ -58,31 +58,34 @@ final class HTTP2PrefaceSniffer: ChannelInboundHandler, RemovableChannelHandler 
         var bytes = unwrapInboundIn(data)
         received.writeBuffer(&bytes)
         guard let choice = Self.choice(received) else { return }
-        decide(choice, context: context)
+        if decide(choice, context: context) { context.pipeline.syncOperations.removeHandler(context: context, promise: nil) }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if !decided, let event = event as? ChannelEvent, event == .inputClosed {
-            // The client said all it will: HTTP/1.1 answers whatever that was.
-            decide(.http1, context: context)
-        }
+        guard !decided, let closed = event as? ChannelEvent, closed == .inputClosed else { return context.fireUserInboundEventTriggered(event) }
+        // The client said all it will: HTTP/1.1 answers whatever that was, then sees the end.
+        let handedOver = decide(.http1, context: context)
         context.fireUserInboundEventTriggered(event)
+        if handedOver { context.pipeline.syncOperations.removeHandler(context: context, promise: nil) }
     }
 
-    private func decide(_ choice: Choice, context: ChannelHandlerContext) {
+    /// Adds the chosen pipeline and hands it what was read; false when that failed (the
+    /// connection is closed).
+    private func decide(_ choice: Choice, context: ChannelHandlerContext) -> Bool {
         decided = true
         timer?.cancel()
         timer = nil
         do {
             try configure(choice, context.pipeline.syncOperations)
         } catch {
-            return context.close(promise: nil)
+            context.close(promise: nil)
+            return false
         }
         if received.readableBytes > 0 {
             context.fireChannelRead(NIOAny(received))
             context.fireChannelReadComplete()
         }
         received = ByteBuffer()
-        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        return true
     }
 }

@@ -138,7 +138,7 @@ struct ConfigLoadingTests {
                 message: "must be between 1024 and"),
         BadCase(name: "no stream reset allowed", yaml: "server:\n  http2:\n    max_stream_resets: 0\n" + minimal, path: "server.http2.max_stream_resets", line: 3, column: 24,
                 message: "must be between 1 and"),
-        BadCase(name: "an unknown http2 key", yaml: "server:\n  http2:\n    max_streams: 5\n" + minimal, path: "server.http2.max_streams", line: 3, column: 5,
+        BadCase(name: "an unknown http2 key", yaml: "server:\n  http2:\n    max_concurent_streams: 5\n" + minimal, path: "server.http2.max_concurent_streams", line: 3, column: 5,
                 message: "did you mean 'max_concurrent_streams'?"),
     ]
 
