@@ -2,7 +2,7 @@
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
 TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv python3-h2 nghttp2-client
-BENCH_PACKAGES := nginx wrk python3 redis-server
+BENCH_PACKAGES := nginx wrk python3 redis-server nghttp2-client
 
 .PHONY: all build test demo bench release fuzz clean
 
@@ -45,8 +45,8 @@ demo:
 	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
-## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, re-validation, TLS termination, each beside
-## nginx proxy_pass measured in the same run (bench/RESULTS.md).
+## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, re-validation, TLS termination, HTTP/2 (h2load),
+## each beside nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
 	$(SWIFT) build $(RELEASE_FLAGS)
@@ -55,6 +55,7 @@ bench:
 	SESSIONS=100000 REPS=1 DURATION=8s CONNECTIONS=50 BENCH_NOTE="100,000 sessions: the cache at fleet scale" bench/auth.sh
 	bench/revalidation.sh
 	bench/tls.sh
+	bench/h2.sh
 
 ## make fuzz: the wire engine's request and response parsing against NIO's llhttp decoder, open-ended: a million
 ## cases per random seed, seed after seed, until Ctrl-C or a disagreement (printed with its seed

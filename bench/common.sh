@@ -9,13 +9,16 @@ cleanup() {
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$WORK"
+  rm -rf "$WORK" ${CERT_DIR:+"$CERT_DIR"}  # CERT_DIR: a TLS script's certificate, made before sourcing
 }
 trap cleanup EXIT
 
-start_nginx() {  # upstream_port proxy_port [tls_port cert key]: the third adds proxy_pass behind TLS
-  local tls_server=""
-  [ -n "${3:-}" ] && tls_server="server { listen 127.0.0.1:$3 ssl; ssl_certificate $4; ssl_certificate_key $5; ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache off; ssl_session_tickets off; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
+start_nginx() {  # upstream_port proxy_port [tls_port cert key [h2]]: the third adds proxy_pass behind TLS, h2 with HTTP/2
+  local tls_server="" listen_h2="" server_h2=""
+  if [ "${6:-}" = h2 ]; then  # `http2 on;` since nginx 1.25.1; before it, `listen … ssl http2`
+    if printf '%s\n' 1.25.1 "$(nginx -v 2>&1 | sed -n 's|.*nginx/\([0-9.]*\).*|\1|p')" | sort -V -C; then server_h2="http2 on;"; else listen_h2=" http2"; fi
+  fi
+  [ -n "${3:-}" ] && tls_server="server { listen 127.0.0.1:$3 ssl$listen_h2; $server_h2 ssl_certificate $4; ssl_certificate_key $5; ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache off; ssl_session_tickets off; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
   cat > "$WORK/nginx.conf" <<CONF
 worker_processes 1;
 daemon on;
