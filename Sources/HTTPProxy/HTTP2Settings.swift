@@ -41,12 +41,3 @@ public struct HTTP2Settings: Sendable, Equatable {
         self.streamResetWindow = streamResetWindow
     }
 }
-
-extension HTTP2Settings {
-    /// Whether the gateway serves HTTP/2 streams yet. Until the exchange core takes them
-    /// (issue 26), a stream gets `HTTP2UnwiredStreamHandler`'s 503, so `Gateway` offers neither
-    /// `h2` by ALPN nor h2c, whatever the file says: browsers and `curl --http2` keep getting
-    /// HTTP/1.1. `ProxyServer` itself speaks HTTP/2 whenever its configuration says so (the
-    /// tests of the pipeline and its refusals).
-    public static let streamsServed = false
-}

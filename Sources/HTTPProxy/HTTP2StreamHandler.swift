@@ -109,13 +109,16 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     /// still open is the client's abort.
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
-        if case .exchange(var x) = state, case .ended = x.state {} else if case .exchange(var x) = state {
-            state = .done
+        if case .exchange(var x) = state {
             let upstream = x.upstream
-            if case .forwarding = x.state {
+            switch x.state {
+            case .ended: break
+            case .forwarding:
+                // As on HTTP/1: recorded as the client's abort (499 unless a response began).
                 _ = x.clientLeft()
                 record(x, aborted: true)
-            } else {
+            default:
+                // Nothing was answered or sent upstream: nothing to record.
                 x.lease.release()
             }
             upstream?.close()
@@ -315,10 +318,10 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             guard case .exchange(let x) = state else { return }
             if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
             let (headers, body) = HTTP2ResponseHeaders.local(response, requestID: x.log.requestID, headRequest: x.log.method == .HEAD)
+            end(x, aborted: false)
             context.write(wrapOutboundOut(.headers(.init(headers: headers, endStream: body == nil))), promise: nil)
             if let body { context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(body), endStream: true))), promise: nil) }
             context.flush()
-            end(x, aborted: false)
         case .interim(let status):
             var headers = HPACKHeaders()
             headers.add(name: ":status", value: String(status))
@@ -330,16 +333,17 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         case .relayBody(let bytes, _):
             context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(bytes)))), promise: nil)
         case .finish(_, let upstream, let reuse):
-            context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
-            if reuse { environment.connector.release(upstream) } else { upstream.close() }
+            // Recorded first: the stream's end closes its channel at once.
             if case .exchange(let x) = state { end(x, aborted: false) }
+            if reuse { environment.connector.release(upstream) } else { upstream.close() }
+            context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
         case .abort(let upstream, let failure):
             upstream?.close()
             guard case .exchange(let x) = state else { return }
             if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
             // A truncated response must never look complete: the stream is reset, not ended.
-            context.writeAndFlush(wrapOutboundOut(.rstStream(.internalError)), promise: nil)
             end(x, aborted: true)
+            context.writeAndFlush(wrapOutboundOut(.rstStream(.internalError)), promise: nil)
             context.close(promise: nil)
         case .upgrade(let connection, _, _):
             // No WebSocket over HTTP/2 (RFC 8441 is not offered): a 101 cannot be asked for.

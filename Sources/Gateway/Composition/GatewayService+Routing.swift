@@ -16,8 +16,8 @@ extension GatewayService {
             limits: ProxyLimits(maxHeaderBytes: c.server.limits.maxHeaderBytes, maxHeaderCount: c.server.limits.maxHeaderCount,
                                 maxConnections: c.server.limits.maxConnections, maxConnectionsPerClient: c.server.limits.maxConnectionsPerClient))
         configuration.http2 = HTTP2Settings(
-            overTLS: HTTP2Settings.streamsServed && c.server.tls?.alpn.contains(.h2) == true,
-            cleartext: HTTP2Settings.streamsServed && c.server.http2Cleartext,
+            overTLS: c.server.tls?.alpn.contains(.h2) == true,
+            cleartext: c.server.http2Cleartext,
             maxConcurrentStreams: c.server.http2.maxConcurrentStreams, maxHeaderListSize: c.server.http2.headerListSize(c.server.limits),
             maxStreamResets: c.server.http2.maxStreamResets, streamResetWindow: .init(GatewayConfiguration.HTTP2.streamResetWindow))
         return configuration

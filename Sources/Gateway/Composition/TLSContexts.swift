@@ -38,8 +38,7 @@ enum TLSContexts {
         }
         var configuration = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(privateKey))
         configuration.minimumTLSVersion = .tlsv12
-        // h2 only once HTTP/2 streams are served (`HTTP2Settings.streamsServed`).
-        configuration.applicationProtocols = files.alpn.filter { $0 != .h2 || HTTP2Settings.streamsServed }.map(\.rawValue)
+        configuration.applicationProtocols = files.alpn.map(\.rawValue)
         let context: NIOSSLContext
         do { context = try NIOSSLContext(configuration: configuration) } catch {
             throw StartupFailure(key: "server.tls.private_key_file", "\(files.privateKeyFile): the key does not belong to the certificate in \(files.certificateFile)")
