@@ -169,6 +169,7 @@ struct GatewayProcessTests {
                 #expect(json["route"] as? String == "app")
                 #expect(json["user"] as? String == "-", "nobody signed in on a public route")
                 #expect(json["method"] as? String == "GET")
+                #expect(json["protocol"] as? String == "HTTP/1.1")
                 #expect(json["user_agent"] as? String == "t/1")
                 #expect((json["request_id"] as? String)?.count == 16)
                 let local = try #require(await gateway.waitForLine(containing: "\"path\":\"/a%2Fb\""))
