@@ -231,4 +231,106 @@ struct HTTP2ExchangeTests {
             #expect(Set(upstream.received.compactMap { $0.split(separator: " ").dropFirst().first.map(String.init) }).count == 10)
         }
     }
+
+    /// An upstream that answers `/big` with `size` bytes as fast as its socket takes them
+    /// (counting what its socket took) and anything else with a small body.
+    final class StreamingUpstream: Sendable {
+        let channel: any Channel
+        let written = NIOLockedValueBox(0)
+        var port: Int { channel.localAddress!.port! }
+        static let size = 64 << 20
+
+        static func start() async throws -> StreamingUpstream {
+            let written = NIOLockedValueBox(0)
+            let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .childChannelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Streamer(written: written)) }
+                }
+                .bind(host: "127.0.0.1", port: 0).get()
+            return StreamingUpstream(channel: channel, written: written)
+        }
+
+        private init(channel: any Channel, written: NIOLockedValueBox<Int>) {
+            self.channel = channel
+            self.written.withLockedValue { $0 = 0 }
+            self.box = written
+        }
+
+        private let box: NIOLockedValueBox<Int>
+        var bytesTaken: Int { box.withLockedValue { $0 } }
+        func close() async { try? await channel.close() }
+
+        final class Streamer: ChannelInboundHandler {
+            typealias InboundIn = ByteBuffer
+            typealias OutboundOut = ByteBuffer
+            let written: NIOLockedValueBox<Int>
+            var pending = ""
+            var remaining = 0
+            init(written: NIOLockedValueBox<Int>) { self.written = written }
+
+            func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+                pending += String(buffer: unwrapInboundIn(data))
+                guard let end = pending.range(of: "\r\n\r\n") else { return }
+                let big = pending.hasPrefix("GET /big ")
+                pending = String(pending[end.upperBound...])
+                if big {
+                    remaining = StreamingUpstream.size
+                    context.write(wrapOutboundOut(ByteBuffer(string: "HTTP/1.1 200 OK\r\ncontent-length: \(remaining)\r\n\r\n")), promise: nil)
+                    pump(context)
+                } else {
+                    context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nsmall")), promise: nil)
+                }
+            }
+
+            /// Writes while the socket takes it (the proxy reading), then waits for writability.
+            func pump(_ context: ChannelHandlerContext) {
+                while remaining > 0, context.channel.isWritable {
+                    let n = min(remaining, 65536)
+                    remaining -= n
+                    let counter = written
+                    context.writeAndFlush(wrapOutboundOut(ByteBuffer(repeating: UInt8(ascii: "x"), count: n))).whenSuccess { counter.withLockedValue { $0 += n } }
+                }
+            }
+
+            func channelWritabilityChanged(context: ChannelHandlerContext) { pump(context) }
+        }
+    }
+
+    @Test("a client whose stream window stays shut holds back its own upstream, and another stream on the connection is served meanwhile")
+    func flowControlEndToEnd() async throws {
+        let upstream = try await StreamingUpstream.start()
+        try await withTeardown(upstream, stop: { await $0.close() }) { upstream in
+            let routes = [ProxyRoute(name: "app", upstream: UpstreamAddress(host: "127.0.0.1", port: upstream.port))]
+            let snapshot = RoutingSnapshot(routes: routes, identityHeaders: [], trustedProxies: [])
+            var configuration = ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0),
+                                                   timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .seconds(5), idle: .seconds(10)))
+            configuration.http2.cleartext = true
+            let proxy = ProxyServer(configuration: configuration, routing: snapshot, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+            try await proxy.start()
+            try await withTeardown(proxy, stop: { await $0.shutdown(deadline: .seconds(1)) }) { proxy in
+                let port = proxy.localAddress!.port!
+                let get = { (stream: Int, path: String) in
+                    HTTP2ServerTests.headers(stream, [(":method", "GET"), (":scheme", "http"), (":authority", "app"), (":path", path)])
+                }
+                // A 1 KiB initial stream window, never opened further.
+                let lines = try await HTTP2ServerTests.frames(port, [
+                    HTTP2ServerTests.line(["frame": "settings", "settings": ["4": 1024]]),
+                    get(1, "/big"),
+                    HTTP2ServerTests.line(["sleep": 1.5]),
+                    get(3, "/small"),
+                    HTTP2ServerTests.line(["wait_for": "DATA stream=3"]),
+                ], timeout: 5)
+                #expect(lines.contains { $0.hasPrefix("HEADERS stream=1") && $0.contains(":status=200") }, "\(lines)")
+                #expect(lines.contains { $0.hasPrefix("DATA stream=3") && $0.contains("body='small'") }, "the other stream is served: \(lines)")
+                let delivered = lines.filter { $0.hasPrefix("DATA stream=1") }.compactMap { line in
+                    line.split(separator: " ").first { $0.hasPrefix("len=") }.flatMap { Int($0.dropFirst(4)) }
+                }.reduce(0, +)
+                #expect(delivered <= 1024, "the stream's window bounds what the client gets: \(delivered)")
+                // The proxy stopped reading its upstream: only what socket buffers hold left the app.
+                let taken = upstream.bytesTaken
+                #expect(taken < StreamingUpstream.size / 4, "the app's body was read without bound: \(taken) bytes")
+            }
+        }
+    }
 }
