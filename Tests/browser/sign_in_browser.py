@@ -8,6 +8,10 @@ the SameSite=None pre-auth cookie must survive it (a Lax cookie would not). Chro
 
     python3 Tests/browser/sign_in_browser.py .build/debug/sessiongate [OUTPUT_DIR]
 
+It runs twice: over plain HTTP/1.1, then with the gateway terminating TLS (a self-signed
+certificate Chromium is told to accept), where Chromium must negotiate HTTP/2 by ALPN for every
+page of the gateway (checked with the Navigation Timing API's `nextHopProtocol`).
+
 Saves screenshots of the sign-in page (light and dark) and of the app after sign-in in
 OUTPUT_DIR (default .build/browser-test). Exit status 0 when every step passed.
 """
@@ -41,16 +45,29 @@ def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else ".build/debug/sessiongate"
     out = sys.argv[2] if len(sys.argv) > 2 else ".build/browser-test"
     os.makedirs(out, exist_ok=True)
+    run(binary, out, https=False)
+    run(binary, os.path.join(out, "https"), https=True)
+
+
+def run(binary, out, https):
+    os.makedirs(out, exist_ok=True)
     gateway, admin, simulator, upstream = (free_port() for _ in range(4))
     work = tempfile.mkdtemp(prefix="sessiongate-browser-")
     config = os.path.join(work, "demo.yaml")
+    scheme = "https" if https else "http"
+    tls = ""
+    if https:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                        "-keyout", f"{work}/key.pem", "-out", f"{work}/cert.pem", "-days", "2", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True)
+        tls = f'\n  tls: {{ certificate_file: "{work}/cert.pem", private_key_file: "{work}/key.pem" }}'
     with open(config, "w") as f:
         f.write(f"""
 server:
   listen: "127.0.0.1:{gateway}"
-  public_url: "http://localhost:{gateway}"
+  public_url: "{scheme}://localhost:{gateway}"
   admin_listen: "127.0.0.1:{admin}"
-  access_log: off
+  access_log: off{tls}
 apple:
   team_id: "DEMOTEAM01"
   key_id: "DEMOKEY001"
@@ -78,11 +95,13 @@ routes:
         options = Options()
         for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,800"):
             options.add_argument(argument)
+        if https:
+            options.add_argument("--ignore-certificate-errors")
         options.binary_location = "/usr/bin/chromium"
         driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
         wait = WebDriverWait(driver, 15)
         try:
-            origin = f"http://localhost:{gateway}"
+            origin = f"{scheme}://localhost:{gateway}"
             driver.get(origin + "/reports?year=2026")
             wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "a.siwa")))
             if "/_auth/sign-in" not in driver.current_url:
@@ -125,7 +144,10 @@ routes:
                 fail(f"session cookie attributes: {session}")
             if "__Host-sessiongate-login" in cookies:
                 fail("the pre-auth cookie was not cleared")
-            print(f"browser test passed: signed in as {name} across sites; screenshots in {out}")
+            protocol = driver.execute_script("return performance.getEntriesByType('navigation')[0].nextHopProtocol")
+            if https and protocol != "h2":
+                fail(f"Chromium did not negotiate HTTP/2 with the TLS listener: {protocol}")
+            print(f"browser test passed ({scheme}, {protocol}): signed in as {name} across sites; screenshots in {out}")
         finally:
             driver.quit()
     finally:
