@@ -194,15 +194,33 @@ struct ClientConnectionStateMachine {
         }
     }
 
-    /// Runs `event` on the exchange in flight, in place (the state lets go of its copy first).
-    /// nil when there is none.
+    /// Runs `event` on the exchange in flight (`id`: only if it is that one) in place — the state
+    /// lets go of its copy first, so nothing in it is copied — and what it returns is made this
+    /// connection's action while the exchange is still in hand. nil when there is no such exchange.
     @inline(__always)
-    private mutating func withExchange<R>(_ event: (inout ExchangeStateMachine) -> R) -> (R, keepAlive: Bool)? {
-        guard case .exchange(var x, let keepAlive) = state else { return nil }
+    private mutating func exchange(_ id: UInt64? = nil, _ event: (inout ExchangeStateMachine) -> ExchangeStateMachine.Action) -> Action? {
+        guard case .exchange(var x, var keepAlive) = state, id == nil || x.id == id else { return nil }
         state = .modifying
-        let result = event(&x)
+        let (action, next) = http1(event(&x), &x, keepAlive: &keepAlive)
+        switch next {
+        case .same: state = .exchange(x, keepAlive: keepAlive)
+        case .idle: state = .idle()
+        case .closing: state = .closing
+        case .tunnel: state = .tunnel
+        }
+        return action
+    }
+
+    /// Where the connection goes after an exchange's action.
+    private enum Next { case same, idle, closing, tunnel }
+
+    /// Runs `body` on the exchange in flight in place, when there is one.
+    @inline(__always)
+    private mutating func update(_ body: (inout ExchangeStateMachine) -> Void) {
+        guard case .exchange(var x, let keepAlive) = state else { return }
+        state = .modifying
+        body(&x)
         state = .exchange(x, keepAlive: keepAlive)
-        return (result, keepAlive)
     }
 
     // MARK: client events
@@ -222,12 +240,12 @@ struct ClientConnectionStateMachine {
 
     /// The handler held a read back (the gateway, not the client, is slow meanwhile).
     mutating func readHeld(now: @autoclosure () -> NIODeadline) {
-        _ = withExchange { $0.readHeld(now: now()) }
+        update { $0.readHeld(now: now()) }
     }
 
     /// Reading resumes: the time the client was held back is not counted against its body.
     mutating func readResumed(now: @autoclosure () -> NIODeadline) {
-        _ = withExchange { $0.readResumed(now: now()) }
+        update { $0.readResumed(now: now()) }
     }
 
     /// A part the `RequestReader` parsed (only while `acceptsParts`). The clocks are read only
@@ -240,8 +258,7 @@ struct ClientConnectionStateMachine {
             return startExchange(head, now: now())
         case .exchange:
             let timeout = shared.timeouts.upstreamResponse
-            guard let (action, _) = withExchange({ $0.requestPart(part, now: now(), responseTimeout: timeout) }) else { return .none }
-            return run(action)
+            return exchange { $0.requestPart(part, now: now(), responseTimeout: timeout) } ?? .none
         case .closing, .lingering, .tunnel, .closed, .modifying:
             return .none
         }
@@ -302,8 +319,7 @@ struct ClientConnectionStateMachine {
     /// recorded as aborted, with `ExchangeRecord.clientClosedRequest` (499) when no response had
     /// begun, and the upstream connection serving it, if any, is closed.
     mutating func clientAbandoned() -> Action {
-        guard let (action, _) = withExchange({ $0.clientLeft() }) else { return .none }
-        return run(action)
+        exchange { $0.clientLeft() } ?? .none
     }
 
     /// The server drains: finish the exchange in flight, then close.
@@ -344,43 +360,33 @@ struct ClientConnectionStateMachine {
     }
 
     mutating func verdict(_ result: Result<Verdict, any Error>, for id: UInt64, now: @autoclosure () -> NIODeadline) -> Action {
-        guard case .exchange(let x, _) = state, x.id == id else {
-            if case .success(let verdict) = result { return .discard(verdict) }
-            return .none
-        }
         let client = ExchangeStateMachine.Client(id: peer.clientID, address: peer.string, trusted: peer.trusted, scheme: shared.scheme)
         let allocator = self.allocator
-        guard let (action, _) = withExchange({ $0.verdict(result, client: client, allocator: allocator, now: now()) }) else { return .none }
-        return run(action)
+        if let action = exchange(id, { $0.verdict(result, client: client, allocator: allocator, now: now()) }) { return action }
+        if case .success(let verdict) = result { return .discard(verdict) }
+        return .none
     }
 
     mutating func answered(_ result: Result<LocalResponse, any Error>, for id: UInt64) -> Action {
-        guard case .exchange(let x, _) = state, x.id == id else { return .none }
-        guard let (action, _) = withExchange({ $0.answered(result) }) else { return .none }
-        return run(action)
+        exchange(id) { $0.answered(result) } ?? .none
     }
 
     /// The upstream connection asked for with `.connect`, or why there is none.
     mutating func connected(_ result: Result<UpstreamConnection, any Error>, for id: UInt64, now: @autoclosure () -> NIODeadline) -> Action {
-        guard case .exchange(let x, _) = state, x.id == id else {
-            if case .success(let connection) = result { return .closeUpstream(connection) }
-            return .none
-        }
         let timeout = shared.timeouts.upstreamResponse
-        guard let (action, _) = withExchange({ $0.connected(result, now: now(), responseTimeout: timeout) }) else { return .none }
-        return run(action)
+        if let action = exchange(id, { $0.connected(result, now: now(), responseTimeout: timeout) }) { return action }
+        if case .success(let connection) = result { return .closeUpstream(connection) }
+        return .none
     }
 
     /// A part of the app's response.
     mutating func upstreamPart(_ part: ResponseReader.Part, now: @autoclosure () -> NIODeadline) -> Action {
-        guard let (action, _) = withExchange({ $0.upstreamPart(part, now: now()) }) else { return .none }
-        return run(action)
+        exchange { $0.upstreamPart(part, now: now()) } ?? .none
     }
 
     /// The upstream connection closed (`error`: it sent what is not a response, or failed).
     mutating func upstreamClosed(_ error: (any Error)?) -> Action {
-        guard let (action, _) = withExchange({ $0.upstreamClosed(error) }) else { return .none }
-        return run(action)
+        exchange { $0.upstreamClosed(error) } ?? .none
     }
 
     // MARK: timers
@@ -389,9 +395,7 @@ struct ClientConnectionStateMachine {
         switch state {
         case .exchange:
             let allowance = shared.timeouts.requestBody
-            if let (action, _) = withExchange({ $0.timerFired(now: now, bodyAllowance: allowance) }), !action.isNone {
-                return run(action)
-            }
+            if let action = exchange(nil, { $0.timerFired(now: now, bodyAllowance: allowance) }), !action.isNone { return action }
         case .idle(let since?) where since + shared.timeouts.requestHead <= now:
             // A client trickling header lines resets the idle timer with each; the head's own
             // deadline does not move (nginx's client_header_timeout, HAProxy's http-request).
@@ -404,8 +408,7 @@ struct ClientConnectionStateMachine {
         }
         guard lastActivity + shared.timeouts.idle <= now else { return .none }
         if case .idle = state { return closeNow() }
-        guard let (action, _) = withExchange({ $0.idleTimeout() }) else { return .none }
-        return run(action)
+        return exchange { $0.idleTimeout() } ?? .none
     }
 
     /// When the timer should fire next (after `timerFired` returned `.none`).
@@ -417,82 +420,62 @@ struct ClientConnectionStateMachine {
 
     // MARK: the exchange's actions, for HTTP/1
 
-    /// What an action of the exchange in flight means on this connection: responses encoded as
-    /// HTTP/1, the connection kept or closed after one that ends it.
-    private mutating func run(_ action: ExchangeStateMachine.Action) -> Action {
+    /// What an action of the exchange in flight (`x`, taken out of the state) means on this
+    /// connection: responses encoded as HTTP/1, and where the connection goes after one that
+    /// ends the exchange.
+    private mutating func http1(_ action: ExchangeStateMachine.Action, _ x: inout ExchangeStateMachine, keepAlive: inout Bool) -> (Action, Next) {
         switch action {
-        case .none: return .none
+        case .none: return (.none, .same)
         case .askGuard:
-            guard case .exchange(let x, _) = state, case .awaitingVerdict(let admitted, _) = x.state else { return .none }
-            return .admit(exchange: x.id, admitted.route)
+            guard case .awaitingVerdict(let admitted, _) = x.state else { return (.none, .same) }
+            return (.admit(exchange: x.id, admitted.route), .same)
         case .answer(let body, let respond):
-            guard case .exchange(let x, _) = state else { return .none }
-            return .answer(exchange: x.id, body, respond: respond)
+            return (.answer(exchange: x.id, body, respond: respond), .same)
         case .connect(let route, let principal, let pooled):
-            guard case .exchange(let x, _) = state else { return .none }
-            return .connect(exchange: x.id, route, principal: principal, pooled: pooled)
+            return (.connect(exchange: x.id, route, principal: principal, pooled: pooled), .same)
         case .startForwarding(let connection, let head, let chunked, let body):
-            guard case .exchange(let x, _) = state else { return .none }
-            return .startForwarding(connection, head: head, method: x.log.method, chunked: chunked, body: body)
-        case .forwardBody(let connection, let bytes): return .forwardBody(connection, bytes)
-        case .forwardEnd(let connection): return .forwardEnd(connection)
+            return (.startForwarding(connection, head: head, method: x.log.method, chunked: chunked, body: body), .same)
+        case .forwardBody(let connection, let bytes): return (.forwardBody(connection, bytes), .same)
+        case .forwardEnd(let connection): return (.forwardEnd(connection), .same)
         case .respond(let response, let upstream, let failure):
-            return respondLocally(response, upstream: upstream, failure: failure)
+            // A body not read to its end leaves the connection's framing in doubt.
+            let keeps = !response.close && afterResponse(keepAlive: keepAlive, requestComplete: x.body.drained) == .nextRequest
+            let bytes = HTTPWire.localResponse(response, requestID: x.log.requestID, keepAlive: keeps, clientVersion: x.log.version,
+                                               headRequest: x.log.method == .HEAD, allocator: allocator)
+            let after: After = keeps ? .nextRequest : .close
+            return (.respond(bytes, Ended(log: x.log, lease: x.lease), upstream: upstream, failure: failure, after: after), after == .close ? .closing : .idle)
         case .interim(let status):
             // Interim (100 Continue, 103): the status line alone, to HTTP/1.1 clients.
             var buffer = allocator.buffer(capacity: 64)
             HTTPWire.writeStatusLine(HTTPResponseStatus(statusCode: status), into: &buffer)
             buffer.writeStaticString("\r\n")
-            return .write(buffer)
+            return (.write(buffer), .same)
         case .relayHead(let head, let framing, let rules):
-            guard case .exchange(let x, var keepAlive) = state else { return .none }
-            if framing == .untilClose || quiescing {
-                keepAlive = false
-                state = .modifying
-                state = .exchange(x, keepAlive: false)
-            }
+            if framing == .untilClose || quiescing { keepAlive = false }
             var buffer = allocator.buffer(capacity: head.head.bytes.readableBytes + 96)
             head.write(rules: rules, .init(requestID: x.log.requestID, chunked: framing == .chunked, keepAlive: keepAlive, clientVersion: x.log.version),
                        into: &buffer)
-            return .write(buffer)
+            return (.write(buffer), .same)
         case .relayBody(let bytes, let chunked):
-            return .writeBody(bytes, chunked: chunked)
+            return (.writeBody(bytes, chunked: chunked), .same)
         case .finish(let lastChunk, let upstream, let reuse):
-            guard case .exchange(let x, let keepAlive) = state else { return .none }
             let after = afterResponse(keepAlive: keepAlive, requestComplete: x.body.ended)
-            state = after == .close ? .closing : .idle()
-            return .finish(Ended(log: x.log, lease: x.lease), lastChunk: lastChunk, upstream: upstream, reuse: reuse, after: after)
+            return (.finish(Ended(log: x.log, lease: x.lease), lastChunk: lastChunk, upstream: upstream, reuse: reuse, after: after),
+                    after == .close ? .closing : .idle)
         case .abort(let upstream, let failure):
-            guard case .exchange(let x, _) = state else { return .none }
-            state = .closing
-            return .abort(Ended(log: x.log, lease: x.lease), upstream: upstream, failure: failure)
+            return (.abort(Ended(log: x.log, lease: x.lease), upstream: upstream, failure: failure), .closing)
         case .upgrade(let connection, let head, let rules):
-            guard case .exchange(let x, _) = state else { return .none }
-            state = .tunnel
             var buffer = allocator.buffer(capacity: head.head.bytes.readableBytes)
             head.writeUpgrade(rules: rules, into: &buffer)
-            return .upgrade(Ended(log: x.log, lease: x.lease), connection, head: buffer)
-        case .closeUpstream(let connection): return .closeUpstream(connection)
-        case .discard(let verdict): return .discard(verdict)
+            return (.upgrade(Ended(log: x.log, lease: x.lease), connection, head: buffer), .tunnel)
+        case .closeUpstream(let connection): return (.closeUpstream(connection), .same)
+        case .discard(let verdict): return (.discard(verdict), .same)
         }
     }
 
     /// A response the gateway makes for the exchange in flight.
     mutating func respond(_ response: LocalResponse) -> Action {
-        guard let (action, _) = withExchange({ $0.respond(response) }) else { return .none }
-        return run(action)
-    }
-
-    /// A response the gateway made for the exchange in flight, which ended with it.
-    private mutating func respondLocally(_ response: LocalResponse, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
-        guard case .exchange(let x, let requested) = state else { return .none }
-        // A body not read to its end leaves the connection's framing in doubt.
-        let keepAlive = !response.close && afterResponse(keepAlive: requested, requestComplete: x.body.drained) == .nextRequest
-        let bytes = HTTPWire.localResponse(response, requestID: x.log.requestID, keepAlive: keepAlive, clientVersion: x.log.version,
-                                           headRequest: x.log.method == .HEAD, allocator: allocator)
-        let after: After = keepAlive ? .nextRequest : .close
-        state = after == .close ? .closing : .idle()
-        return .respond(bytes, Ended(log: x.log, lease: x.lease), upstream: upstream, failure: failure, after: after)
+        exchange { $0.respond(response) } ?? .none
     }
 
     private func afterResponse(keepAlive: Bool, requestComplete: Bool) -> After {
@@ -507,11 +490,9 @@ struct ClientConnectionStateMachine {
     }
 
     mutating func abort(failure: UpstreamErrorKind?) -> Action {
-        guard let (action, _) = withExchange({ $0.abort(failure: failure) }) else {
-            state = .closing
-            return .abort(nil, upstream: nil, failure: failure)
-        }
-        return run(action)
+        if let action = exchange(nil, { $0.abort(failure: failure) }) { return action }
+        state = .closing
+        return .abort(nil, upstream: nil, failure: failure)
     }
 
     mutating func closeNow() -> Action {
@@ -529,5 +510,9 @@ struct ClientConnectionStateMachine {
 }
 
 extension ExchangeStateMachine.Action {
+    var isNone: Bool { if case .none = self { return true } else { return false } }
+}
+
+extension ClientConnectionStateMachine.Action {
     var isNone: Bool { if case .none = self { return true } else { return false } }
 }
