@@ -233,7 +233,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             future.hop(to: context.eventLoop).whenComplete { result in
                 let handler = bound.value
                 guard handler.context != nil else {
-                    if case .success(let verdict) = result { Self.discard(verdict) }
+                    if case .success(let verdict) = result { verdict.discard() }
                     return
                 }
                 handler.verdict(result)
@@ -246,7 +246,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
                               scheme: shared.scheme)
         let allocator = context.channel.allocator
         guard let action = withExchange({ $0.verdict(result, client: client, allocator: allocator, now: self.now) }) else {
-            if case .success(let verdict) = result { Self.discard(verdict) }
+            if case .success(let verdict) = result { verdict.discard() }
             return
         }
         deliver(action)
@@ -264,7 +264,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         guard context != nil else {
             switch action {
             case .closeUpstream(let connection): connection.close()
-            case .discard(let verdict): Self.discard(verdict)
+            case .discard(let verdict): verdict.discard()
             default: break
             }
             return
@@ -282,18 +282,12 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
                 handler.deliver(action)
             }
         case .connect(let route, let principal, let pooled):
-            if pooled, let principal, let connection = environment.connector.takeIdle(route.upstream, for: principal) {
-                return connected(.success(connection))
-            }
-            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-            environment.connector.connect(route.upstream, for: principal).whenComplete { result in
-                let handler = bound.value
-                let connection = result.map { $0.value }
-                guard handler.context != nil else {
-                    if case .success(let connection) = connection { connection.close() }
+            environment.connector.connection(to: route.upstream, for: principal, pooled: pooled, on: context.eventLoop) { result in
+                guard self.context != nil else {
+                    if case .success(let connection) = result { connection.close() }
                     return
                 }
-                handler.connected(connection)
+                self.connected(result)
             }
         case .startForwarding(let connection, let head, let chunked, let body):
             connection.owner = self
@@ -352,7 +346,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         case .closeUpstream(let connection):
             connection.close()
         case .discard(let verdict):
-            Self.discard(verdict)
+            verdict.discard()
         }
     }
 
@@ -376,10 +370,6 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     private func record(_ x: X, aborted: Bool) {
         x.lease.release()
         shared.observer.exchangeCompleted(x.log.record(aborted: aborted, client: environment.client.string, now: now))
-    }
-
-    private static func discard(_ verdict: Verdict) {
-        if case .forward(_, _, let tunnel?, _) = verdict { tunnel.finish() }
     }
 
     // MARK: UpstreamConnectionOwner

@@ -242,7 +242,8 @@ struct ProtocolSelector {
             // The connection's number is the anonymous principal of its streams' requests; the
             // upstream connections kept for it close with it.
             let clientID = pool.newClient()
-            channel.closeFuture.whenComplete { _ in pool.clientClosed(clientID) }
+            let loopPool = NIOLoopBound(pool, eventLoop: channel.eventLoop)
+            channel.closeFuture.whenComplete { _ in loopPool.value.clientClosed(clientID) }
             var rng = SystemRandomNumberGenerator()
             let environment = HTTP2StreamEnvironment(shared: shared, connector: pool, settings: settings,
                                                      client: HTTP2Client(id: clientID, remoteAddress: channel.remoteAddress),

@@ -179,7 +179,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
     private func deliver(_ action: Machine.Action) {
         guard context != nil else {
             if case .closeUpstream(let connection) = action { connection.close() }
-            if case .discard(let verdict) = action { Self.discard(verdict) }
+            if case .discard(let verdict) = action { verdict.discard() }
             if case .drop(let lease) = action { lease.release() }
             return
         }
@@ -230,7 +230,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 future.hop(to: context.eventLoop).whenComplete { result in
                     let handler = bound.value
                     guard handler.context != nil else {
-                        if case .success(let verdict) = result { Self.discard(verdict) }
+                        if case .success(let verdict) = result { verdict.discard() }
                         return
                     }
                     handler.deliver(handler.machine.verdict(result, for: exchange, now: handler.now))
@@ -244,20 +244,17 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 handler.deliver(handler.machine.answered(result, for: exchange))
             }
         case .connect(let exchange, let route, let principal, let pooled):
-            let address = route.upstream
-            if pooled, let principal, let connection = connector.takeIdle(address, for: principal) {
-                return run(machine.connected(.success(connection), for: exchange, now: now))
-            }
-            let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-            connector.connect(address, for: principal).whenComplete { result in
-                let handler = bound.value
-                let connection = result.map { $0.value }
-                guard handler.context != nil else {
-                    if case .success(let connection) = connection { connection.close() }
+            // A pooled connection comes at once (run it here); a new one later (deliver it).
+            var synchronous = true
+            connector.connection(to: route.upstream, for: principal, pooled: pooled, on: context.eventLoop) { result in
+                guard self.context != nil else {
+                    if case .success(let connection) = result { connection.close() }
                     return
                 }
-                handler.deliver(handler.machine.connected(connection, for: exchange, now: handler.now))
+                let action = self.machine.connected(result, for: exchange, now: self.now)
+                if synchronous { self.run(action) } else { self.deliver(action) }
             }
+            synchronous = false
         case .startForwarding(let connection, let head, let method, let chunked, let body):
             connection.owner = self
             connection.writeHead(head, method: method, chunked: chunked)
@@ -303,7 +300,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .closeUpstream(let connection):
             connection.close()
         case .discard(let verdict):
-            Self.discard(verdict)
+            verdict.discard()
         case .drop(let lease):
             lease.release()
         }
@@ -329,11 +326,6 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
         case .close:
             closeGracefully()
         }
-    }
-
-    /// A verdict nobody will apply: a tunnel lease it carries is finished (it leaves its registry).
-    private static func discard(_ verdict: Verdict) {
-        if case .forward(_, _, let tunnel?, _) = verdict { tunnel.finish() }
     }
 
     private func record(_ ended: Machine.Ended, aborted: Bool) {

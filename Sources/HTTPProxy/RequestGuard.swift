@@ -119,6 +119,11 @@ public enum Verdict: Sendable {
     case collectBody(maxBytes: Int, respond: @Sendable (ByteBuffer) -> EventLoopFuture<LocalResponse>)
 
     public static let forward = Verdict.forward(addHeaders: [])
+
+    /// A verdict nobody will apply: a tunnel lease it carries is finished (it leaves its registry).
+    func discard() {
+        if case .forward(_, _, let tunnel?, _) = self { tunnel.finish() }
+    }
 }
 
 /// A response the gateway writes itself (errors, redirects, its own endpoints).

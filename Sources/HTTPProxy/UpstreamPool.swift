@@ -39,6 +39,17 @@ protocol UpstreamConnector: AnyObject {
     func clientClosed(_ id: UInt64)
 }
 
+extension UpstreamConnector {
+    /// An idle connection to `address` of `principal` when `pooled` and one is alive (`done` is
+    /// called at once), else a new one (`done` is called on `loop` when it is up or failed).
+    func connection(to address: UpstreamAddress, for principal: UpstreamPrincipal?, pooled: Bool, on loop: any EventLoop,
+                    _ done: @escaping (Result<UpstreamConnection, any Error>) -> Void) {
+        if pooled, let principal, let connection = takeIdle(address, for: principal) { return done(.success(connection)) }
+        let bound = NIOLoopBound(done, eventLoop: loop)
+        connect(address, for: principal).whenComplete { result in bound.value(result.map { $0.value }) }
+    }
+}
+
 /// How many idle connections a pool keeps (README: "Upstream connections and users").
 struct UpstreamPoolLimits: Sendable {
     /// Per upstream and principal, `principal` mode: a browser rarely has more than two requests
