@@ -282,7 +282,10 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
                 handler.deliver(action)
             }
         case .connect(let route, let principal, let pooled):
-            environment.connector.connection(to: route.upstream, for: principal, pooled: pooled, on: context.eventLoop) { result in
+            if pooled, let principal, let connection = environment.connector.takeIdle(route.upstream, for: principal) {
+                return connected(.success(connection))
+            }
+            environment.connector.connect(route.upstream, for: principal, on: context.eventLoop) { result in
                 guard self.context != nil else {
                     if case .success(let connection) = result { connection.close() }
                     return

@@ -244,17 +244,16 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 handler.deliver(handler.machine.answered(result, for: exchange))
             }
         case .connect(let exchange, let route, let principal, let pooled):
-            // A pooled connection comes at once (run it here); a new one later (deliver it).
-            var synchronous = true
-            connector.connection(to: route.upstream, for: principal, pooled: pooled, on: context.eventLoop) { result in
+            if pooled, let principal, let connection = connector.takeIdle(route.upstream, for: principal) {
+                return run(machine.connected(.success(connection), for: exchange, now: now))
+            }
+            connector.connect(route.upstream, for: principal, on: context.eventLoop) { result in
                 guard self.context != nil else {
                     if case .success(let connection) = result { connection.close() }
                     return
                 }
-                let action = self.machine.connected(result, for: exchange, now: self.now)
-                if synchronous { self.run(action) } else { self.deliver(action) }
+                self.deliver(self.machine.connected(result, for: exchange, now: self.now))
             }
-            synchronous = false
         case .startForwarding(let connection, let head, let method, let chunked, let body):
             connection.owner = self
             connection.writeHead(head, method: method, chunked: chunked)

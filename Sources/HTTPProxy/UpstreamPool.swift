@@ -40,11 +40,10 @@ protocol UpstreamConnector: AnyObject {
 }
 
 extension UpstreamConnector {
-    /// An idle connection to `address` of `principal` when `pooled` and one is alive (`done` is
-    /// called at once), else a new one (`done` is called on `loop` when it is up or failed).
-    func connection(to address: UpstreamAddress, for principal: UpstreamPrincipal?, pooled: Bool, on loop: any EventLoop,
-                    _ done: @escaping (Result<UpstreamConnection, any Error>) -> Void) {
-        if pooled, let principal, let connection = takeIdle(address, for: principal) { return done(.success(connection)) }
+    /// A new connection to `address` for `principal`: `done` is called on `loop` when it is up or
+    /// failed. (Taking an idle one, `takeIdle`, is the caller's: it needs no callback.)
+    func connect(_ address: UpstreamAddress, for principal: UpstreamPrincipal?, on loop: any EventLoop,
+                 _ done: @escaping (Result<UpstreamConnection, any Error>) -> Void) {
         let bound = NIOLoopBound(done, eventLoop: loop)
         connect(address, for: principal).whenComplete { result in bound.value(result.map { $0.value }) }
     }
