@@ -22,7 +22,8 @@ struct ExchangeStateMachine {
 
     enum State {
         /// The route's guard is deciding; body parts wait.
-        case awaitingVerdict(Admission.Admitted, waiting: CircularBuffer<Part>)
+        /// (Boxed: the admitted request is most of an exchange's size, and is needed only here.)
+        indirect case awaitingVerdict(Admission.Admitted, waiting: CircularBuffer<Part>)
         /// Reading a body for one of the gateway's own endpoints.
         case collecting(Collector)
         /// The endpoint has the body and is answering.
