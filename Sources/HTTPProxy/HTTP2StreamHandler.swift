@@ -147,9 +147,11 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         switch state {
         case .head: return true
         case .done: return false
-        case .exchange(let x):
-            return ExchangeRules.shouldReadClient(phase: x.phase, quiescing: false, requestEnded: x.body.ended, pipelinedEmpty: true,
-                                                  upstreamWritable: x.upstream?.isWritable ?? false)
+        case .exchange:
+            return withExchange { x in
+                ExchangeRules.shouldReadClient(phase: x.phase, quiescing: false, requestEnded: x.body.ended, pipelinedEmpty: true,
+                                               upstreamWritable: x.upstream?.isWritable ?? false)
+            } ?? false
         }
     }
 
@@ -163,14 +165,17 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     // MARK: the exchange
 
     private var upstream: UpstreamConnection? {
-        if case .exchange(let x) = state { return x.upstream }
-        return nil
+        withExchange { $0.upstream } ?? nil
     }
 
+    /// Runs `event` on the exchange in place: it is moved out of the state and back (swap), never
+    /// copied (as `ClientConnectionStateMachine` does).
     @discardableResult
     private func withExchange<R>(_ event: (inout X) -> R) -> R? {
-        guard case .exchange(var x) = state else { return nil }
-        state = .done
+        guard case .exchange = state else { return nil }
+        var taken = State.done
+        swap(&taken, &state)
+        guard case .exchange(var x) = consume taken else { return nil }
         let result = event(&x)
         state = .exchange(x)
         return result
