@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Where sessiongate's CPU goes on HTTP/2 over TLS: h2load (-c50 -m1 by default) on the public
+# route of a TLS instance, sampled by perf (user space, call graphs), as bench/profile.sh does for
+# HTTP/1.1. Not part of `make bench`. Environment: DURATION (8s), H2LOAD ("-c50 -m1"), TOP (25),
+# BIN, H1=1 (the same over HTTP/1.1 with h2load --h1, for comparison).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-8s}
+H2LOAD=${H2LOAD:-"-c50 -m1"}
+TOP=${TOP:-25}
+WORK_NAME=h2profile
+NGINX_TLS=18190
+CERT_DIR=$(mktemp -d /tmp/sessiongate-bench-cert.XXXXXX)
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$CERT_DIR/key.pem" -out "$CERT_DIR/cert.pem" \
+  -days 2 -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
+NGINX_TLS_ARGS="$NGINX_TLS $CERT_DIR/cert.pem $CERT_DIR/key.pem h2"
+trap 'rm -rf "$CERT_DIR"' EXIT
+source bench/lib.sh
+gateway a $SG_A $ADMIN_A 1h "" "  tls: { certificate_file: \"$CERT_DIR/cert.pem\", private_key_file: \"$CERT_DIR/key.pem\" }" "
+  - name: public
+    path_prefix: \"/public\"
+    upstream: \"http://127.0.0.1:$UPSTREAM\"
+    auth: public"
+PID_A=$(cat "$WORK/a.pid")
+PROTO=(); [ -n "${H1:-}" ] && PROTO=(--h1)
+h2load $H2LOAD -D2s "${PROTO[@]}" "https://127.0.0.1:$SG_A/public/" > /dev/null
+perf record -q -e cpu-clock:u -g -p "$PID_A" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
+PERF=$!
+h2load $H2LOAD -D"$DURATION" "${PROTO[@]}" "https://127.0.0.1:$SG_A/public/" | grep -E "finished in|Application protocol"
+wait $PERF || true
+perf report -q -i "$WORK/perf.data" --no-children --sort dso,symbol --percent-limit 0.7 2>/dev/null \
+  | grep -E "^ +[0-9]" | head -"$TOP" | sed -E 's/\s+$//' | cut -c1-170
