@@ -23,9 +23,7 @@ POINTS=${POINTS:-"50:10 200:1"}
 THREADS=${THREADS:-2}
 WORK_NAME=h2
 NGINX_TLS=18189
-CERT_DIR=$(mktemp -d /tmp/sessiongate-bench-cert.XXXXXX)
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$CERT_DIR/key.pem" -out "$CERT_DIR/cert.pem" \
-  -days 2 -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
+source bench/cert.sh
 NGINX_TLS_ARGS="$NGINX_TLS $CERT_DIR/cert.pem $CERT_DIR/key.pem h2"
 trap 'rm -rf "$CERT_DIR"' EXIT  # from here on lib.sh's cleanup: every process it started, WORK and CERT_DIR
 source bench/lib.sh

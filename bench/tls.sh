@@ -18,9 +18,7 @@ REPS=${REPS:-3}
 SESSIONS=${SESSIONS:-1000}
 WORK_NAME=tls
 NGINX_TLS=18188
-CERT_DIR=$(mktemp -d /tmp/sessiongate-bench-cert.XXXXXX)
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$CERT_DIR/key.pem" -out "$CERT_DIR/cert.pem" \
-  -days 2 -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
+source bench/cert.sh
 NGINX_TLS_ARGS="$NGINX_TLS $CERT_DIR/cert.pem $CERT_DIR/key.pem"
 source bench/lib.sh
 
