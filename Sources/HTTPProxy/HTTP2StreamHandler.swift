@@ -337,7 +337,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         case .finish(_, let upstream, let reuse):
             // Recorded first: the stream's end closes its channel at once.
             if case .exchange(let x) = state { end(x, aborted: false) }
-            if reuse { environment.connector.release(upstream) } else { upstream.close() }
+            if reuse { environment.connector.release(upstream, keeping: environment.settings.maxConcurrentStreams) } else { upstream.close() }
             context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
         case .abort(let upstream, let failure):
             upstream?.close()

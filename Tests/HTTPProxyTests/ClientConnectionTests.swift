@@ -63,7 +63,7 @@ final class EmbeddedConnector: UpstreamConnector {
         return NIOLoopBound(connection, eventLoop: loop)
     }
 
-    func release(_ connection: UpstreamConnection) {
+    func release(_ connection: UpstreamConnection, keeping: Int) {
         guard connection.isActive, connection.reusable, connection.principal != nil else { return connection.close() }
         connection.owner = nil
         connection.reused = true

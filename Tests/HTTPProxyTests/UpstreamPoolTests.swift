@@ -45,6 +45,18 @@ struct UpstreamPoolTests {
         #expect(!once.isActive && p.idleCount == 2)
     }
 
+    @Test("a multiplexing client may keep as many idle connections of its principal as it asks, within the total")
+    func multiplexedKeeps() {
+        let p = pool(perPrincipal: 2, total: 8)
+        let ten = (0..<10).map { _ in connection(.client(1)) }
+        for c in ten { p.release(c, keeping: 100) }
+        #expect(p.idleCount == 8, "the total bounds it")
+        let q = pool(perPrincipal: 2)
+        let four = (0..<4).map { _ in connection(.client(1)) }
+        for c in four { q.release(c, keeping: 3) }
+        #expect(q.idleCount == 3 && !four[3].isActive)
+    }
+
     @Test("beyond the total the least recently released closes; taking and giving back makes a connection recent again")
     func leastRecentlyUsedOut() {
         let p = pool(total: 3)
