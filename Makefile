@@ -1,7 +1,7 @@
 # SessionGate — the two commands: `make demo` runs the product, `make test` runs every test.
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
-TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv python3-h2 nghttp2-client
+TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv python3-h2 nghttp2-client curl openssl
 BENCH_PACKAGES := nginx wrk python3 redis-server nghttp2-client
 
 .PHONY: all build test demo bench release fuzz clean
