@@ -59,6 +59,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     private var readPending = false
     private var lastActivity: NIODeadline = .now()
     private var timer: Scheduled<Void>? = nil
+    private var timerDeadline: NIODeadline = .distantFuture
 
     init(environment: HTTP2StreamEnvironment) {
         self.environment = environment
@@ -405,12 +406,20 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
 
     // MARK: the timer
 
+    /// One lazily re-armed timer per stream, as on HTTP/1: a deadline later than the armed one
+    /// schedules nothing (the armed one fires, finds nothing due, and re-arms for what is); only
+    /// an earlier one re-arms it. Scheduling and cancelling a task on every answer cost a lock,
+    /// an allocation and two heap operations each.
     private func armTimer() {
         guard let context else { return }
+        if case .done = state { return }
+        let allowance = shared.timeouts.requestBody
         var deadline = lastActivity + shared.timeouts.idle
-        if case .exchange(let x) = state, let eager = x.deadline(bodyAllowance: shared.timeouts.requestBody), eager < deadline { deadline = eager }
+        if let eager = withExchange({ $0.deadline(bodyAllowance: allowance) }) ?? nil, eager < deadline { deadline = eager }
         if case .head = state, lastActivity + shared.timeouts.requestHead < deadline { deadline = lastActivity + shared.timeouts.requestHead }
+        guard timer == nil || deadline < timerDeadline else { return }
         timer?.cancel()
+        timerDeadline = deadline
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
         timer = context.eventLoop.scheduleTask(deadline: max(deadline, now + .milliseconds(1))) { bound.value.timerFired() }
     }

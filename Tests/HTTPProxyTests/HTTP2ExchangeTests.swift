@@ -333,4 +333,27 @@ struct HTTP2ExchangeTests {
             }
         }
     }
+
+    @Test("an app that never answers gets its stream a 504 at the response deadline, as on HTTP/1.1")
+    func responseDeadline() async throws {
+        let silent = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .bind(host: "127.0.0.1", port: 0).get()
+        try await withTeardown(silent, stop: { try? await $0.close() }) { silent in
+            let routes = [ProxyRoute(name: "app", upstream: UpstreamAddress(host: "127.0.0.1", port: silent.localAddress!.port!))]
+            let snapshot = RoutingSnapshot(routes: routes, identityHeaders: [], trustedProxies: [])
+            var configuration = ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0),
+                                                   timeouts: .init(upstreamConnect: .seconds(2), upstreamResponse: .milliseconds(500), idle: .seconds(10)))
+            configuration.http2.cleartext = true
+            let proxy = ProxyServer(configuration: configuration, routing: snapshot, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "test"))
+            try await proxy.start()
+            try await withTeardown(proxy, stop: { await $0.shutdown(deadline: .seconds(1)) }) { proxy in
+                let lines = try await HTTP2ServerTests.frames(proxy.localAddress!.port!, [
+                    HTTP2ServerTests.headers(1, [(":method", "GET"), (":scheme", "http"), (":authority", "app"), (":path", "/hang")]),
+                    HTTP2ServerTests.line(["wait_for": "HEADERS stream=1"]),
+                ], timeout: 5)
+                #expect(lines.contains { $0.hasPrefix("HEADERS stream=1") && $0.contains(":status=504") }, "\(lines)")
+            }
+        }
+    }
 }
