@@ -37,6 +37,14 @@ enum Admission {
     enum Outcome {
         case admitted(Admitted)
         case refused(Refusal)
+
+        /// The request as the header rules read it, when they could.
+        var inbound: InboundRequest? {
+            switch self {
+            case .admitted(let admitted): return admitted.inbound
+            case .refused(let refusal): return refusal.inbound
+            }
+        }
     }
 
     static func admit(_ head: WireHead, snapshot: RoutingSnapshot, peerTrusted: Bool) -> Outcome {

@@ -13,19 +13,12 @@ extension ClientConnectionStateMachine {
         let trusted = snapshot.trusts(peer.address)
         peer.trusted = trusted
         let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: trusted)
-        let inbound: InboundRequest?
-        switch admission {
-        case .admitted(let admitted): inbound = admitted.inbound
-        case .refused(let refusal):
-            inbound = refusal.inbound
-            if let path = refusal.path { log.path = path }
-        }
+        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails)
+        let inbound = admission.inbound
         // What HTTP/1 reads of the head: the connection after this exchange.
         var keepAlive = false
         if let inbound {
             keepAlive = inbound.keepAlive && !quiescing && !inbound.isWebSocketUpgrade
-            if let requestID = inbound.requestID { log.requestID = requestID }
-            if shared.observer.wantsRequestDetails { log.userAgent = head.firstValue(named: "user-agent") }
             if inbound.upgrade == nil, head.fields.contains(where: { head.nameIs($0, "upgrade") }) {
                 // e.g. h2c: served as plain HTTP/1.1 without the upgrade, then closed (the
                 // reader stops parsing after an upgrade request).

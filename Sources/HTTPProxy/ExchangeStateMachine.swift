@@ -529,6 +529,16 @@ struct ExchangeLog {
     /// From asking for an upstream connection to the response head.
     var upstreamNanoseconds: Int64? = nil
 
+    /// What admission read of the request that the log records, whatever the protocol: the
+    /// canonical path of a refused request whose target parsed, a trusted proxy's request id,
+    /// the user agent (`userAgent`: an access log wants it).
+    mutating func note(_ outcome: Admission.Outcome, head: WireHead, userAgent wanted: Bool) {
+        if case .refused(let refusal) = outcome, let path = refusal.path { self.path = path }
+        guard let inbound = outcome.inbound else { return }
+        if let id = inbound.requestID { requestID = id }
+        if wanted { userAgent = head.firstValue(named: "user-agent") }
+    }
+
     func record(aborted: Bool, client: String, now: NIODeadline) -> ExchangeRecord {
         ExchangeRecord(
             method: method.rawValue, path: path, status: status, route: route?.name, upstream: forwarded ? route?.upstream : nil,

@@ -60,6 +60,8 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     private var lastActivity: NIODeadline = .now()
     private var timer: Scheduled<Void>? = nil
     private var timerDeadline: NIODeadline = .distantFuture
+    /// The peer is one of `server.trusted_proxies`, as of this stream's head.
+    private var peerTrusted = false
 
     init(environment: HTTP2StreamEnvironment) {
         self.environment = environment
@@ -202,18 +204,15 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         let head = request.head
         var log = ExchangeLog(method: head.method, version: Self.version, start: now, path: head.target, requestID: environment.requestID())
         let snapshot = shared.snapshot
-        let trusted = snapshot.trusts(environment.client.address)
-        let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: trusted)
+        peerTrusted = snapshot.trusts(environment.client.address)
+        let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: peerTrusted)
+        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails)
         switch admission {
         case .admitted(let admitted):
-            if let id = admitted.inbound.requestID { log.requestID = id }
-            if shared.observer.wantsRequestDetails { log.userAgent = head.firstValue(named: "user-agent") }
             state = .exchange(X(id: 1, log: log, admitted: admitted, now: now))
             if endStream { _ = withExchange { $0.requestPart(.end(nil), now: self.now, responseTimeout: self.shared.timeouts.upstreamResponse) } }
             askGuard()
         case .refused(let refusal):
-            if let id = refusal.inbound?.requestID { log.requestID = id }
-            if let path = refusal.path { log.path = path }
             state = .exchange(X(id: 0, log: log, framing: refusal.inbound?.framing ?? .none))
             run(withExchange { $0.respond(refusal.response) } ?? .none)
         }
@@ -229,9 +228,13 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     }
 
     private func askGuard() {
-        guard case .exchange(let x) = state, case .awaitingVerdict(let admitted, _) = x.state else { return }
-        let request = admitted.guardRequest(clientAddress: environment.client.socketAddress)
-        switch admitted.route.requestGuard.admit(request, on: context.eventLoop) {
+        let address = environment.client.socketAddress
+        let asked = withExchange { x -> (GuardRequest, any RequestGuard)? in
+            guard case .awaitingVerdict(let admitted, _) = x.state else { return nil }
+            return (admitted.guardRequest(clientAddress: address), admitted.route.requestGuard)
+        }
+        guard let (request, requestGuard) = asked ?? nil else { return }
+        switch requestGuard.admit(request, on: context.eventLoop) {
         case .verdict(let decided):
             verdict(.success(decided))
         case .pending(let future):
@@ -248,8 +251,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     }
 
     private func verdict(_ result: Result<Verdict, any Error>) {
-        let client = X.Client(id: environment.client.id, address: environment.client.string, trusted: shared.snapshot.trusts(environment.client.address),
-                              scheme: shared.scheme)
+        let client = X.Client(id: environment.client.id, address: environment.client.string, trusted: peerTrusted, scheme: shared.scheme)
         let allocator = context.channel.allocator
         guard let action = withExchange({ $0.verdict(result, client: client, allocator: allocator, now: self.now) }) else {
             if case .success(let verdict) = result { verdict.discard() }
@@ -300,9 +302,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             }
         case .startForwarding(let connection, let head, let chunked, let body):
             connection.owner = self
-            let method: HTTPMethod
-            if case .exchange(let x) = state { method = x.log.method } else { method = .GET }
-            connection.writeHead(head, method: method, chunked: chunked)
+            connection.writeHead(head, method: withExchange { $0.log.method } ?? .GET, chunked: chunked)
             for part in body {
                 switch part {
                 case .body(let bytes): connection.writeBody(bytes)
@@ -330,8 +330,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             headers.add(name: ":status", value: String(status))
             context.writeAndFlush(wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
         case .relayHead(let head, _, let rules):
-            guard case .exchange(let x) = state else { return }
-            let headers = HTTP2ResponseHeaders.relayed(head, rules: rules, requestID: x.log.requestID)
+            let headers = HTTP2ResponseHeaders.relayed(head, rules: rules, requestID: withExchange { $0.log.requestID })
             context.write(wrapOutboundOut(.headers(.init(headers: headers))), promise: nil)
         case .relayBody(let bytes, _):
             context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(bytes)))), promise: nil)
