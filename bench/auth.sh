@@ -39,7 +39,6 @@ import base64, os
 for _ in range($SESSIONS): print(base64.urlsafe_b64encode(os.urandom(64)).decode().rstrip('='))" > "$WORK/forged.txt"
 
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
-cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 run() {  # scenario c rep|warm duration
   local url script="" cookies="" pid=$PID_A threads=2 sticky=""
   case $1 in

@@ -54,3 +54,6 @@ CONF
   for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
   grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
 }
+
+# CPU seconds (user+system) a process has used so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }

@@ -40,7 +40,6 @@ python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_B" 1 1 "$WOR
 COOKIE="cookie: __Host-sessiongate=$(head -1 "$WORK/cookies.txt")"
 
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
-cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 run() {  # scenario clients streams rep|warm duration
   local url pid header=()
   case $1 in

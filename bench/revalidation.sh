@@ -34,7 +34,6 @@ STORM=${STORM:-$((seed_end - seed_start + 15))s}
 curl -s -X POST -H 'content-type: application/json' -d '{"latency_ms": 100}' "http://127.0.0.1:$SIM/sim/faults" > /dev/null
 refreshes() { curl -s "http://127.0.0.1:$SIM/sim/counters" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("/auth/token#refresh_token", 0))'; }
 
-cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 measure() {  # label duration
   local before; before=$(cpu "$PID_A")
   COOKIES="$WORK/cookies.txt" wrk -t2 -c50 -d"$2" --latency -s bench/rotate.lua "http://127.0.0.1:$SG_A/" > "$WORK/wrk-$1.txt"

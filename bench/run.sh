@@ -19,8 +19,6 @@ start_public_gateway $SG_PORT $SG_ADMIN $UPSTREAM_PORT
 
 declare -A PORT=([direct]=$UPSTREAM_PORT [nginx]=$NGINX_PORT [sessiongate]=$SG_PORT)
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
-# CPU seconds (user+system) a process has used so far.
-cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 for c in $CONNECTIONS; do
   for name in direct nginx sessiongate; do wrk -t2 -c"$c" -d2s "http://127.0.0.1:${PORT[$name]}/" >/dev/null; done  # warm-up
   for rep in $(seq "$REPS"); do

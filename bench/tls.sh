@@ -31,7 +31,6 @@ echo "seeding $SESSIONS sessions through POST /_auth/native (plain instance B)â€
 python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_B" "$SESSIONS" 500 "$WORK/cookies.txt"
 
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
-cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }
 run() {  # scenario c rep|warm duration
   local url pid close=0
   case $1 in
