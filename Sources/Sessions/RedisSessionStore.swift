@@ -4,30 +4,56 @@ import Redis
 
 /// Sessions in Redis, in the data model of DESIGN §3. Key names (with the default prefix):
 ///
-/// - `sg:session:{hash}` hash — the session; expires with it (idle, capped by absolute timeout)
-/// - `sg:user:{sub}` hash — the profile; `sg:user:{sub}:sessions` set — the user's session hashes
+/// - `sg:session:{sub}:<hash>` hash — the session, in its user's slot; expires with it (idle, capped
+///   by absolute timeout). A session from before cookies carried the user: `sg:session:{hash}`
+/// - `sg:user:{sub}` hash — the profile; `sg:user:{sub}:sessions` set — the user's sessions
+///   (`u:<hash>` for a session in the user's slot, the bare hash for one from before)
 /// - `sg:revoked:{sub}` string — `revoked_at` (Unix ms); expires after the absolute session timeout
 /// - `sg:user:{sub}:tokens` hash — the user's latest refresh token per client id (sealed)
 /// - `sg:outbox` hash — jobs that must be done at least once (revocations at Apple, events)
 /// - `sg:nonce:{hash}` string — an issued native nonce's client id; 10 minutes, taken once (GETDEL)
 /// - `sg:link:{sub}` string — the legacy account linked to the user; `sg:account:{id}` the reverse
+///   (in the account's slot: written before the link and removed after it, so a reverse key
+///   without its link is a leftover that the next `link` of that account takes over)
 /// - `sg:login:{state}` hash — a login in progress; 10 minutes, taken atomically (MULTI)
 /// - `sg:notification:{jti}` string — a notification already processed (a week)
 /// - `sg:transfer:{transfer id}` hash — one user of an app transfer (from, target, data, to, mapped_at); 90 days
 ///   after its last write (`TransferRecord.lifetime`); the write that maps the user drops `data`
 /// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:{token hash}` its lock
 ///
-/// The braces are Redis Cluster hash tags: one user's keys share a slot.
+/// The braces are Redis Cluster hash tags. Everything admission reads for a session (the
+/// session, its user's profile, revocation marker and link) shares the user's slot: one round
+/// trip to one node. Every other key is its own tag; every script declares the keys it touches
+/// and they share a slot. Operations spanning users (the user list, transfers) scan every master.
 public final class RedisSessionStore: SessionStore {
-    private let redis: RedisClient
+    private let redis: any RedisCommands
     private let prefix: String
 
-    public init(client: RedisClient, keyPrefix: String = "sg:") {
+    public init(client: any RedisCommands, keyPrefix: String = "sg:") {
         self.redis = client
         self.prefix = keyPrefix
     }
 
-    func sessionKey(_ h: SessionHandle) -> String { "\(prefix)session:{\(h.key)}" }
+    /// In the user's slot when the handle names its user; else (a cookie from before) its own.
+    func sessionKey(_ h: SessionHandle) -> String {
+        guard let sub = h.sub else { return "\(prefix)session:{\(h.key)}" }
+        return "\(prefix)session:{\(sub)}:\(h.key)"
+    }
+
+    /// How `user:{sub}:sessions` names a session.
+    static func member(_ h: SessionHandle) -> String { h.sub == nil ? h.key : "u:" + h.key }
+
+    /// The session a member of `sub`'s set names.
+    static func handle(member: String, of sub: String) -> SessionHandle? {
+        member.hasPrefix("u:") ? SessionHandle(key: String(member.dropFirst(2)), sub: sub) : SessionHandle(key: member)
+    }
+
+    /// The sessions `sub`'s set names, each with its member.
+    private func members(of sub: String, on loop: any EventLoop) -> EventLoopFuture<[(member: String, handle: SessionHandle)]> {
+        send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).map { reply in
+            (reply.arrayValue ?? []).compactMap { $0.string }.compactMap { m in Self.handle(member: m, of: sub).map { (m, $0) } }
+        }
+    }
     func userKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}" }
     func userSessionsKey(_ sub: String) -> String { "\(prefix)user:{\(sub)}:sessions" }
     func revokedKey(_ sub: String) -> String { "\(prefix)revoked:{\(sub)}" }
@@ -65,7 +91,7 @@ public final class RedisSessionStore: SessionStore {
         var commands: [[RedisArgument]] = [
             ["HSET", .string(sessionKey(session.handle))] + fields,
             ["PEXPIREAT", .string(sessionKey(session.handle)), RedisArgument(expiresAt)],
-            ["SADD", .string(userSessionsKey(session.sub)), .string(session.handle.key)],
+            ["SADD", .string(userSessionsKey(session.sub)), .string(Self.member(session.handle))],
         ]
         // The user's hash exists from the first session on, as in memory, even without a field
         // (a user known to the gateway is one whose notifications it applies).
@@ -77,32 +103,26 @@ public final class RedisSessionStore: SessionStore {
         return transaction(commands, on: loop).map { _ in }
     }
 
-    /// What admission needs on a cache miss — the session, its user's profile and revocation
-    /// marker — in one round trip: the second and third keys are named by the session's `sub`,
-    /// so a script reads them where the session is (standalone Redis or a Sentinel master;
-    /// nothing here is meant for Redis Cluster).
-    /// `link:{sub}` and `account:{id}` together: a link never half exists. KEYS[1] = the link;
-    /// ARGV[1] = the sub, ARGV[2] = the key prefix (for the reverse key). Answers the account
-    /// unlinked (or nil).
-    static let unlinkScript = """
-        local account = redis.call('GET', KEYS[1])
-        if not account then return false end
-        redis.call('DEL', KEYS[1])
-        local reverse = ARGV[2] .. 'account:{' .. account .. '}'
-        if redis.call('GET', reverse) == ARGV[1] then redis.call('DEL', reverse) end
-        return account
+    /// `link:{sub}` = ARGV[1]; answers the account it held before (or nil).
+    static let setLinkScript = """
+        local previous = redis.call('GET', KEYS[1])
+        redis.call('SET', KEYS[1], ARGV[1])
+        return previous
         """
 
-    /// KEYS[1] = `link:{sub}`, KEYS[2] = `account:{id}`; ARGV[1] = sub, ARGV[2] = account,
-    /// ARGV[3] = the prefix. Answers {1} linked, or {0, other sub} for a conflict.
-    static let linkScript = """
-        local holder = redis.call('GET', KEYS[2])
-        if holder and holder ~= ARGV[1] then return {0, holder} end
-        local previous = redis.call('GET', KEYS[1])
-        if previous and previous ~= ARGV[2] then redis.call('DEL', ARGV[3] .. 'account:{' .. previous .. '}') end
-        redis.call('SET', KEYS[1], ARGV[2])
-        redis.call('SET', KEYS[2], ARGV[1])
-        return {1}
+    /// `account:{id}` for ARGV[1] (the sub): answers the holder when another sub holds it,
+    /// else takes it (ARGV[2] = a holder being replaced, "" for none) and answers nil.
+    static let claimAccountScript = """
+        local holder = redis.call('GET', KEYS[1])
+        if holder and holder ~= ARGV[1] and holder ~= ARGV[2] then return holder end
+        redis.call('SET', KEYS[1], ARGV[1])
+        return false
+        """
+
+    /// Deletes KEYS[1] when it holds ARGV[1].
+    static let deleteIfScript = """
+        if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+        return 0
         """
 
     /// `revoked:{sub}` = max(itself, ARGV[1]), kept ARGV[2] ms.
@@ -116,26 +136,27 @@ public final class RedisSessionStore: SessionStore {
         return 1
         """
 
+    /// What admission needs on a cache miss in one round trip to one node: KEYS = the session,
+    /// its user's profile, revocation marker and link, all in the user's slot.
     static let loadScript = """
         local s = redis.call('HGETALL', KEYS[1])
         if #s == 0 then return {} end
-        local sub = nil
-        for i = 1, #s, 2 do if s[i] == 'sub' then sub = s[i + 1] break end end
-        if sub == nil then return {s} end
-        return {s, redis.call('HGETALL', ARGV[1] .. 'user:{' .. sub .. '}'), redis.call('GET', ARGV[1] .. 'revoked:{' .. sub .. '}'),
-                redis.call('GET', ARGV[1] .. 'link:{' .. sub .. '}')}
+        return {s, redis.call('HGETALL', KEYS[2]), redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
         """
 
     /// Set once Redis refused scripts (an ACL user without `+@scripting`): misses take two
     /// round trips from then on.
     private let scriptsRefused = NIOLockedValueBox(false)
 
+    /// A session from before cookies carried the user is in another slot than its user: two
+    /// round trips (until those sessions expire).
     public func load(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
-        if scriptsRefused.withLockedValue({ $0 }) { return loadInTwo(handle, on: loop) }
-        return redis.send(["EVAL", .string(Self.loadScript), "1", .string(sessionKey(handle)), .string(prefix)], on: loop).flatMap { reply in
+        guard let sub = handle.sub, !scriptsRefused.withLockedValue({ $0 }) else { return loadInTwo(handle, on: loop) }
+        let keys: [RedisArgument] = [.string(sessionKey(handle)), .string(userKey(sub)), .string(revokedKey(sub)), .string(linkKey(sub))]
+        return redis.send(["EVAL", .string(Self.loadScript), "4"] + keys, on: loop).flatMap { reply in
             guard let parts = reply.arrayValue else { return loop.makeFailedFuture(SessionStoreError("unexpected reply to the session script")) }
             guard let first = parts.first, let fields = HashReply(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
-            guard parts.count == 4, let record = Self.session(handle, fields) else {
+            guard parts.count == 4, let record = Self.session(handle, fields), record.sub == sub else {
                 return loop.makeFailedFuture(SessionStoreError("malformed session record"))
             }
             return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(parts[1])),
@@ -153,7 +174,9 @@ public final class RedisSessionStore: SessionStore {
     private func loadInTwo(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
         send(["HGETALL", .string(sessionKey(handle))], on: loop).flatMap { reply in
             guard let fields = HashReply(reply), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
-            guard let record = Self.session(handle, fields) else { return loop.makeFailedFuture(SessionStoreError("malformed session record")) }
+            guard let record = Self.session(handle, fields), handle.sub == nil || handle.sub == record.sub else {
+                return loop.makeFailedFuture(SessionStoreError("malformed session record"))
+            }
             return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))],
                                        ["GET", .string(self.linkKey(record.sub))]], on: loop)
                 .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
@@ -176,18 +199,24 @@ public final class RedisSessionStore: SessionStore {
     }
 
     public func delete(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        transaction([["DEL", .string(sessionKey(handle))], ["SREM", .string(userSessionsKey(sub)), .string(handle.key)]], on: loop).map { _ in }
+        // One slot: atomically. A session from before is in its own slot: ended first, then
+        // forgotten by its user (a member left behind is tidied by `sessions(of:)`).
+        guard handle.sub == nil else {
+            return transaction([["DEL", .string(sessionKey(handle))], ["SREM", .string(userSessionsKey(sub)), .string(Self.member(handle))]], on: loop).map { _ in }
+        }
+        return send(["DEL", .string(sessionKey(handle))], on: loop).flatMap { _ in
+            self.send(["SREM", .string(self.userSessionsKey(sub)), .string(Self.member(handle))], on: loop).map { _ in }
+        }
     }
 
     public func sessions(of sub: String, on loop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
-        send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
-            let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
-            let loads = handles.map { h in self.send(["HGETALL", .string(self.sessionKey(h))], on: loop).map { (h, $0) } }
+        members(of: sub, on: loop).flatMap { members in
+            let loads = members.map { m in self.send(["HGETALL", .string(self.sessionKey(m.handle))], on: loop).map { (m, $0) } }
             return EventLoopFuture.whenAllSucceed(loads, on: loop).flatMap { pairs in
                 var live: [SessionRecord] = []
                 var gone: [RedisArgument] = []
-                for (h, r) in pairs {
-                    if let f = HashReply(r), !f.isEmpty, let record = Self.session(h, f) { live.append(record) } else { gone.append(.string(h.key)) }
+                for (m, r) in pairs {
+                    if let f = HashReply(r), !f.isEmpty, let record = Self.session(m.handle, f) { live.append(record) } else { gone.append(.string(m.member)) }
                 }
                 let sorted = live.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) }
                 guard !gone.isEmpty else { return loop.makeSucceededFuture(sorted) }
@@ -198,24 +227,23 @@ public final class RedisSessionStore: SessionStore {
     }
 
     public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
-        send(["SMEMBERS", .string(userSessionsKey(sub))], on: loop).flatMap { reply in
-            let handles = (reply.arrayValue ?? []).compactMap { $0.string.flatMap(SessionHandle.init(key:)) }
+        members(of: sub, on: loop).flatMap { members in
             // Each session's creation time and the user's tokens with their grant times, in one
             // round trip.
-            let reads: [[RedisArgument]] = handles.map { ["HGET", .string(self.sessionKey($0)), "created"] } + [["HGETALL", .string(self.userTokensKey(sub))]]
+            let reads: [[RedisArgument]] = members.map { ["HGET", .string(self.sessionKey($0.handle)), "created"] } + [["HGETALL", .string(self.userTokensKey(sub))]]
             return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
                 // Created up to the revocation, or already gone (no `created`): deleted.
-                let created = zip(handles, replies).map { ($0, $1.string.flatMap(Int64.init)) }
+                let created = zip(members, replies).map { ($0, $1.string.flatMap(Int64.init)) }
                 let doomed = created.filter { _, at in at.map { $0 <= revokedAt } ?? true }.map(\.0)
                 // A session or a token from after the revocation: the user came back since.
                 let granted = Self.tokens(replies.last ?? .array(nil))
                 let superseded = created.contains { _, at in at.map { $0 > revokedAt } ?? false } || granted.values.contains { $0.grantedAt > revokedAt }
-                // The later marker wins, atomically (two revocations racing must not move it back).
+                // Everything below is in the user's slot: one transaction. The later marker wins,
+                // atomically (two revocations racing must not move it back).
                 var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
-                if !doomed.isEmpty {
-                    commands.append(["DEL"] + doomed.map { .string(self.sessionKey($0)) })
-                    commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.key) })
-                }
+                let inSlot = doomed.filter { $0.handle.sub != nil }
+                if !inSlot.isEmpty { commands.append(["DEL"] + inSlot.map { .string(self.sessionKey($0.handle)) }) }
+                if !doomed.isEmpty { commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.member) }) }
                 switch forget {
                 case .nothing: break
                 case .grants:
@@ -225,14 +253,21 @@ public final class RedisSessionStore: SessionStore {
                     if !dead.isEmpty { commands.append(["HDEL", .string(self.userTokensKey(sub))] + dead.flatMap { [RedisArgument.string($0), .string(Self.grantField($0))] }) }
                 case .everything:
                     commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))])
-                    commands.append(["EVAL", .string(Self.unlinkScript), "1", .string(self.linkKey(sub)), .string(sub), .string(self.prefix)])
                 }
                 if !superseded, forget == .grants {
                     commands.append(["PEXPIRE", .string(self.userKey(sub)), RedisArgument(max(keep, 1))])
                     commands.append(["PEXPIRE", .string(self.userTokensKey(sub)), RedisArgument(max(keep, 1))])
                 }
-                return self.transaction(commands, on: loop).map { results in
-                    Revocation(ended: doomed.isEmpty ? 0 : Int(results[1].int ?? 0), superseded: superseded)
+                // Sessions from before are each in their own slot, and the link's reverse in the
+                // account's: after the marker, which already refuses them.
+                let before = doomed.filter { $0.handle.sub == nil }
+                return self.transaction(commands, on: loop).flatMap { results in
+                    let ended = inSlot.isEmpty ? 0 : Int(results[1].int ?? 0)
+                    let more = before.map { self.send(["DEL", .string(self.sessionKey($0.handle))], on: loop).map { Int($0.int ?? 0) } }
+                    return EventLoopFuture.whenAllSucceed(more, on: loop).map { ended + $0.reduce(0, +) }
+                }.flatMap { ended in
+                    let unlinked = forget == .everything ? self.unlink(sub, on: loop).map { _ in } : loop.makeSucceededVoidFuture()
+                    return unlinked.map { Revocation(ended: ended, superseded: superseded) }
                 }
             }
         }
@@ -264,16 +299,38 @@ public final class RedisSessionStore: SessionStore {
         send(["HGETALL", .string(userTokensKey(sub))], on: loop).map { Self.tokens($0).mapValues(\.sealed) }
     }
 
+    /// The account's reverse key first (its slot), then the link (the user's), then the previous
+    /// account's reverse key: a failure in between leaves a reverse key without its link, which
+    /// the next `link` of that account finds stale and takes over.
     public func link(_ sub: String, to account: String, on loop: any EventLoop) -> EventLoopFuture<LinkResult> {
-        send(["EVAL", .string(Self.linkScript), "2", .string(linkKey(sub)), .string(accountKey(account)), .string(sub), .string(account), .string(prefix)],
-             on: loop).flatMapThrowing { reply in
-            guard let items = reply.arrayValue, let first = items.first?.int else { throw SessionStoreError("unexpected reply to the link script") }
-            return first == 1 ? .linked : .conflict(sub: items.dropFirst().first?.string ?? "")
+        claimAccount(account, for: sub, replacing: "", on: loop).flatMap { conflict in
+            if let conflict { return loop.makeSucceededFuture(.conflict(sub: conflict)) }
+            return self.send(["EVAL", .string(Self.setLinkScript), "1", .string(self.linkKey(sub)), .string(account)], on: loop).flatMap { previous in
+                guard let previous = previous.string, previous != account else { return loop.makeSucceededFuture(.linked) }
+                return self.send(["EVAL", .string(Self.deleteIfScript), "1", .string(self.accountKey(previous)), .string(sub)], on: loop).map { _ in .linked }
+            }
         }
     }
 
+    /// Takes `account:{account}` for `sub`; answers the sub holding it when that sub's link
+    /// still names the account (a real conflict), else nil (taken, a stale holder replaced).
+    private func claimAccount(_ account: String, for sub: String, replacing stale: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
+        send(["EVAL", .string(Self.claimAccountScript), "1", .string(accountKey(account)), .string(sub), .string(stale)], on: loop).flatMap { reply in
+            guard let holder = reply.string else { return loop.makeSucceededFuture(nil) }
+            return self.send(["GET", .string(self.linkKey(holder))], on: loop).flatMap { linked in
+                // Once: a holder that appears meanwhile is a real one next time.
+                if linked.string == account || !stale.isEmpty { return loop.makeSucceededFuture(holder) }
+                return self.claimAccount(account, for: sub, replacing: holder, on: loop)
+            }
+        }
+    }
+
+    /// The link first, then its reverse key (when it still names `sub`).
     public func unlink(_ sub: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
-        send(["EVAL", .string(Self.unlinkScript), "1", .string(linkKey(sub)), .string(sub), .string(prefix)], on: loop).map { $0.string }
+        send(["GETDEL", .string(linkKey(sub))], on: loop).flatMap { reply in
+            guard let account = reply.string else { return loop.makeSucceededFuture(nil) }
+            return self.send(["EVAL", .string(Self.deleteIfScript), "1", .string(self.accountKey(account)), .string(sub)], on: loop).map { _ in account }
+        }
     }
 
     public func account(linkedTo sub: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
@@ -319,15 +376,9 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    /// Every key matching `pattern` (SCAN: no blocking `KEYS` on a live fleet's Redis).
-    func scan(_ pattern: String, cursor: String = "0", found: [String] = [], on loop: any EventLoop) -> EventLoopFuture<[String]> {
-        send(["SCAN", .string(cursor), "MATCH", .string(pattern), "COUNT", "1000"], on: loop).flatMap { reply in
-            guard let parts = reply.arrayValue, parts.count == 2, let next = parts[0].string, let keys = parts[1].arrayValue else {
-                return loop.makeFailedFuture(SessionStoreError("unexpected reply to SCAN"))
-            }
-            let all = found + keys.compactMap(\.string)
-            return next == "0" ? loop.makeSucceededFuture(all) : self.scan(pattern, cursor: next, found: all, on: loop)
-        }
+    /// Every key matching `pattern`, on every master.
+    private func scan(_ pattern: String, on loop: any EventLoop) -> EventLoopFuture<[String]> {
+        redis.scan(matching: pattern, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }
     }
 
     /// The part of `key` between `{` and `}` when the key is exactly `<prefix><kind>:{…}`.

@@ -4,8 +4,18 @@ import Crypto
 /// done with them: session ids and their cookies, the store's key for a session, and refresh
 /// tokens sealed at rest (DESIGN §3 "Sessions").
 ///
-/// A cookie is `base64url(id ‖ HMAC-SHA256(id))`: 32 random bytes and their 32-byte tag. The tag
-/// is checked in constant time before anything else, so a forged cookie never reaches a store.
+/// A cookie is `base64url(id ‖ HMAC-SHA256(id ‖ "." ‖ sub)) "." base64url(sub)`: 32 random
+/// bytes, their 32-byte tag, and the user the session belongs to — the routing tag that tells
+/// the store where the session lives before anything is read (Redis Cluster: the user's hash
+/// slot, where the profile, revocation marker and link are too). The tag is checked in constant
+/// time before anything else, so a forged cookie never reaches a store, and it binds the user:
+/// a cookie moved to another user's slot does not verify.
+///
+/// Cookies from before (`base64url(id ‖ HMAC-SHA256(id))`, 86 characters, no user) keep working
+/// until their sessions expire: their handle has no `sub`, and the store finds them under the
+/// session's own key. The two forms cannot be confused: the MAC inputs differ in length (32 bytes
+/// against at least 33).
+///
 /// The store keys a session by SHA-256 of the id: a dump of the store yields no usable cookie.
 public struct SessionKeys: Sendable {
     let cookieKey: SymmetricKey
@@ -17,8 +27,11 @@ public struct SessionKeys: Sendable {
 
     /// Bytes of a session id.
     public static let idLength = 32
-    /// Characters of an encoded cookie value (64 bytes in unpadded base64url).
+    /// Characters of the id-and-tag part of a cookie (64 bytes in unpadded base64url): the whole
+    /// of a cookie from before the user was part of it.
     public static let cookieLength = 86
+    /// The longest user id a cookie carries (bytes); Apple's are 44.
+    public static let maximumSubLength = 255
     /// The shortest secret accepted (bytes).
     public static let minimumSecretLength = 32
 
@@ -45,9 +58,14 @@ public struct SessionKeys: Sendable {
         outerPrefix = outer
     }
 
-    func tag(_ id: [UInt8]) -> SHA256.Digest {
+    /// The MAC of `id`, and of `sub` after it when the session carries its user.
+    func tag(_ id: [UInt8], sub: [UInt8]? = nil) -> SHA256.Digest {
         var inner = innerPrefix
         inner.update(data: id)
+        if let sub {
+            inner.update(data: [UInt8(ascii: ".")])
+            inner.update(data: sub)
+        }
         var outer = outerPrefix
         inner.finalize().withUnsafeBytes { outer.update(bufferPointer: $0) }
         return outer.finalize()
@@ -61,25 +79,43 @@ public struct SessionKeys: Sendable {
 
     // MARK: session ids and cookies
 
-    /// A new session: its cookie value (for the client) and its store key (for the store).
-    public func newSession() -> (cookie: String, handle: SessionHandle) {
+    /// A new session of `sub`: its cookie value (for the client) and its handle (for the store).
+    public func newSession(for sub: String) -> (cookie: String, handle: SessionHandle) {
         var rng = SystemRandomNumberGenerator()
         let id = (0..<Self.idLength).map { _ in UInt8.random(in: .min ... .max, using: &rng) }
-        return (Base64URL.encode(id + Array(tag(id))), SessionHandle(id: id))
+        let user = Array(sub.utf8)
+        return (Base64URL.encode(id + Array(tag(id, sub: user))) + "." + Base64URL.encode(user), SessionHandle(id: id, sub: sub))
     }
 
     /// The session a cookie (or bearer token) names, when its tag is ours; `nil` for anything
-    /// else (wrong length, bad encoding, forged tag). Costs one HMAC; touches no store.
+    /// else (wrong length, bad encoding, forged tag, a user that is not valid text). Costs one
+    /// HMAC; touches no store.
     public func handle(forCookie value: Substring) -> SessionHandle? {
-        guard value.utf8.count == Self.cookieLength, let bytes = Base64URL.decode(value), bytes.count == 2 * Self.idLength else { return nil }
+        let utf8 = value.utf8
+        let signed: Substring
+        var sub: [UInt8]? = nil
+        if utf8.count == Self.cookieLength {
+            signed = value
+        } else {
+            // `<86 characters>.<the user, base64url>`
+            let dot = utf8.index(utf8.startIndex, offsetBy: Self.cookieLength, limitedBy: utf8.endIndex)
+            guard let dot, dot < utf8.endIndex, utf8[dot] == UInt8(ascii: "."),
+                  utf8.distance(from: dot, to: utf8.endIndex) - 1 <= (Self.maximumSubLength * 4 + 2) / 3,
+                  let user = Base64URL.decode(value[utf8.index(after: dot)...]), !user.isEmpty else { return nil }
+            signed = value[..<dot]
+            sub = user
+        }
+        guard let bytes = Base64URL.decode(signed), bytes.count == 2 * Self.idLength else { return nil }
         let id = Array(bytes[0..<Self.idLength])
         // Constant time: every byte is compared whatever the first difference.
         var difference: UInt8 = 0
-        tag(id).withUnsafeBytes { expected in
+        tag(id, sub: sub).withUnsafeBytes { expected in
             for i in 0..<Self.idLength { difference |= expected[i] ^ bytes[Self.idLength + i] }
         }
         guard difference == 0 else { return nil }
-        return SessionHandle(id: id)
+        guard let sub else { return SessionHandle(id: id, sub: nil) }
+        guard let text = String(validating: sub, as: UTF8.self) else { return nil }
+        return SessionHandle(id: id, sub: text)
     }
 
     // MARK: refresh tokens at rest
@@ -115,20 +151,42 @@ public func sha256Hex(_ text: String) -> String {
     SessionHandle.hex(Array(SHA256.hash(data: Array(text.utf8))))
 }
 
-/// How a store names one session: the hex SHA-256 of its id. Never the id itself.
+/// How a store names one session: the hex SHA-256 of its id (never the id itself), and the user
+/// it belongs to when the cookie says so (`sub`: where the store keeps it, DESIGN §3). Two handles
+/// are the same session when their keys are equal: the user is where a session lives, not which
+/// one it is (an invalidation message names a session by its key alone).
 public struct SessionHandle: Hashable, Sendable, CustomStringConvertible {
     /// 64 lower-case hex digits.
     public let key: String
+    /// The user whose slot holds the session; nil for a session made before cookies carried it.
+    public let sub: String?
 
-    init(id: [UInt8]) {
+    init(id: [UInt8], sub: String?) {
         self.key = Self.hex(Array(SHA256.hash(data: id)))
+        self.sub = sub
     }
 
     /// A handle read back from a store (a session list, an invalidation message).
-    public init?(key: String) {
+    public init?(key: String, sub: String? = nil) {
         guard key.utf8.count == 64, key.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return nil }
         self.key = key
+        self.sub = sub
     }
+
+    /// The handle as one string, for a record that refers to a session (a login's previous
+    /// session): `<key>`, or `<key>:<sub>`.
+    public var reference: String { sub.map { key + ":" + $0 } ?? key }
+
+    public init?(reference: String) {
+        guard let colon = reference.firstIndex(of: ":") else {
+            self.init(key: reference)
+            return
+        }
+        self.init(key: String(reference[..<colon]), sub: String(reference[reference.index(after: colon)...]))
+    }
+
+    public static func == (a: SessionHandle, b: SessionHandle) -> Bool { a.key == b.key }
+    public func hash(into hasher: inout Hasher) { hasher.combine(key) }
 
     /// Short enough for logs, useless as a credential.
     public var description: String { String(key.prefix(12)) }

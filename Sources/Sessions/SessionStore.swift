@@ -1,6 +1,6 @@
 import NIOCore
 
-/// One signed-in session (DESIGN §3, `sg:session:{hash}`). Times are Unix milliseconds.
+/// One signed-in session (DESIGN §3, `sg:session:{sub}:<hash>`). Times are Unix milliseconds.
 public struct SessionRecord: Sendable, Equatable {
     public var handle: SessionHandle
     public var sub: String
@@ -232,7 +232,7 @@ public struct LoginState: Sendable, Equatable {
     public var returnTo: String
     /// SHA-256 (hex) of the pre-auth cookie's value: binds the login to one browser.
     public var binding: String
-    /// The store key of the session this browser presented when the login started: ended
+    /// The session this browser presented when the login started (`SessionHandle.reference`): ended
     /// when the new one is created (Apple's callback is a cross-site POST, so the `Lax` session
     /// cookie does not arrive with it).
     public var previousSession: String?

@@ -48,7 +48,7 @@ struct GatewayProcessTests {
         let loop = MultiThreadedEventLoopGroup.singleton.next()
         let now = SessionClock.now()
         for (i, sub) in ["user.a", "user.a", "user.b"].enumerated() {
-            let (_, handle) = keys.newSession()
+            let (_, handle) = keys.newSession(for: sub)
             let record = SessionRecord(handle: handle, sub: sub, clientID: "com.example.web", created: now + Int64(i), lastSeen: now, validatedAt: now,
                                        sealedRefreshToken: i == 0 ? keys.seal("rt-session", for: handle) : nil)
             try await store.create(record, profile: UserProfile(sub: sub, name: "Ada"), expiresAt: now + 60_000, on: loop).get()

@@ -8,19 +8,48 @@ import Testing
 struct SessionKeysTests {
     let keys = try! SessionKeys(secret: Array("0123456789abcdef0123456789abcdef-test".utf8))
 
-    @Test func cookieRoundTripAndUniqueness() {
-        let (cookie, handle) = keys.newSession()
-        #expect(cookie.utf8.count == SessionKeys.cookieLength)
-        #expect(keys.handle(forCookie: Substring(cookie)) == handle)
+    @Test("a cookie names its session and its user, and no two sessions share an id")
+    func cookieRoundTripAndUniqueness() throws {
+        let (cookie, handle) = keys.newSession(for: "000123.abc.0456")
+        #expect(cookie.utf8.count == SessionKeys.cookieLength + 1 + 20)
+        let read = try #require(keys.handle(forCookie: Substring(cookie)))
+        #expect(read == handle)
+        #expect(read.sub == "000123.abc.0456")
         #expect(handle.key.utf8.count == 64)
-        let ids = Set((0..<1000).map { _ in keys.newSession().handle })
+        let ids = Set((0..<1000).map { _ in keys.newSession(for: "u").handle })
         #expect(ids.count == 1000)
     }
 
+    @Test("a cookie from before the user was part of it still names its session, without a user")
+    func cookiesWithoutTheUserStillWork() throws {
+        let (cookie, handle) = keys.legacySession()
+        #expect(cookie.utf8.count == SessionKeys.cookieLength)
+        let read = try #require(keys.handle(forCookie: Substring(cookie)))
+        #expect(read == handle)
+        #expect(read.sub == nil)
+    }
+
+    @Test("a cookie whose user is changed, dropped or added does not verify")
+    func theUserIsSigned() throws {
+        let (cookie, _) = keys.newSession(for: "user.a")
+        let signed = cookie.prefix(SessionKeys.cookieLength)
+        #expect(keys.handle(forCookie: signed + "." + Base64URL.encode(Array("user.b".utf8))) == nil, "another user")
+        #expect(keys.handle(forCookie: signed) == nil, "the user dropped")
+        #expect(keys.handle(forCookie: signed + ".") == nil, "an empty user")
+        #expect(keys.handle(forCookie: signed + "!" + cookie.dropFirst(SessionKeys.cookieLength + 1)) == nil, "not a dot")
+        let (legacy, _) = keys.legacySession()
+        #expect(keys.handle(forCookie: Substring(legacy + "." + Base64URL.encode(Array("user.a".utf8)))) == nil, "a user added to a cookie without one")
+        #expect(keys.handle(forCookie: signed + "." + String(repeating: "A", count: 400)) == nil, "a user longer than any")
+        // A user that is not UTF-8, signed with our key: still refused.
+        let id = Array(repeating: UInt8(1), count: 32)
+        let badUser: [UInt8] = [0xff, 0xfe]
+        #expect(keys.handle(forCookie: Substring(Base64URL.encode(id + Array(keys.tag(id, sub: badUser))) + "." + Base64URL.encode(badUser))) == nil)
+    }
+
     @Test func forgedCookiesAreRejected() throws {
-        let (cookie, _) = keys.newSession()
+        let (cookie, _) = keys.newSession(for: "user.a")
         var bytes = Array(cookie.utf8)
-        // Every single-character change, in the id and in the tag.
+        // Every single-character change, in the id, the tag and the user.
         for i in stride(from: 0, to: bytes.count, by: 3) {
             let original = bytes[i]
             bytes[i] = original == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
@@ -38,8 +67,8 @@ struct SessionKeysTests {
     }
 
     @Test func refreshTokensAreSealedToTheirSession() {
-        let (_, a) = keys.newSession()
-        let (_, b) = keys.newSession()
+        let (_, a) = keys.newSession(for: "u")
+        let (_, b) = keys.newSession(for: "u")
         let sealed = keys.seal("r.refresh-token", for: a)
         #expect(!sealed.contains("refresh-token"))
         #expect(keys.seal("r.refresh-token", for: a) != sealed, "random nonce")
@@ -54,6 +83,7 @@ struct SessionKeysTests {
         for n in 0..<20 {
             let id = (0..<32).map { UInt8(truncatingIfNeeded: $0 * 7 + n) }
             #expect(Array(keys.tag(id)) == Array(HMAC<SHA256>.authenticationCode(for: id, using: keys.cookieKey)))
+            #expect(Array(keys.tag(id, sub: Array("user.\(n)".utf8))) == Array(HMAC<SHA256>.authenticationCode(for: id + Array(".user.\(n)".utf8), using: keys.cookieKey)))
         }
     }
 
@@ -68,10 +98,18 @@ struct SessionKeysTests {
     }
 }
 
+extension SessionKeys {
+    /// A session as cookies were made before they carried the user: `base64url(id ‖ HMAC(id))`.
+    func legacySession() -> (cookie: String, handle: SessionHandle) {
+        let id = (0..<Self.idLength).map { _ in UInt8.random(in: .min ... .max) }
+        return (Base64URL.encode(id + Array(tag(id))), SessionHandle(id: id, sub: nil))
+    }
+}
+
 @Suite("Local session cache")
 struct LocalSessionCacheTests {
     static let keys = try! SessionKeys(secret: Array(repeating: 3, count: 32))
-    static func handles(_ count: Int) -> [SessionHandle] { (0..<count).map { _ in keys.newSession().1 } }
+    static func handles(_ count: Int) -> [SessionHandle] { (0..<count).map { _ in keys.newSession(for: "u").1 } }
 
     @Test func sharedByEveryLoopAndInvalidatedAtOnce() async throws {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)

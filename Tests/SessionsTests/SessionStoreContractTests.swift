@@ -51,7 +51,7 @@ struct StoreFixture {
 let keys = try! SessionKeys(secret: Array(repeating: 7, count: 32))
 
 func record(_ sub: String, created: Int64, token: String? = "rt-secret-value") -> (cookie: String, record: SessionRecord) {
-    let (cookie, handle) = keys.newSession()
+    let (cookie, handle) = keys.newSession(for: sub)
     return (cookie, SessionRecord(handle: handle, sub: sub, clientID: "com.example.web", created: created, lastSeen: created,
                                   validatedAt: created, sealedRefreshToken: token.map { keys.seal($0, for: handle) }))
 }
@@ -423,7 +423,7 @@ struct RedisSessionStoreTests {
             let keysReply = try await client.send(["KEYS", .string(f.prefix + "*")])
             guard case .array(let items?) = keysReply else { Issue.record("KEYS: \(keysReply)"); return }
             let names = items.compactMap(\.string).sorted()
-            #expect(names == [f.prefix + "session:{\(s.handle.key)}", f.prefix + "user:{user.5}", f.prefix + "user:{user.5}:sessions"])
+            #expect(names == [f.prefix + "session:{user.5}:\(s.handle.key)", f.prefix + "user:{user.5}", f.prefix + "user:{user.5}:sessions"])
             var dump = names.joined()
             for name in names {
                 let type = try await client.send(["TYPE", .string(name)]).string
@@ -434,7 +434,47 @@ struct RedisSessionStoreTests {
             #expect(!dump.contains(String(cookie.prefix(43))))
             // The absolute expiry, exactly (a relative PTTL shrank by however long a loaded machine
             // took between the write and the read: once by more than 10 s).
-            #expect(try await client.send(["PEXPIRETIME", .string(f.prefix + "session:{\(s.handle.key)}")]).int == expiresAt)
+            #expect(try await client.send(["PEXPIRETIME", .string(f.prefix + "session:{user.5}:\(s.handle.key)")]).int == expiresAt)
+        }
+    }
+
+    @Test("a session from before cookies carried the user is loaded, listed, deleted and revoked beside the user's new ones", arguments: StoreKind.allCases)
+    func sessionsFromBeforeTheUserWasInTheCookie(kind: StoreKind) async throws {
+        let now = SessionClock.now()
+        try await StoreFixture.with(kind) { f in
+            let legacy = (0..<2).map { i in
+                let handle = keys.legacySession().handle
+                return SessionRecord(handle: handle, sub: "user.old", clientID: "com.example.web", created: now + Int64(i), lastSeen: now, validatedAt: now,
+                                     sealedRefreshToken: nil)
+            }
+            let (_, current) = record("user.old", created: now + 2)
+            for s in legacy + [current] { try await f.store.create(s, profile: UserProfile(sub: "user.old", name: "Old"), expiresAt: now + 60_000, on: f.loop).get() }
+            #expect(try await f.store.link("user.old", to: "acct-old", on: f.loop).get() == .linked)
+            let loaded = try #require(try await f.store.load(legacy[0].handle, on: f.loop).get())
+            #expect(loaded.session.sub == "user.old" && loaded.user.name == "Old" && loaded.account == "acct-old")
+            #expect(try await f.store.sessions(of: "user.old", on: f.loop).get().map(\.handle.key) == (legacy + [current]).map(\.handle.key))
+            try await f.store.delete(legacy[0].handle, sub: "user.old", on: f.loop).get()
+            #expect(try await f.store.load(legacy[0].handle, on: f.loop).get() == nil)
+            #expect(try await f.store.sessions(of: "user.old", on: f.loop).get().count == 2)
+            #expect(try await f.store.revoke("user.old", at: now + 10, keep: 60_000, forget: .nothing, on: f.loop).get() == Revocation(ended: 2, superseded: false))
+            #expect(try await f.store.load(legacy[1].handle, on: f.loop).get() == nil)
+            #expect(try await f.store.load(current.handle, on: f.loop).get() == nil)
+            #expect(try await f.store.sessions(of: "user.old", on: f.loop).get().isEmpty)
+        }
+    }
+
+    /// A link is written in two slots (the account's reverse key first): a gateway that stops in
+    /// between leaves a reverse key without its link, which must not hold the account forever.
+    @Test("an account whose reverse key was left without its link goes to the next identity linked to it")
+    func staleReverseLinkIsTakenOver() async throws {
+        try await StoreFixture.with(.redis) { f in
+            let client = try #require(f.client)
+            _ = try await client.send(["SET", .string(f.prefix + "account:{acct-left}"), "user.gone"])
+            #expect(try await f.store.link("user.new", to: "acct-left", on: f.loop).get() == .linked)
+            #expect(try await f.store.account(linkedTo: "user.new", on: f.loop).get() == "acct-left")
+            #expect(try await client.send(["GET", .string(f.prefix + "account:{acct-left}")]).string == "user.new")
+            // A holder whose link does name the account is a real one.
+            #expect(try await f.store.link("user.other", to: "acct-left", on: f.loop).get() == .conflict(sub: "user.new"))
         }
     }
 

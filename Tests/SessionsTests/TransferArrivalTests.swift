@@ -14,7 +14,7 @@ struct TransferArrivalTests {
     @Test("a user this store knew moves with their profile, link and the end of their old sessions, once")
     func knownUser() async throws {
         let t = SessionClock.now()
-        let handle = keys.newSession().handle
+        let handle = keys.newSession(for: "old").handle
         try await store.create(SessionRecord(handle: handle, sub: "old", clientID: "web", created: t - 1000, lastSeen: t - 1000, validatedAt: t - 1000, sealedRefreshToken: nil),
                                profile: UserProfile(sub: "old"), expiresAt: t + Self.day, on: loop).get()
         try await store.saveProfile(UserProfile(sub: "old", name: "Pat", email: "pat@example.org", emailVerified: true, privateEmail: false), on: loop).get()

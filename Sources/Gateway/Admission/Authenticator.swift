@@ -228,7 +228,7 @@ final class Authenticator: Sendable {
     /// refresh token sealed, the profile merged. Answers the cookie value and the expiry (ms).
     func createSession(identity: AppleIdentity, refreshToken: String?, name: String?, on loop: any EventLoop) -> EventLoopFuture<(cookie: String, expiresAt: Int64, user: UserProfile)> {
         core.metrics.recordRevalidation(kind: .fresh)
-        let (cookie, handle) = core.keys.newSession()
+        let (cookie, handle) = core.keys.newSession(for: identity.subject)
         let t = core.now()
         let record = SessionRecord(handle: handle, sub: identity.subject, clientID: identity.audience, created: t, lastSeen: t, validatedAt: t,
                                    sealedRefreshToken: refreshToken.map { core.keys.seal($0, for: handle) })

@@ -20,7 +20,7 @@ extension AuthEndpointGuard {
         let state = Self.randomToken()
         let nonce = Self.randomToken()
         let binding = Self.randomToken()
-        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.key)
+        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.reference)
         let future = core.store.putLogin(state: state, login, ttl: AnonymousWrites.lifetime, on: loop).map { _ -> Verdict in
             core.metrics.recordSignInStart(.login, outcome: .ok)
             let query = FormBody.encode([
@@ -103,7 +103,7 @@ extension AuthEndpointGuard {
                 try await auth.createSession(identity: identity, refreshToken: refreshToken, name: name ?? kept, on: loop).get()
             }
             await lookUpLink(identity, on: loop)
-            await endReplaced(login.previousSession.flatMap(SessionHandle.init(key:)), on: loop)
+            await endReplaced(login.previousSession.flatMap(SessionHandle.init(reference:)), on: loop)
             core.metrics.recordSignIn(flow: .web, outcome: .ok)
             core.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
             var headers = [auth.sessionCookie(created.cookie), clearLogin]
