@@ -1,7 +1,7 @@
 extension GatewayConfiguration.Store {
     enum Key: String, ConfigKey {
         case redisURL = "redis_url", keyPrefix = "key_prefix", timeout, localCacheTTL = "local_cache_ttl"
-        case localCacheEntries = "local_cache_entries", tls, sentinel
+        case localCacheEntries = "local_cache_entries", tls, sentinel, cluster
     }
 
     /// Reads `store`: each key the file sets replaces its default; `tls` and `sentinel` need a
@@ -22,6 +22,15 @@ extension GatewayConfiguration.Store {
             if redisURL == nil {
                 r.reportMissing(s, .redisURL, "is required with store.sentinel: it gives the scheme, user, password and database of the master (its host is not dialled)")
             }
+        }
+        if let t = r.section(s, .cluster, keys: GatewayConfiguration.Cluster.Key.self) {
+            cluster = GatewayConfiguration.Cluster(t, r)
+            if redisURL == nil {
+                r.reportMissing(s, .redisURL, "is required with store.cluster: it gives the scheme, user and password of the nodes (its host is not dialled)")
+            } else if redisURL?.database != 0 {
+                r.report(s, .redisURL, "names database \(redisURL?.database ?? 0); a Redis Cluster has only database 0")
+            }
+            if s[.sentinel] != nil { r.report(s, .cluster, "and store.sentinel exclude each other: a cluster fails over by itself") }
         }
         if let v = r.string(s, .keyPrefix) {
             if !v.isEmpty, !v.contains(where: { $0.isWhitespace || $0 == "{" || $0 == "}" }) { keyPrefix = v }
@@ -75,5 +84,21 @@ extension GatewayConfiguration.Sentinel {
         guard let name, !name.isEmpty, !addresses.isEmpty else { return nil }
         self.init(masterName: name, addresses: addresses)
         self.password = password
+    }
+}
+
+extension GatewayConfiguration.Cluster {
+    enum Key: String, ConfigKey {
+        case addresses
+    }
+
+    /// Reads `store.cluster`: nil unless it names at least one node.
+    init?(_ t: ConfigReader.Section<Key>, _ r: ConfigReader) {
+        let addresses = r.list(t, .addresses, what: "host:port of a cluster node (e.g. 10.0.0.1:6379)", parse: { text in
+            ListenAddress.parse(text).flatMap { $0.port > 0 ? $0 : nil }
+        }) ?? []
+        if t[.addresses] == nil || addresses.isEmpty { r.report(t, .addresses, "needs at least one node host:port (a few, so that one down does not matter)") }
+        guard !addresses.isEmpty else { return nil }
+        self.init(addresses: addresses)
     }
 }

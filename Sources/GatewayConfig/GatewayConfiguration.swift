@@ -202,7 +202,15 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var tls = StoreTLS()
         /// Ask Redis Sentinel for the master instead of dialling `redis_url`'s host.
         public var sentinel: Sentinel? = nil
+        /// A Redis Cluster: its nodes instead of `redis_url`'s host.
+        public var cluster: Cluster? = nil
         public init() {}
+    }
+
+    /// Redis Cluster: the nodes asked for the slot map (`redis_url` gives the scheme and credentials).
+    public struct Cluster: Sendable, Equatable {
+        public var addresses: [ListenAddress]
+        public init(addresses: [ListenAddress]) { self.addresses = addresses }
     }
 
     /// How a `rediss://` connection verifies the server and, for mutual TLS, presents itself.

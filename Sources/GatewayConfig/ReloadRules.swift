@@ -70,6 +70,8 @@ public enum ReloadRules {
         .on("store.sentinel.master_name") { $0.store.sentinel?.masterName },
         .on("store.sentinel.addresses") { $0.store.sentinel?.addresses },
         .on("store.sentinel.password") { $0.store.sentinel?.password },
+        .on("store.cluster") { $0.store.cluster == nil },
+        .on("store.cluster.addresses") { $0.store.cluster?.addresses },
         .on("identity.assertion.enabled") { $0.identity.assertion.enabled },
         .on("identity.assertion.key_file") { $0.identity.assertion.keyFile },
     ]

@@ -21,6 +21,18 @@ public final class RedisSubscriber: Sendable {
                   logger: logger, onMessage: onMessage, onConnected: onConnected)
     }
 
+    /// Subscribed on any of `nodes` (a Redis Cluster's: classic pub/sub reaches every node),
+    /// the next one after a loss.
+    public convenience init(configuration: RedisClient.Configuration, anyOf nodes: [RedisAddress], channels: [String], eventLoop: any EventLoop,
+                            logger: Logger, onMessage: @escaping MessageHandler, onConnected: @escaping @Sendable () -> Void) throws {
+        var setup: [[RedisArgument]] = []
+        if let auth = configuration.authCommand { setup.append(auth) }
+        let dialer = RedisDialer(target: .anyOf(try Rotation(nodes)), tls: configuration.tls, connectTimeout: configuration.connectTimeout,
+                                 commandTimeout: configuration.commandTimeout, setup: setup)
+        self.init(dialer: dialer, configuration: configuration, channels: channels, eventLoop: eventLoop, logger: logger,
+                  onMessage: onMessage, onConnected: onConnected)
+    }
+
     init(dialer: RedisDialer, configuration: RedisClient.Configuration, channels: [String], eventLoop: any EventLoop, logger: Logger,
          onMessage: @escaping MessageHandler, onConnected: @escaping @Sendable () -> Void) {
         self.eventLoop = eventLoop

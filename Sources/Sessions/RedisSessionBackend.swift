@@ -27,6 +27,8 @@ public struct StoreEndpoint: Sendable {
     /// The TLS context and the name to verify (`rediss://`).
     public var tls: (context: NIOSSLContext, serverName: String?)?
     public var sentinel: Sentinel?
+    /// A Redis Cluster's nodes (asked for the slot map) instead of `host:port`.
+    public var cluster: [(host: String, port: Int)]?
 
     public init(host: String, port: Int, username: String?, password: String?, database: Int, commandTimeout: TimeAmount,
                 tls: (context: NIOSSLContext, serverName: String?)? = nil, sentinel: Sentinel? = nil) {
@@ -54,9 +56,14 @@ public struct StoreEndpoint: Sendable {
 /// The session store on Redis with the fleet's message channel: the store, publishing
 /// `FleetMessage`s, and (for a gateway, once `listen` is called) receiving them, following a
 /// Sentinel failover. Built once per process; nothing connects before the first use.
+///
+/// On a Redis Cluster the channel is classic pub/sub, which the cluster broadcasts to every
+/// node: the subscriber listens on any node (the next one after a loss), and a message
+/// published on any master reaches it.
 public final class RedisSessionBackend: Sendable {
     public let store: RedisSessionStore
-    private let client: RedisClient
+    private let client: any RedisCommands
+    private let close: @Sendable () async -> Void
     private let channel: String
     private let subscriber: RedisSubscriber?
     private let watcher: RedisSentinelWatcher?
@@ -78,8 +85,19 @@ public final class RedisSessionBackend: Sendable {
     /// Fails when a host does not resolve. Without a listener (the CLI), nothing subscribes.
     public init(_ endpoint: StoreEndpoint, keyPrefix: String, group: MultiThreadedEventLoopGroup, logger: Logger, listener: Listener? = nil) throws {
         let configuration = endpoint.configuration
-        let client = try RedisClient(configuration: configuration, group: group, logger: logger)
-        self.client = client
+        let single: RedisClient?
+        if let nodes = endpoint.cluster {
+            let cluster = try RedisClusterClient(configuration: .init(seeds: nodes.map { RedisAddress(host: $0.host, port: $0.port) }, node: configuration),
+                                                 group: group, logger: logger)
+            client = cluster
+            close = { await cluster.close() }
+            single = nil
+        } else {
+            let client = try RedisClient(configuration: configuration, group: group, logger: logger)
+            self.client = client
+            close = { await client.close() }
+            single = client
+        }
         store = RedisSessionStore(client: client, keyPrefix: keyPrefix)
         channel = keyPrefix + "invalidate"
         guard let listener else {
@@ -87,14 +105,20 @@ public final class RedisSessionBackend: Sendable {
             watcher = nil
             return
         }
-        let subscriber = try RedisSubscriber(
-            configuration: configuration, channels: [channel], eventLoop: listener.loop, logger: logger,
-            onMessage: { _, payload in
-                if let message = FleetMessage(payload: payload) { listener.onMessage(message) }
-            },
-            onConnected: listener.onSubscribed)
+        let onMessage: RedisSubscriber.MessageHandler = { _, payload in
+            if let message = FleetMessage(payload: payload) { listener.onMessage(message) }
+        }
+        let channels = [keyPrefix + "invalidate"]
+        let subscriber: RedisSubscriber
+        if let nodes = endpoint.cluster {
+            subscriber = try RedisSubscriber(configuration: configuration, anyOf: nodes.map { RedisAddress(host: $0.host, port: $0.port) }, channels: channels,
+                                             eventLoop: listener.loop, logger: logger, onMessage: onMessage, onConnected: listener.onSubscribed)
+        } else {
+            subscriber = try RedisSubscriber(configuration: configuration, channels: channels, eventLoop: listener.loop, logger: logger,
+                                             onMessage: onMessage, onConnected: listener.onSubscribed)
+        }
         self.subscriber = subscriber
-        if configuration.sentinel != nil {
+        if configuration.sentinel != nil, let client = single {
             watcher = try RedisSentinelWatcher(configuration: configuration, eventLoop: listener.loop, logger: logger) { master in
                 logger.notice("redis sentinel: the master moved; reconnecting", metadata: ["master": "\(master)"])
                 client.reconnect(unlessConnectedTo: master)
@@ -119,6 +143,6 @@ public final class RedisSessionBackend: Sendable {
     public func shutdown() async {
         await watcher?.stop()
         await subscriber?.stop()
-        await client.close()
+        await close()
     }
 }

@@ -21,6 +21,9 @@ public enum StoreConnection {
             endpoint.sentinel = StoreEndpoint.Sentinel(masterName: sentinel.masterName, addresses: sentinel.addresses.map { ($0.host, $0.port) },
                                                        password: password)
         }
+        if let cluster = store.cluster {
+            endpoint.cluster = cluster.addresses.map { ($0.host, $0.port) }
+        }
         return endpoint
     }
 
@@ -29,6 +32,7 @@ public enum StoreConnection {
                                listener: RedisSessionBackend.Listener? = nil) throws -> RedisSessionBackend {
         do { return try RedisSessionBackend(endpoint, keyPrefix: store.keyPrefix, group: group, logger: logger, listener: listener) } catch {
             if store.sentinel != nil { throw StartupFailure(key: "store.sentinel.addresses", "a sentinel host does not resolve") }
+            if store.cluster != nil { throw StartupFailure(key: "store.cluster.addresses", "a cluster node does not resolve") }
             throw StartupFailure(key: "store.redis_url", "the host '\(endpoint.host)' does not resolve")
         }
     }
