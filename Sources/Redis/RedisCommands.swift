@@ -12,6 +12,14 @@ public protocol RedisCommands: Sendable {
     func sendAll(_ commands: [[RedisArgument]], on eventLoop: (any EventLoop)?) -> EventLoopFuture<[RESPValue]>
     /// Every key matching `pattern` (`SCAN`, never the blocking `KEYS`), on every master.
     func scan(matching pattern: String, on eventLoop: any EventLoop) -> EventLoopFuture<[String]>
+    /// Closes every connection.
+    func close() async
+}
+
+extension RedisCommands {
+    public func send(_ arguments: [RedisArgument]) async throws -> RESPValue {
+        try await send(arguments, on: nil).get()
+    }
 }
 
 extension RedisClient: RedisCommands {

@@ -113,6 +113,10 @@ struct ConfigLoadingTests {
         BadCase(name: "bad SNI name", yaml: "store:\n  redis_url: \"rediss://r:6380\"\n  tls: { server_name: \"a b\" }\n" + minimal, path: "store.tls.server_name", line: 3, column: 23, message: "not a host name"),
         BadCase(name: "sentinel without addresses", yaml: "store:\n  redis_url: \"redis://mymaster/0\"\n  sentinel: { master_name: mymaster }\n" + minimal, path: "store.sentinel.addresses", line: 3, column: 13, message: "at least one sentinel"),
         BadCase(name: "sentinel without redis_url", yaml: "store:\n  sentinel: { master_name: m, addresses: [\"10.0.0.1:26379\"] }\n" + minimal, path: "store.redis_url", line: 2, column: 3, message: "is required with store.sentinel"),
+        BadCase(name: "cluster without redis_url", yaml: "store:\n  cluster: { addresses: [\"10.0.0.1:6379\"] }\n" + minimal, path: "store.redis_url", line: 2, column: 3, message: "is required with store.cluster"),
+        BadCase(name: "cluster on a database other than 0", yaml: "store:\n  redis_url: \"redis://c/2\"\n  cluster: { addresses: [\"10.0.0.1:6379\"] }\n" + minimal, path: "store.redis_url", line: 2, column: 14, message: "only database 0"),
+        BadCase(name: "cluster without nodes", yaml: "store:\n  redis_url: \"redis://c/0\"\n  cluster: { addresses: [] }\n" + minimal, path: "store.cluster.addresses", line: 3, column: 24, message: "at least one node"),
+        BadCase(name: "cluster and sentinel", yaml: "store:\n  redis_url: \"redis://c/0\"\n  sentinel: { master_name: m, addresses: [\"10.0.0.1:26379\"] }\n  cluster: { addresses: [\"10.0.0.1:6379\"] }\n" + minimal, path: "store.cluster", line: 4, column: 12, message: "exclude each other"),
         BadCase(name: "bad sentinel address", yaml: "store:\n  redis_url: \"redis://m/0\"\n  sentinel: { master_name: m, addresses: [\"10.0.0.1\"] }\n" + minimal, path: "store.sentinel.addresses[0]", line: 3, column: 43, message: "host:port of a sentinel"),
         BadCase(name: "CA file for an http:// upstream", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_ca_file: /ca.pem\n", path: "routes[0].upstream_ca_file", line: 4, column: 23, message: "only to an https:// upstream"),
         BadCase(name: "skip-verify beside a CA file", yaml: "routes:\n  - name: a\n    upstream: \"https://x\"\n    upstream_ca_file: /ca.pem\n    upstream_insecure_skip_verify: true\n", path: "routes[0].upstream_insecure_skip_verify", line: 5, column: 36, message: "contradicts"),
@@ -202,6 +206,15 @@ struct ConfigLoadingTests {
         let cleartext = try #require(GatewayConfiguration.parse(yaml: "server:\n  http2_cleartext: true\n  limits: { max_header_bytes: 8192 }\n" + Self.minimal).configuration)
         #expect(cleartext.server.http2Cleartext)
         #expect(cleartext.server.http2.headerListSize(cleartext.server.limits) == 8192, "unset: the HTTP/1 head bound")
+    }
+
+    @Test("a Redis Cluster is its nodes, with the scheme and credentials of redis_url")
+    func clusterKeys() throws {
+        let yaml = "store:\n  redis_url: \"rediss://gw:pw@cluster/0\"\n  cluster: { addresses: [\"10.0.0.1:6379\", \"[::1]:6380\"] }\n" + Self.minimal
+        let result = GatewayConfiguration.parse(yaml: yaml)
+        let c = try #require(result.configuration, "\(result.errors)")
+        #expect(c.store.cluster?.addresses == [ListenAddress(host: "10.0.0.1", port: 6379), ListenAddress(host: "::1", port: 6380)])
+        #expect(c.store.redisURL?.tls == true && c.store.redisURL?.username == "gw")
     }
 
     @Test("https upstreams, TLS, rediss:// and sentinels parse; skipping verification is a loud warning")
