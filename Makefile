@@ -45,7 +45,7 @@ demo:
 	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
-## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, re-validation, TLS termination, HTTP/2 (h2load),
+## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, the same on a Redis Cluster, re-validation, TLS termination, HTTP/2 (h2load),
 ## each beside nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
@@ -53,6 +53,7 @@ bench:
 	bench/run.sh
 	bench/auth.sh
 	SESSIONS=100000 REPS=1 DURATION=8s CONNECTIONS=50 BENCH_NOTE="100,000 sessions: the cache at fleet scale" bench/auth.sh
+	STORE=cluster REPS=1 DURATION=8s CONNECTIONS=50 SCENARIOS="nginx cached redis" BENCH_NOTE="Redis Cluster, three masters" bench/auth.sh
 	bench/revalidation.sh
 	bench/tls.sh
 	bench/h2.sh

@@ -17,6 +17,7 @@
 # Sessions are made through the product (simulator + POST /_auth/native, bench/seed.py) in
 # Redis, shared by two gateway instances with the same secret: A with the cache, B without.
 # Environment as bench/run.sh: DURATION, CONNECTIONS, REPS, SESSIONS (10000), BENCH_NOTE.
+# STORE=cluster: the gateways share a Redis Cluster of three masters instead of one Redis.
 # PROFILE=cached (or redis, forged, no-cookie): instead of measuring, sample that scenario with
 # perf once the cache is warm and print where its CPU goes (inclusive, our symbols first).
 set -euo pipefail
@@ -82,7 +83,7 @@ python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | te
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — authenticated, $SESSIONS distinct sessions${BENCH_NOTE:+; $BENCH_NOTE}"
   echo
-  echo "Command: \`make bench\` → \`bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared."
+  echo "Command: \`make bench\` → \`${STORE:+STORE=$STORE }bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared."
   echo
   cat "$WORK/table.md"
   echo

@@ -4,15 +4,36 @@
 source bench/common.sh
 UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187; SG_C=18190; ADMIN_C=18191
 start_nginx $UPSTREAM $NGINX ${NGINX_TLS_ARGS:-}
-redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
-PIDS+=($!)
+# STORE=cluster: a Redis Cluster of three masters (no replicas) on ports REDIS, REDIS+1, REDIS+2
+# instead of one Redis.
+STORE_YAML="  redis_url: \"redis://127.0.0.1:$REDIS/0\""
+if [ "${STORE:-redis}" = cluster ]; then
+  NODES=()
+  for port in $REDIS $((REDIS + 1)) $((REDIS + 2)); do
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --cluster-enabled yes --dir "$WORK" \
+      --cluster-config-file "nodes-$port.conf" > "$WORK/redis-$port.log" 2>&1 &
+    PIDS+=($!)
+    NODES+=("127.0.0.1:$port")
+  done
+  STORE_YAML="$STORE_YAML
+  cluster: { addresses: [$(printf '"%s",' "${NODES[@]}" | sed 's/,$//')] }"
+else
+  redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no > "$WORK/redis.log" 2>&1 &
+  PIDS+=($!)
+fi
 "$BIN" apple-simulator --listen "127.0.0.1:$SIM" --out "$WORK" --allow-http-loopback --web-client "com.example.web=http://localhost:$SG_A/_auth/callback" \
   --app-id com.example.app > "$WORK/simulator.log" 2>&1 &
 PIDS+=($!)
 head -c 64 /dev/urandom > "$WORK/session.key"
 wait_for() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; cat "$1"; exit 1; }
 wait_for "$WORK/simulator.log" "private_key_file"
-wait_for "$WORK/redis.log" "Ready to accept connections"
+if [ "${STORE:-redis}" = cluster ]; then
+  for port in $REDIS $((REDIS + 1)) $((REDIS + 2)); do wait_for "$WORK/redis-$port.log" "Ready to accept connections"; done
+  redis-cli --cluster create "${NODES[@]}" --cluster-yes > "$WORK/cluster-create.log" 2>&1
+  for _ in $(seq 100); do redis-cli -p $REDIS cluster info | grep -q "cluster_state:ok" && break; sleep 0.1; done
+else
+  wait_for "$WORK/redis.log" "Ready to accept connections"
+fi
 
 gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines] [extra route lines]
   cat > "$WORK/$1.yaml" <<CONF
@@ -32,7 +53,7 @@ ${5:-}
 session:
   secret_file: "$WORK/session.key"
 store:
-  redis_url: "redis://127.0.0.1:$REDIS/0"
+$STORE_YAML
   local_cache_ttl: "$4"
 routes:
   - name: bench
