@@ -259,6 +259,35 @@ public func runToCompletion(_ path: String, _ arguments: [String]) -> Int32 {
     return (status >> 8) & 0xff
 }
 
+/// Runs a program to completion as `runToCompletion` does, its standard output and error
+/// captured (read to the end, so the child never blocks on a full pipe): its exit status and
+/// that output.
+public func runCapturingOutput(_ path: String, _ arguments: [String]) -> (status: Int32, output: String) {
+    var fds: [Int32] = [0, 0]
+    guard pipe(&fds) == 0 else { return (-1, "pipe") }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
+    posix_spawn_file_actions_addclose(&actions, fds[0])
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    let pid = spawnWithDefaultSignals(path, [path] + arguments, fileActions: &actions)
+    close(fds[1])
+    defer { close(fds[0]) }
+    guard pid > 0 else { return (-1, "spawn \(path)") }
+    var output: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let n = read(fds[0], &chunk, chunk.count)
+        if n < 0 && errno == EINTR { continue }
+        guard n > 0 else { break }
+        output += chunk[0..<n]
+    }
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    return ((status >> 8) & 0xff, String(decoding: output, as: UTF8.self))
+}
+
 /// posix_spawn with default signal dispositions and nothing blocked: the test process may
 /// ignore SIGTERM (signal handling of other suites), and children would inherit that.
 /// `arguments` includes argv[0]. Returns the pid, or 0.
