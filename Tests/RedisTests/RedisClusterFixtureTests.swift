@@ -7,8 +7,8 @@ import Testing
 /// redirections), so that the cluster client's tests stand on something known to work.
 @Suite("Redis Cluster fixture against redis-server", .serialized, .timeLimit(.minutes(1)))
 struct RedisClusterFixtureTests {
-    static func withCluster(_ body: (RedisClusterProcesses) async throws -> Void) async throws {
-        let cluster = try await blocking { try RedisClusterProcesses() }
+    static func withCluster(password: String? = nil, _ body: (RedisClusterProcesses) async throws -> Void) async throws {
+        let cluster = try await blocking { try RedisClusterProcesses(password: password) }
         try await withTeardown(cluster, stop: { cluster in _ = try? await blocking { cluster.stop() } }, body)
     }
 
@@ -127,6 +127,23 @@ struct RedisClusterFixtureTests {
 
     struct Unexpected: Error, CustomStringConvertible {
         let description: String
+    }
+
+    @Test("with a password every node refuses commands without it, and resharding still moves keys")
+    func password() async throws {
+        try await Self.withCluster(password: "s3cret") { cluster in
+            let port = cluster.seedPorts[0]
+            guard case .error(let refusal) = try RedisCommand.send(["GET", "x"], port: port) else { Issue.record("answered without AUTH"); return }
+            #expect(refusal.hasPrefix("NOAUTH"))
+            #expect(cluster.masterPorts().count == 3)
+            let key = "fixture:{auth}"
+            let slot = try #require(cluster.send(["CLUSTER", "KEYSLOT", key], port: port).integer)
+            let source = try #require(cluster.masterPort(owningSlot: slot))
+            let target = try #require(cluster.masterPorts().first { $0 != source })
+            #expect(try cluster.send(["SET", key, "moved"], port: source) == .string("OK"))
+            try await cluster.reshard(slots: slot...slot, from: source, to: target)
+            #expect(try cluster.send(["GET", key], port: target) == .string("moved"))
+        }
     }
 
     /// INCR as a cluster client does it: `MOVED` sends it (and the next ones) to the named node;
