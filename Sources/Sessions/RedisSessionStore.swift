@@ -88,11 +88,11 @@ public final class RedisSessionStore: SessionStore {
             "last_seen", RedisArgument(session.lastSeen), "validated_at", RedisArgument(session.validatedAt),
         ]
         if let token = session.sealedRefreshToken { fields += ["refresh_token", .string(token)] }
-        var commands: [[RedisArgument]] = [
+        let record: [[RedisArgument]] = [
             ["HSET", .string(sessionKey(session.handle))] + fields,
             ["PEXPIREAT", .string(sessionKey(session.handle)), RedisArgument(expiresAt)],
-            ["SADD", .string(userSessionsKey(session.sub)), .string(Self.member(session.handle))],
         ]
+        var commands: [[RedisArgument]] = [["SADD", .string(userSessionsKey(session.sub)), .string(Self.member(session.handle))]]
         // The user's hash exists from the first session on, as in memory, even without a field
         // (a user known to the gateway is one whose notifications it applies).
         let profileFields = [("sub", profile.sub)] + profile.fields
@@ -100,7 +100,10 @@ public final class RedisSessionStore: SessionStore {
         // A user who signs in again is kept (a revocation left the rest to expire).
         commands.append(["PERSIST", .string(userKey(profile.sub))])
         commands.append(["PERSIST", .string(userTokensKey(profile.sub))])
-        return transaction(commands, on: loop).map { _ in }
+        // In its user's slot: one transaction. A handle without its user (only a session
+        // carried over from before names none) is stored in its own slot first.
+        guard session.handle.sub == nil else { return transaction(record + commands, on: loop).map { _ in } }
+        return transaction(record, on: loop).flatMap { _ in self.transaction(commands, on: loop) }.map { _ in }
     }
 
     /// `link:{sub}` = ARGV[1]; answers the account it held before (or nil).

@@ -7,11 +7,30 @@ import Sessions
 import TestSupport
 import Testing
 
-/// One contract, two stores: every test runs against the memory store and the Redis store
-/// (a real `redis-server`, or `REDIS_URL`).
+/// One contract, three stores: every test runs against the memory store, the Redis store (a
+/// real `redis-server`, or `REDIS_URL`) and the Redis store on a real Redis Cluster (three
+/// masters with a replica each, shared by the tests of this run, each under its own prefix).
 enum StoreKind: String, CaseIterable, CustomTestStringConvertible {
-    case memory, redis
+    case memory, redis, cluster
     var testDescription: String { rawValue }
+}
+
+/// One cluster for every test of the run that needs one (six processes per test would crowd two
+/// cores); killed at exit with every test server.
+enum SharedCluster {
+    private static let started = Result { try RedisClusterProcesses() }
+
+    static func get() async throws -> RedisClusterProcesses {
+        try await blocking { try started.get() }
+    }
+
+    /// A client of the shared cluster, as a gateway's would be.
+    static func client() async throws -> RedisClusterClient {
+        let cluster = try await get()
+        return try RedisClusterClient(configuration: .init(seeds: cluster.ports.map { RedisAddress(host: "127.0.0.1", port: $0) },
+                                                           node: .init(host: "127.0.0.1", commandTimeout: .seconds(3))),
+                                      group: .singleton, logger: Logger(label: "test"))
+    }
 }
 
 /// A store under test and what it needs torn down.
@@ -19,15 +38,16 @@ struct StoreFixture {
     let store: any SessionStore
     let loop: any EventLoop
     let redis: TestRedis?
-    let client: RedisClient?
+    /// The store's own connection, for reading what it wrote.
+    let client: (any RedisCommands)?
     let prefix: String
 
     /// Runs `body` with a fresh store of `kind`, closed before this returns or rethrows.
     static func with<Result>(_ kind: StoreKind, _ body: (StoreFixture) async throws -> Result) async throws -> Result {
-        try await withTeardown(try make(kind), stop: { await $0.close() }, body)
+        try await withTeardown(try await make(kind), stop: { await $0.close() }, body)
     }
 
-    private static func make(_ kind: StoreKind) throws -> StoreFixture {
+    private static func make(_ kind: StoreKind) async throws -> StoreFixture {
         let group = MultiThreadedEventLoopGroup.singleton
         switch kind {
         case .memory:
@@ -39,6 +59,10 @@ struct StoreFixture {
                                          group: group, logger: Logger(label: "test"))
             let prefix = TestRedis.uniquePrefix()
             return StoreFixture(store: RedisSessionStore(client: client, keyPrefix: prefix), loop: group.next(), redis: redis, client: client, prefix: prefix)
+        case .cluster:
+            let client = try await SharedCluster.client()
+            let prefix = TestRedis.uniquePrefix()
+            return StoreFixture(store: RedisSessionStore(client: client, keyPrefix: prefix), loop: group.next(), redis: nil, client: client, prefix: prefix)
         }
     }
 
@@ -519,7 +543,7 @@ extension SessionStoreContractTests {
             #expect(try await store.transfer("t.8", on: f.loop).get() == TransferRecord(id: "t.8", to: "new.8", mappedAt: 7), "mapped: no name, no email left")
             #expect(try await store.transfer("t.9", on: f.loop).get()?.data == line, "not mapped yet: the line waits for the sign-in")
             switch kind {
-            case .redis:
+            case .redis, .cluster:
                 let client = try #require(f.client)
                 for id in ["t.8", "t.9"] {
                     let ttl = try await client.send(["PTTL", .string(f.prefix + "transfer:{\(id)}")]).int ?? -1

@@ -1,0 +1,90 @@
+import Foundation
+import Gateway
+import GatewayConfig
+import Redis
+import TestSupport
+import Testing
+
+/// Two gateways on a real Redis Cluster (three masters, a replica each): sign-in, admission,
+/// how fast a logout reaches the other gateway, and a master lost under a signed-in user.
+@Suite("Gateways on a Redis Cluster", .serialized, .timeLimit(.minutes(3)))
+struct ClusterGatewayTests {
+    /// Polls `request` every `interval` until it answers `status`; when it first did.
+    func firstTime(_ status: Int, within limit: Duration, every interval: Duration = .milliseconds(100),
+                   _ request: () async throws -> Int) async throws -> ContinuousClock.Instant? {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if try await request() == status { return .now }
+            try await Task.sleep(for: interval)
+        }
+        return nil
+    }
+
+    @Test("a fleet of two on a cluster: a sign-in on A is admitted on B, a logout on A is refused on B within milliseconds, a lost master is a short 503")
+    func fleet() async throws {
+        let cluster = try await blocking { try RedisClusterProcesses(nodeTimeout: .milliseconds(1000)) }
+        defer { cluster.stop() }
+        // An hour of local cache: B refusing a session soon after a logout on A proves the
+        // invalidation reached it over the cluster's pub/sub. store.timeout as shipped.
+        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: 1, database: 0, process: nil), storeTimeout: .milliseconds(250),
+                                     localCacheTTL: .seconds(3600), configure: { c in
+            // The URL carries the scheme and credentials; its host is not dialled.
+            c.store.redisURL = RedisURL.parse("redis://127.0.0.1:1/0")
+            c.store.cluster = .init(addresses: cluster.ports.map { ListenAddress(host: "127.0.0.1", port: $0) })
+        }) { h in
+            let b = try await h.addInstance()
+            var delays: [Duration] = []
+            var subs: [String] = []
+            for _ in 0..<12 {
+                let sub = h.simulator.createUser()
+                subs.append(sub)
+                let user = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await user.signIn(from: "/x", as: sub)
+                #expect(try await user.request("/x").status == 200)
+                let onB = TestBrowser(gatewayOrigin: b.origin)
+                onB.cookies = user.cookies
+                #expect(try await onB.request("/x").status == 200, "B admits a session made on A (and caches it for an hour)")
+                #expect(try await user.request("/_auth/logout", method: .POST, form: []).status == 303)
+                let out = ContinuousClock.now
+                let refused = try await firstTime(302, within: .seconds(5), every: .milliseconds(1)) { try await onB.request("/x").status }
+                let at = try #require(refused, "B still admits a session logged out on A: the invalidation did not reach it")
+                delays.append(at - out)
+            }
+            let sorted = delays.sorted()
+            print("gateways on a redis cluster: logout on A → refused on B: median \(sorted[sorted.count / 2]), max of \(sorted.count) \(sorted.last!)")
+            #expect(sorted.last! < .milliseconds(500))
+            #expect(Set(subs.map { cluster.masterPort(owningSlot: RedisClusterSlot.of($0)) }).count > 1, "the users' slots are on several masters")
+
+            // A signed-in user whose slot's master is lost.
+            let sub = h.simulator.createUser()
+            let user = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await user.signIn(from: "/x", as: sub)
+            let cookie = try #require(user.cookies["__Host-sessiongate"])
+            // Not in B's cache: B's answers come from the store.
+            let onB = TestBrowser(gatewayOrigin: b.origin)
+            onB.cookies = user.cookies
+            for port in cluster.masterPorts() { try await cluster.waitForReplication(of: port) }
+            let old = try cluster.crashMaster(owningSlot: RedisClusterSlot.of(sub))
+            let killed = ContinuousClock.now
+            async let promotion = cluster.waitForPromotion(of: old)
+            let again = try await firstTime(200, within: .seconds(30), every: .milliseconds(50)) {
+                let answer = try await onB.request("/x")
+                if answer.status != 200 {
+                    #expect(answer.status == 503 && answer.headers["set-cookie"].isEmpty, "while failing over: \(answer.status); never a sign-out")
+                }
+                return answer.status
+            }
+            let (_, promoted) = try await promotion
+            let back = try #require(again, "B does not admit the session within 30 s of the kill")
+            print("gateways on a redis cluster: master killed → promotion seen \(promoted - killed); the session admitted again on B \(back - killed) after the kill")
+            #expect(back - killed <= .seconds(10))
+            #expect(onB.cookies["__Host-sessiongate"] == cookie, "the same session, never re-issued")
+            // A sign-in of a user in the same slot writes to the new master.
+            let slot = RedisClusterSlot.of(sub)
+            let neighbour = try #require((0..<1_000_000).lazy.map { "000999.\($0).0001" }.first { RedisClusterSlot.of($0) == slot })
+            let newcomer = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await newcomer.signIn(from: "/x", as: h.simulator.createUser(sub: neighbour))
+            #expect(try await newcomer.request("/x").status == 200)
+        }
+    }
+}
