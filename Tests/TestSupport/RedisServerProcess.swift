@@ -71,19 +71,10 @@ public final class RedisServerProcess: @unchecked Sendable {
         // temporary directory, one file per port, never in the checkout.
         arguments += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--enable-debug-command", "yes", "--loglevel", "notice",
                       "--dir", NSTemporaryDirectory(), "--dbfilename", snapshotFile] + extraArguments
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw Failure.didNotStart("pipe") }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
-        posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
-        posix_spawn_file_actions_addclose(&actions, fds[0])
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        pid = spawnWithDefaultSignals("/usr/bin/redis-server", arguments, fileActions: &actions)
-        guard pid > 0 else { throw Failure.didNotStart("spawn") }
+        guard let spawned = spawnWithOutputPipe("/usr/bin/redis-server", arguments) else { throw Failure.didNotStart("spawn") }
+        pid = spawned.pid
         Self.register(pid)
-        close(fds[1])
-        let reader = fds[0]
+        let reader = spawned.reader
         var seen = ""
         var chunk = [UInt8](repeating: 0, count: 4096)
         while !seen.contains(ready) {
@@ -263,22 +254,12 @@ public func runToCompletion(_ path: String, _ arguments: [String]) -> Int32 {
 /// captured (read to the end, so the child never blocks on a full pipe): its exit status and
 /// that output.
 public func runCapturingOutput(_ path: String, _ arguments: [String]) -> (status: Int32, output: String) {
-    var fds: [Int32] = [0, 0]
-    guard pipe(&fds) == 0 else { return (-1, "pipe") }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
-    posix_spawn_file_actions_addclose(&actions, fds[0])
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    let pid = spawnWithDefaultSignals(path, [path] + arguments, fileActions: &actions)
-    close(fds[1])
-    defer { close(fds[0]) }
-    guard pid > 0 else { return (-1, "spawn \(path)") }
+    guard let (pid, reader) = spawnWithOutputPipe(path, [path] + arguments).map({ ($0.pid, $0.reader) }) else { return (-1, "spawn \(path)") }
+    defer { close(reader) }
     var output: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 4096)
     while true {
-        let n = read(fds[0], &chunk, chunk.count)
+        let n = read(reader, &chunk, chunk.count)
         if n < 0 && errno == EINTR { continue }
         guard n > 0 else { break }
         output += chunk[0..<n]
@@ -333,4 +314,25 @@ private func spawn(_ path: String, _ arguments: [String], actions: UnsafeMutable
     var pid: pid_t = 0
     guard posix_spawn(&pid, path, actions, &attributes, &argv, environ) == 0 else { return 0 }
     return pid
+}
+
+/// Spawns `path` with `arguments` (the first is the program's name) and its standard output and
+/// error on one pipe: its pid and the pipe's reading end (the caller's to drain and close); nil
+/// when it could not be spawned.
+func spawnWithOutputPipe(_ path: String, _ arguments: [String]) -> (pid: pid_t, reader: Int32)? {
+    var fds: [Int32] = [0, 0]
+    guard pipe(&fds) == 0 else { return nil }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1)
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2)
+    posix_spawn_file_actions_addclose(&actions, fds[0])
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    let pid = spawnWithDefaultSignals(path, arguments, fileActions: &actions)
+    close(fds[1])
+    guard pid > 0 else {
+        close(fds[0])
+        return nil
+    }
+    return (pid, fds[0])
 }
