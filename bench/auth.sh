@@ -26,9 +26,18 @@ DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-"50 200"}
 REPS=${REPS:-3}
 SESSIONS=${SESSIONS:-10000}
+# The cached scenario's warm-up (the others': 3 s). Long enough for wrk's two threads to request
+# every session (make bench: 100 s at 100,000 sessions, ~3,000 req/s), else the cache is never
+# full and the run measures first sightings, not the cache.
+WARM_CACHED=${WARM_CACHED:-3s}
 WORK_NAME=auth
 source bench/lib.sh
-gateway a $SG_A $ADMIN_A 1h
+# A takes the sign-ins that seed the sessions: without a limit on code exchanges, since 100,000
+# sessions for 1,000 users are 100 sign-ins per user, over the default 30 per user and minute
+# (429). Seeding more users instead would make the 100,000-session run differ from the
+# 10,000-session one and from earlier runs in more than the number of sessions (upstream
+# connections are kept per user: upstream_reuse principal).
+gateway a $SG_A $ADMIN_A 1h "  exchanges_per_minute: 0"
 gateway b $SG_B $ADMIN_B 0s
 gateway c $SG_C $ADMIN_C 1h "" "" "    upstream_reuse: shared"
 PID_A=$(cat "$WORK/a.pid"); PID_B=$(cat "$WORK/b.pid"); PID_C=$(cat "$WORK/c.pid")
@@ -40,6 +49,11 @@ import base64, os
 for _ in range($SESSIONS): print(base64.urlsafe_b64encode(os.urandom(64)).decode().rstrip('='))" > "$WORK/forged.txt"
 
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
+# Instance A's cache counters: hits, misses, evictions.
+cache_counts() {
+  curl -s "http://127.0.0.1:$ADMIN_A/metrics" | awk '/^sessiongate_session_cache_total.*"hit"/ {h=$2} /^sessiongate_session_cache_total.*"miss"/ {m=$2}
+    /^sessiongate_session_cache_evictions_total/ {e=$2} END {print h+0, m+0, e+0}'
+}
 run() {  # scenario c rep|warm duration
   local url script="" cookies="" pid=$PID_A threads=2 sticky=""
   case $1 in
@@ -54,13 +68,15 @@ run() {  # scenario c rep|warm duration
     no-cookie) url="http://127.0.0.1:$SG_A/" ;;
     forged)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/forged.txt" ;;
   esac
-  local before; before=$(cpu "$pid")
+  local before counts; before=$(cpu "$pid")
+  [ "$1" = cached ] && counts=$(cache_counts)
   STICKY="$sticky" COOKIES="$cookies" wrk -t"$threads" -c"$2" -d"$4" --latency ${script:+-s "$script"} "$url" > "$WORK/wrk-$1-$2-$3.txt"
   echo "$(cpu "$pid") $before" > "$WORK/cpu-$1-$2-$3.txt"
+  if [ "$1" = cached ]; then echo "$(cache_counts) $counts" > "$WORK/cache-$2-$3.txt"; fi
 }
 SCENARIOS=${SCENARIOS:-"nginx cached shared redis no-cookie forged nginx-browser browser browser-shared"}
 for c in $CONNECTIONS; do
-  for s in $SCENARIOS; do run "$s" "$c" warm 3s; done   # warms A's cache with every session
+  for s in $SCENARIOS; do run "$s" "$c" warm "$([ "$s" = cached ] && echo "$WARM_CACHED" || echo 3s)"; done  # warms A's cache
   if [ -n "${PROFILE:-}" ]; then  # PROFILE=cached|redis|forged|no-cookie: where that scenario's CPU goes, then stop
     pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B; case $PROFILE in shared|browser-shared) pid=$PID_C ;; esac
     perf record -q -e cpu-clock:u -g -p "$pid" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
@@ -79,6 +95,11 @@ done
 RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status"); RSS_B=$(awk '/VmHWM/ {print $2}' "/proc/$PID_B/status")
 RSS_C=$(awk '/VmHWM/ {print $2}' "/proc/$PID_C/status")
 python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | tee "$WORK/table.md"
+CACHE_A=$(for f in "$WORK"/cache-*.txt; do
+  [ -f "$f" ] && awk -v run="$(basename "$f" .txt | sed 's/^cache-//')" '{h = $1 - $4; n = h + $2 - $5
+    printf "%s: %.1f %% hits of %d lookups, %d evictions\n", run, n ? 100 * h / n : 0, n, $3 - $6}' "$f"
+done | paste -sd ';' | sed 's/;/; /g')
+echo "cache A during the cached runs (connections-rep): $CACHE_A"
 {
   echo
   echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — authenticated, $SESSIONS distinct sessions${BENCH_NOTE:+; $BENCH_NOTE}"
@@ -88,5 +109,6 @@ python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | te
   cat "$WORK/table.md"
   echo
   echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB."
+  if [ -n "$CACHE_A" ]; then echo "Instance A's cache during the cached runs (connections-rep): $CACHE_A."; fi
 } >> bench/RESULTS.md
 echo "appended to bench/RESULTS.md"

@@ -3,6 +3,9 @@ each session the native flow (the simulator's /sim/native stands in for Authenti
 the gateway's POST /_auth/native verifies and exchanges). Writes one token per line.
 
     python3 bench/seed.py SIMULATOR_URL GATEWAY_URL SESSIONS USERS OUT_FILE
+
+Session k belongs to user k % USERS. The gateway allows `apple.exchanges_per_minute` sign-ins per
+user (default 30; over it, 429): configure it for more sessions per user than that.
 """
 import json
 import sys
