@@ -25,15 +25,34 @@ struct GatewayProcessTests {
         #expect(check.output.contains("\(path):3:3: error: server.admin_lisen: unknown key (did you mean 'admin_listen'?)"), "\(check.output)")
     }
 
-    @Test("sessions list and revoke work against the configured Redis store, and refuse the memory store")
-    func sessionsCommand() async throws {
-        let redis = try RedisServerProcess()
-        defer { redis.stop() }
+    @Test("sessions list and revoke work against the configured Redis store (one server, or a cluster), and refuse the memory store",
+          arguments: ["standalone", "cluster"])
+    func sessionsCommand(_ deployment: String) async throws {
         let prefix = "sgcli:"
         let path = NSTemporaryDirectory() + "sessions-\(UUID().uuidString).yaml"
+        let client: any RedisCommands
+        let stop: () -> Void
+        let storeYAML: String
+        if deployment == "cluster" {
+            let cluster = try await blocking { try RedisClusterProcesses() }
+            stop = cluster.stop
+            storeYAML = """
+                  redis_url: "redis://127.0.0.1:1/0"
+                  cluster: { addresses: [\(cluster.ports.map { "\"127.0.0.1:\($0)\"" }.joined(separator: ", "))] }
+                """
+            client = try RedisClusterClient(configuration: .init(seeds: cluster.ports.map { RedisAddress(host: "127.0.0.1", port: $0) },
+                                                                 node: .init(host: "127.0.0.1", commandTimeout: .seconds(3))),
+                                            group: .singleton, logger: Logger(label: "t"))
+        } else {
+            let redis = try RedisServerProcess()
+            stop = redis.stop
+            storeYAML = "  redis_url: \"redis://127.0.0.1:\(redis.port)/0\""
+            client = try RedisClient(configuration: .init(host: "127.0.0.1", port: redis.port, commandTimeout: .seconds(3)), group: .singleton, logger: Logger(label: "t"))
+        }
+        defer { stop() }
         try """
             store:
-              redis_url: "redis://127.0.0.1:\(redis.port)/0"
+            \(storeYAML)
               key_prefix: "\(prefix)"
             routes:
               - name: a
@@ -42,7 +61,6 @@ struct GatewayProcessTests {
             """.write(toFile: path, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: path) }
         // Two sessions for the user and one for someone else, written as the gateway would.
-        let client = try RedisClient(configuration: .init(host: "127.0.0.1", port: redis.port, commandTimeout: .seconds(3)), group: .singleton, logger: Logger(label: "t"))
         let store = RedisSessionStore(client: client, keyPrefix: prefix)
         let keys = try SessionKeys(secret: Array(repeating: 9, count: 32))
         let loop = MultiThreadedEventLoopGroup.singleton.next()
