@@ -33,6 +33,17 @@ struct ClusterGatewayTests {
             c.store.cluster = .init(addresses: cluster.ports.map { ListenAddress(host: "127.0.0.1", port: $0) })
         }) { h in
             let b = try await h.addInstance()
+            // Both instances subscribed (on whichever nodes): before that, a logout's message
+            // cannot reach B, and B's subscription, when it comes, flushes its cache instead.
+            let channel = h.configuration.store.keyPrefix + "invalidate"
+            let subscribed = try await firstTime(2, within: .seconds(20)) {
+                cluster.ports.reduce(0) { total, port in
+                    guard case .array(let parts)? = try? RedisCommand.send(["PUBSUB", "NUMSUB", channel], port: port), parts.count == 2,
+                          case .integer(let count) = parts[1] else { return total }
+                    return total + count
+                }
+            }
+            #expect(subscribed != nil, "both instances subscribe to \(channel) on some node")
             var delays: [Duration] = []
             var subs: [String] = []
             for _ in 0..<12 {
