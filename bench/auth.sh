@@ -7,6 +7,9 @@
 #              upstream_reuse: principal (the default): each request is another user, so it
 #              rarely finds an idle upstream connection of its own
 #   shared     the same on instance C, whose route has upstream_reuse: shared
+#   redis-shared  instance D: the local cache off, upstream_reuse shared — beside `shared`, what
+#              the cache alone buys (with principal reuse, most rotating requests open a new
+#              upstream connection, and that cost hides the store's)
 #   browser, browser-shared, nginx-browser   browser-like: each connection keeps one session
 #              (wrk with one thread per connection, STICKY=1), on A, C and nginx
 #   redis      local cache off (ttl 0): every request reads Redis (one round trip: a script reads
@@ -32,18 +35,19 @@ SESSIONS=${SESSIONS:-10000}
 WARM_CACHED=${WARM_CACHED:-3s}
 WORK_NAME=auth
 source bench/lib.sh
-# A takes the sign-ins that seed the sessions: without a limit on code exchanges, since 100,000
-# sessions for 1,000 users are 100 sign-ins per user, over the default 30 per user and minute
-# (429). Seeding more users instead would make the 100,000-session run differ from the
-# 10,000-session one and from earlier runs in more than the number of sessions (upstream
-# connections are kept per user: upstream_reuse principal).
-gateway a $SG_A $ADMIN_A 1h "  exchanges_per_minute: 0"
-gateway b $SG_B $ADMIN_B 0s
+# B takes the sign-ins that seed the sessions (so that A's peak memory is its cache's, not the
+# seeding's): without a limit on code exchanges, since 100,000 sessions for 1,000 users are 100
+# sign-ins per user, over the default 30 per user and minute (429). Seeding more users instead
+# would make the 100,000-session run differ from the 10,000-session one and from earlier runs
+# in more than the number of sessions (upstream connections are kept per user).
+gateway a $SG_A $ADMIN_A 1h
+gateway b $SG_B $ADMIN_B 0s "  exchanges_per_minute: 0"
 gateway c $SG_C $ADMIN_C 1h "" "" "    upstream_reuse: shared"
-PID_A=$(cat "$WORK/a.pid"); PID_B=$(cat "$WORK/b.pid"); PID_C=$(cat "$WORK/c.pid")
+gateway d $SG_D $ADMIN_D 0s "" "" "    upstream_reuse: shared"
+PID_A=$(cat "$WORK/a.pid"); PID_B=$(cat "$WORK/b.pid"); PID_C=$(cat "$WORK/c.pid"); PID_D=$(cat "$WORK/d.pid")
 
 echo "seeding $SESSIONS sessions through POST /_auth/native…"
-python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_A" "$SESSIONS" 1000 "$WORK/cookies.txt"
+python3 bench/seed.py "http://127.0.0.1:$SIM" "http://127.0.0.1:$SG_B" "$SESSIONS" 1000 "$WORK/cookies.txt"
 python3 -c "
 import base64, os
 for _ in range($SESSIONS): print(base64.urlsafe_b64encode(os.urandom(64)).decode().rstrip('='))" > "$WORK/forged.txt"
@@ -65,6 +69,7 @@ run() {  # scenario c rep|warm duration
     browser)   url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; threads=$2; sticky=1 ;;
     browser-shared) url="http://127.0.0.1:$SG_C/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_C; threads=$2; sticky=1 ;;
     redis)     url="http://127.0.0.1:$SG_B/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_B ;;
+    redis-shared) url="http://127.0.0.1:$SG_D/"; script=bench/rotate.lua; cookies="$WORK/cookies.txt"; pid=$PID_D ;;
     no-cookie) url="http://127.0.0.1:$SG_A/" ;;
     forged)    url="http://127.0.0.1:$SG_A/"; script=bench/rotate.lua; cookies="$WORK/forged.txt" ;;
   esac
@@ -74,11 +79,11 @@ run() {  # scenario c rep|warm duration
   echo "$(cpu "$pid") $before" > "$WORK/cpu-$1-$2-$3.txt"
   if [ "$1" = cached ]; then echo "$(cache_counts) $counts" > "$WORK/cache-$2-$3.txt"; fi
 }
-SCENARIOS=${SCENARIOS:-"nginx cached shared redis no-cookie forged nginx-browser browser browser-shared"}
+SCENARIOS=${SCENARIOS:-"nginx cached shared redis redis-shared no-cookie forged nginx-browser browser browser-shared"}
 for c in $CONNECTIONS; do
   for s in $SCENARIOS; do run "$s" "$c" warm "$([ "$s" = cached ] && echo "$WARM_CACHED" || echo 3s)"; done  # warms A's cache
   if [ -n "${PROFILE:-}" ]; then  # PROFILE=cached|redis|forged|no-cookie: where that scenario's CPU goes, then stop
-    pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B; case $PROFILE in shared|browser-shared) pid=$PID_C ;; esac
+    pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B; case $PROFILE in shared|browser-shared) pid=$PID_C ;; redis-shared) pid=$PID_D ;; esac
     perf record -q -e cpu-clock:u -g -p "$pid" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
     PERF=$!
     run "$PROFILE" "$c" profile "$DURATION"
@@ -93,7 +98,7 @@ for c in $CONNECTIONS; do
   done
 done
 RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status"); RSS_B=$(awk '/VmHWM/ {print $2}' "/proc/$PID_B/status")
-RSS_C=$(awk '/VmHWM/ {print $2}' "/proc/$PID_C/status")
+RSS_C=$(awk '/VmHWM/ {print $2}' "/proc/$PID_C/status"); RSS_D=$(awk '/VmHWM/ {print $2}' "/proc/$PID_D/status")
 python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | tee "$WORK/table.md"
 CACHE_A=$(for f in "$WORK"/cache-*.txt; do
   [ -f "$f" ] && awk -v run="$(basename "$f" .txt | sed 's/^cache-//')" '{h = $1 - $4; n = h + $2 - $5
@@ -108,7 +113,7 @@ echo "cache A during the cached runs (connections-rep): $CACHE_A"
   echo
   cat "$WORK/table.md"
   echo
-  echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB."
+  echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB, instance D (shared reuse, cache off) $((RSS_D / 1024)) MiB; B took the seeding sign-ins."
   if [ -n "$CACHE_A" ]; then echo "Instance A's cache during the cached runs (connections-rep): $CACHE_A."; fi
 } >> bench/RESULTS.md
 echo "appended to bench/RESULTS.md"

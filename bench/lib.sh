@@ -2,7 +2,7 @@
 # Redis, the Apple ID simulator, and gateway instances sharing Redis and one session secret.
 # Set WORK_NAME before sourcing; `gateway NAME PORT ADMIN CACHE_TTL [EXTRA_APPLE_YAML]`.
 source bench/common.sh
-UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187; SG_C=18190; ADMIN_C=18191
+UPSTREAM=18180; NGINX=18181; SG_A=18182; SG_B=18183; ADMIN_A=18184; ADMIN_B=18185; SIM=18186; REDIS=18187; SG_C=18190; ADMIN_C=18191; SG_D=18192; ADMIN_D=18193
 start_nginx $UPSTREAM $NGINX ${NGINX_TLS_ARGS:-}
 # STORE=cluster: a Redis Cluster of three masters (no replicas) on ports REDIS, REDIS+1, REDIS+2
 # instead of one Redis.
