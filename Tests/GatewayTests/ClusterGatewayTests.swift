@@ -9,17 +9,6 @@ import Testing
 /// how fast a logout reaches the other gateway, and a master lost under a signed-in user.
 @Suite("Gateways on a Redis Cluster", .serialized, .timeLimit(.minutes(3)))
 struct ClusterGatewayTests {
-    /// Polls `request` every `interval` until it answers `status`; when it first did.
-    func firstTime(_ status: Int, within limit: Duration, every interval: Duration = .milliseconds(100),
-                   _ request: () async throws -> Int) async throws -> ContinuousClock.Instant? {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if try await request() == status { return .now }
-            try await Task.sleep(for: interval)
-        }
-        return nil
-    }
-
     @Test("a fleet of two on a cluster: a sign-in on A is admitted on B, a logout on A is refused on B within milliseconds, a lost master is a short 503")
     func fleet() async throws {
         let cluster = try await blocking { try RedisClusterProcesses(nodeTimeout: .milliseconds(1000)) }

@@ -9,16 +9,6 @@ import Testing
 /// and that revocation and sign-in work on the new master.
 @Suite("Gateway behind Redis Sentinel: failover", .serialized, .timeLimit(.minutes(3)))
 struct SentinelFailoverTests {
-    /// Polls `request` every 100 ms until it answers `status`; when it first did.
-    func firstTime(_ status: Int, within limit: Duration, _ request: () async throws -> Int) async throws -> ContinuousClock.Instant? {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if try await request() == status { return .now }
-            try await Task.sleep(for: .milliseconds(100))
-        }
-        return nil
-    }
-
     @Test("master killed: 503 with the cookie kept meanwhile, the session admitted again on both instances, then logout and sign-in on the new master")
     func failover() async throws {
         let cluster = try await blocking { try RedisSentinelCluster() }

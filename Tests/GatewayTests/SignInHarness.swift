@@ -337,3 +337,15 @@ final class LogRecorder: LogHandler, Sendable {
         set {}
     }
 }
+
+/// Polls `request` every `interval` until it answers `status`; when it first did (nil: not
+/// within `limit`).
+func firstTime(_ status: Int, within limit: Duration, every interval: Duration = .milliseconds(100),
+               _ request: () async throws -> Int) async throws -> ContinuousClock.Instant? {
+    let deadline = ContinuousClock.now + limit
+    while ContinuousClock.now < deadline {
+        if try await request() == status { return .now }
+        try await Task.sleep(for: interval)
+    }
+    return nil
+}
