@@ -239,14 +239,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             verdict(.success(decided))
         case .pending(let future):
             let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-            future.hop(to: context.eventLoop).whenComplete { result in
-                let handler = bound.value
-                guard handler.context != nil else {
-                    if case .success(let verdict) = result { verdict.discard() }
-                    return
-                }
-                handler.verdict(result)
-            }
+            future.deliver(on: context.eventLoop, unless: { bound.value.context == nil }) { bound.value.verdict($0) }
         }
     }
 

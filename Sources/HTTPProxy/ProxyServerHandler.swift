@@ -227,12 +227,8 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
                 run(machine.verdict(.success(verdict), for: exchange, now: now))
             case .pending(let future):
                 let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-                future.hop(to: context.eventLoop).whenComplete { result in
+                future.deliver(on: context.eventLoop, unless: { bound.value.context == nil }) { result in
                     let handler = bound.value
-                    guard handler.context != nil else {
-                        if case .success(let verdict) = result { verdict.discard() }
-                        return
-                    }
                     handler.deliver(handler.machine.verdict(result, for: exchange, now: handler.now))
                 }
             }

@@ -106,6 +106,21 @@ public enum GuardDecision {
     case pending(EventLoopFuture<Verdict>)
 }
 
+extension EventLoopFuture where Value == Verdict {
+    /// A verdict decided later reaches its requester on `loop` — unless the requester is `gone()`
+    /// by then (its connection or stream closed): nobody applies the verdict, so it is discarded.
+    func deliver(on loop: any EventLoop, unless gone: @escaping () -> Bool, _ deliver: @escaping (Result<Verdict, any Error>) -> Void) {
+        let callbacks = NIOLoopBound((gone: gone, deliver: deliver), eventLoop: loop)
+        hop(to: loop).whenComplete { result in
+            guard !callbacks.value.gone() else {
+                if case .success(let verdict) = result { verdict.discard() }
+                return
+            }
+            callbacks.value.deliver(result)
+        }
+    }
+}
+
 public enum Verdict: Sendable {
     /// Forward upstream, adding these headers (after every identity header was stripped) and
     /// removing `removeHeaders` (e.g. `Authorization` when it carried the gateway's own session
