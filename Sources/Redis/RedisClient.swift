@@ -92,10 +92,6 @@ public final class RedisClient: Sendable {
         return loop.flatSubmit { box.value.sendAll(commands) }
     }
 
-    public func send(_ arguments: [RedisArgument]) async throws -> RESPValue {
-        try await send(arguments, on: nil).get()
-    }
-
     /// Closes every connection.
     public func close() async {
         for (_, box) in connections {

@@ -63,7 +63,6 @@ public struct StoreEndpoint: Sendable {
 public final class RedisSessionBackend: Sendable {
     public let store: RedisSessionStore
     private let client: any RedisCommands
-    private let close: @Sendable () async -> Void
     private let channel: String
     private let subscriber: RedisSubscriber?
     private let watcher: RedisSentinelWatcher?
@@ -90,12 +89,10 @@ public final class RedisSessionBackend: Sendable {
             let cluster = try RedisClusterClient(configuration: .init(seeds: nodes.map { RedisAddress(host: $0.host, port: $0.port) }, node: configuration),
                                                  group: group, logger: logger)
             client = cluster
-            close = { await cluster.close() }
             single = nil
         } else {
             let client = try RedisClient(configuration: configuration, group: group, logger: logger)
             self.client = client
-            close = { await client.close() }
             single = client
         }
         store = RedisSessionStore(client: client, keyPrefix: keyPrefix)
@@ -143,6 +140,6 @@ public final class RedisSessionBackend: Sendable {
     public func shutdown() async {
         await watcher?.stop()
         await subscriber?.stop()
-        await close()
+        await client.close()
     }
 }

@@ -58,12 +58,15 @@ public struct SessionKeys: Sendable {
         outerPrefix = outer
     }
 
+    /// Between the id and the user in a cookie's MAC (made once: hashed on every request).
+    private static let userSeparator: [UInt8] = [UInt8(ascii: ".")]
+
     /// The MAC of `id`, and of `sub` after it when the session carries its user.
     func tag(_ id: [UInt8], sub: [UInt8]? = nil) -> SHA256.Digest {
         var inner = innerPrefix
         inner.update(data: id)
         if let sub {
-            inner.update(data: [UInt8(ascii: ".")])
+            inner.update(data: Self.userSeparator)
             inner.update(data: sub)
         }
         var outer = outerPrefix

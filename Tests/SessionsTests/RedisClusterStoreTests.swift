@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Redis
@@ -130,12 +131,12 @@ struct RedisClusterStoreTests {
         let target = try #require(cluster.masterPorts().first { $0 != source })
 
         // Readers and a writer run until the slot has moved.
-        let moving = StopFlag()
+        let moving = NIOLockedValueBox(false)
         let traffic = Task { () -> (reads: Int, failures: Int, wrong: Int, written: [SessionRecord]) in
             var reads = 0, failures = 0, wrong = 0
             var written: [SessionRecord] = []
             var i = 0
-            while !moving.isSet || reads < 50 {
+            while !moving.withLockedValue({ $0 }) || reads < 50 {
                 let s = sessions[i % sessions.count]
                 do {
                     let found = try await store.load(s.handle, on: loop).get()
@@ -151,7 +152,7 @@ struct RedisClusterStoreTests {
             return (reads, failures, wrong, written)
         }
         try await cluster.reshard(slots: slot...slot, from: source, to: target)
-        moving.set()
+        moving.withLockedValue { $0 = true }
         let result = await traffic.value
         print("redis cluster: slot \(slot) moved under \(result.reads) reads, \(result.written.count) writes; \(result.failures) calls failed (503), \(result.wrong) answered wrongly")
         #expect(result.wrong == 0)
@@ -160,12 +161,4 @@ struct RedisClusterStoreTests {
         #expect(try await store.sessions(of: sub, on: loop).get().count == sessions.count + result.written.count)
         await client.close()
     }
-}
-
-/// A flag set once, read from a task.
-final class StopFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = false
-    var isSet: Bool { lock.withLock { value } }
-    func set() { lock.withLock { value = true } }
 }
