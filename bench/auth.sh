@@ -105,15 +105,7 @@ CACHE_A=$(for f in "$WORK"/cache-*.txt; do
     printf "%s: %.1f %% hits of %d lookups, %d evictions\n", run, n ? 100 * h / n : 0, n, $3 - $6}' "$f"
 done | paste -sd ';' | sed 's/;/; /g')
 echo "cache A during the cached runs (connections-rep): $CACHE_A"
-{
-  echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — authenticated, $SESSIONS distinct sessions${BENCH_NOTE:+; $BENCH_NOTE}"
-  echo
-  echo "Command: \`make bench\` → \`${STORE:+STORE=$STORE }bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared."
-  echo
-  cat "$WORK/table.md"
-  echo
-  echo "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB, instance D (shared reuse, cache off) $((RSS_D / 1024)) MiB; B took the seeding sign-ins."
-  if [ -n "$CACHE_A" ]; then echo "Instance A's cache during the cached runs (connections-rep): $CACHE_A."; fi
-} >> bench/RESULTS.md
-echo "appended to bench/RESULTS.md"
+record "authenticated, $SESSIONS distinct sessions" \
+  "\`make bench\` → \`${STORE:+STORE=$STORE }bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared; redis-shared: shared, cache off." \
+  "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB, instance D (shared reuse, cache off) $((RSS_D / 1024)) MiB; B took the seeding sign-ins." \
+  ${CACHE_A:+"Instance A's cache during the cached runs (connections-rep): $CACHE_A."}

@@ -55,5 +55,22 @@ CONF
   grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
 }
 
+# Appends a run to bench/RESULTS.md: a dated heading (TITLE, then BENCH_NOTE), "Command: COMMAND",
+# the table in $WORK/table.md, then each further argument as a line of its own.
+record() {  # title command [line…]
+  local title=$1 command=$2
+  shift 2
+  {
+    echo
+    echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — $title${BENCH_NOTE:+; $BENCH_NOTE}"
+    echo
+    echo "Command: $command"
+    echo
+    cat "$WORK/table.md"
+    if [ $# -gt 0 ]; then echo; printf '%s\n' "$@"; fi
+  } >> bench/RESULTS.md
+  echo "appended to bench/RESULTS.md"
+}
+
 # CPU seconds (user+system) a process has used so far.
 cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)/hz}' "/proc/$1/stat"; }

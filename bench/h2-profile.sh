@@ -9,16 +9,10 @@ DURATION=${DURATION:-8s}
 H2LOAD=${H2LOAD:-"-c50 -m1"}
 TOP=${TOP:-25}
 WORK_NAME=h2profile
-NGINX_TLS=18190
+NGINX_TLS=18194 NGINX_TLS_H2=h2  # not 18190: bench/lib.sh's instance C
 source bench/cert.sh
-NGINX_TLS_ARGS="$NGINX_TLS $CERT_DIR/cert.pem $CERT_DIR/key.pem h2"
-trap 'rm -rf "$CERT_DIR"' EXIT
 source bench/lib.sh
-gateway a $SG_A $ADMIN_A 1h "" "  tls: { certificate_file: \"$CERT_DIR/cert.pem\", private_key_file: \"$CERT_DIR/key.pem\" }" "
-  - name: public
-    path_prefix: \"/public\"
-    upstream: \"http://127.0.0.1:$UPSTREAM\"
-    auth: public"
+tls_gateway public
 PID_A=$(cat "$WORK/a.pid")
 PROTO=(); [ -n "${H1:-}" ] && PROTO=(--h1)
 h2load $H2LOAD -D2s "${PROTO[@]}" "https://127.0.0.1:$SG_A/public/" > /dev/null

@@ -22,16 +22,10 @@ REPS=${REPS:-3}
 POINTS=${POINTS:-"50:10 200:1"}
 THREADS=${THREADS:-2}
 WORK_NAME=h2
-NGINX_TLS=18189
+NGINX_TLS=18189 NGINX_TLS_H2=h2
 source bench/cert.sh
-NGINX_TLS_ARGS="$NGINX_TLS $CERT_DIR/cert.pem $CERT_DIR/key.pem h2"
-trap 'rm -rf "$CERT_DIR"' EXIT  # from here on lib.sh's cleanup: every process it started, WORK and CERT_DIR
 source bench/lib.sh
-gateway a $SG_A $ADMIN_A 1h "" "  tls: { certificate_file: \"$CERT_DIR/cert.pem\", private_key_file: \"$CERT_DIR/key.pem\" }" "
-  - name: public
-    path_prefix: \"/public\"
-    upstream: \"http://127.0.0.1:$UPSTREAM\"
-    auth: public"
+tls_gateway public
 gateway b $SG_B $ADMIN_B 1h
 PID_A=$(cat "$WORK/a.pid")
 
@@ -66,14 +60,6 @@ for point in $POINTS; do
 done
 RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status")
 python3 bench/summarize_h2.py "$WORK" "$POINTS" "$REPS" | tee "$WORK/table.md"
-{
-  echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — HTTP/2 (h2load) over TLS, public route and cached session${BENCH_NOTE:+; $BENCH_NOTE}"
-  echo
-  echo "Command: \`make bench\` → \`bench/h2.sh\` (DURATION=$DURATION, REPS=$REPS, POINTS=\"$POINTS\"): \`h2load -t$THREADS -c<clients> -m<streams> -D$DURATION\`, $(nproc) cores shared by h2load, nginx, Redis and sessiongate; $(nginx -v 2>&1 | sed 's/.*: //'), $(h2load --version | head -1); 100-byte responses; the same ECDSA P-256 certificate on both, h2 negotiated by ALPN on every run (checked). nginx terminates TLS and HTTP/2 and proxy_passes over HTTP/1.1 without auth; sessiongate does the same, admitting the cached session on every stream of the required route. CPU is the server process's (nginx's one worker), per request; p99 from h2load's per-request log."
-  echo
-  cat "$WORK/table.md"
-  echo
-  echo "Peak RSS of the TLS instance: $((RSS_A / 1024)) MiB."
-} >> bench/RESULTS.md
-echo "appended to bench/RESULTS.md"
+record "HTTP/2 (h2load) over TLS, public route and cached session" \
+  "\`make bench\` → \`bench/h2.sh\` (DURATION=$DURATION, REPS=$REPS, POINTS=\"$POINTS\"): \`h2load -t$THREADS -c<clients> -m<streams> -D$DURATION\`, $(nproc) cores shared by h2load, nginx, Redis and sessiongate; $(nginx -v 2>&1 | sed 's/.*: //'), $(h2load --version | head -1); 100-byte responses; the same ECDSA P-256 certificate on both, h2 negotiated by ALPN on every run (checked). nginx terminates TLS and HTTP/2 and proxy_passes over HTTP/1.1 without auth; sessiongate does the same, admitting the cached session on every stream of the required route. CPU is the server process's (nginx's one worker), per request; p99 from h2load's per-request log." \
+  "Peak RSS of the TLS instance: $((RSS_A / 1024)) MiB."

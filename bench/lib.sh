@@ -35,6 +35,18 @@ else
   wait_for "$WORK/redis.log" "Ready to accept connections"
 fi
 
+# Instance A terminating TLS with CERT_DIR's certificate (bench/cert.sh); `public` adds a public
+# route at /public beside the required one.
+tls_gateway() {  # [public]
+  local public=""
+  [ "${1:-}" = public ] && public="
+  - name: public
+    path_prefix: \"/public\"
+    upstream: \"http://127.0.0.1:$UPSTREAM\"
+    auth: public"
+  gateway a $SG_A $ADMIN_A 1h "" "  tls: { certificate_file: \"$CERT_DIR/cert.pem\", private_key_file: \"$CERT_DIR/key.pem\" }" "$public"
+}
+
 gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines] [extra route lines]
   cat > "$WORK/$1.yaml" <<CONF
 server:

@@ -73,12 +73,5 @@ print(f"Apple refresh calls during the storm: {refreshes} for {sessions} distinc
 print()
 print(open(f"{work}/propagation.txt").read().strip())
 PY
-{
-  echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — re-validation storm and revocation propagation, $SESSIONS sessions, two instances${BENCH_NOTE:+; $BENCH_NOTE}"
-  echo
-  echo "Command: \`make bench\` → \`bench/revalidation.sh\` (REVALIDATE_AFTER=${REVALIDATE_AFTER}s, storm measured for $STORM, simulator latency 100 ms, revalidate_grace 1h), $(nproc) cores shared by wrk, Redis, the simulator and both gateways."
-  echo
-  cat "$WORK/table.md"
-} >> bench/RESULTS.md
-echo "appended to bench/RESULTS.md"
+record "re-validation storm and revocation propagation, $SESSIONS sessions, two instances" \
+  "\`make bench\` → \`${STORE:+STORE=$STORE }bench/revalidation.sh\` (REVALIDATE_AFTER=${REVALIDATE_AFTER}s, storm measured for $STORM, simulator latency 100 ms, revalidate_grace 1h), $(nproc) cores shared by wrk, Redis, the simulator and both gateways."

@@ -32,12 +32,5 @@ done
 RSS_KB=$(awk '/VmHWM/ {print $2}' "/proc/$SG_PID/status")
 
 python3 bench/summarize.py "$WORK" "$CONNECTIONS" "$REPS" "$RSS_KB" "$DURATION" | tee "$WORK/table.md"
-{
-  echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — data path, public route${BENCH_NOTE:+; $BENCH_NOTE}"
-  echo
-  echo "Command: \`make bench\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx and sessiongate; 100-byte responses."
-  echo
-  cat "$WORK/table.md"
-} >> bench/RESULTS.md
-echo "appended to bench/RESULTS.md"
+record "data path, public route" \
+  "\`make bench\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx and sessiongate; 100-byte responses."

@@ -19,11 +19,8 @@ SESSIONS=${SESSIONS:-1000}
 WORK_NAME=tls
 NGINX_TLS=18188
 source bench/cert.sh
-NGINX_TLS_ARGS="$NGINX_TLS $CERT_DIR/cert.pem $CERT_DIR/key.pem"
 source bench/lib.sh
-
-trap 'cleanup; rm -rf "$CERT_DIR"' EXIT
-gateway a $SG_A $ADMIN_A 1h "" "  tls: { certificate_file: \"$CERT_DIR/cert.pem\", private_key_file: \"$CERT_DIR/key.pem\" }"
+tls_gateway
 gateway b $SG_B $ADMIN_B 1h
 PID_A=$(cat "$WORK/a.pid")
 
@@ -52,14 +49,6 @@ for c in $CONNECTIONS; do
 done
 RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status")
 python3 bench/summarize_tls.py "$WORK" "$CONNECTIONS" "$REPS" | tee "$WORK/table.md"
-{
-  echo
-  echo "## $(date -u '+%Y-%m-%d %H:%M UTC') — TLS termination, authenticated route (cached session)${BENCH_NOTE:+; $BENCH_NOTE}"
-  echo
-  echo "Command: \`make bench\` → \`bench/tls.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; the same ECDSA P-256 certificate on both; no session resumption. nginx terminates TLS and proxy_passes without auth; sessiongate admits a cached session on every request."
-  echo
-  cat "$WORK/table.md"
-  echo
-  echo "Peak RSS of the TLS instance: $((RSS_A / 1024)) MiB."
-} >> bench/RESULTS.md
-echo "appended to bench/RESULTS.md"
+record "TLS termination, authenticated route (cached session)" \
+  "\`make bench\` → \`bench/tls.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; the same ECDSA P-256 certificate on both; no session resumption. nginx terminates TLS and proxy_passes without auth; sessiongate admits a cached session on every request." \
+  "Peak RSS of the TLS instance: $((RSS_A / 1024)) MiB."
