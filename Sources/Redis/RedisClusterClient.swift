@@ -34,9 +34,12 @@ public final class RedisClusterClient: RedisCommands {
     private let logger: Logger
     private let state = NIOLockedValueBox(State())
 
-    /// Resolves nothing and connects nowhere before the first command.
+    /// Resolves the seeds once, here (blocking: not on an event loop), as `RedisClient` does its
+    /// host, so that a name that does not resolve stops the start; connects nowhere before the
+    /// first command.
     public init(configuration: Configuration, group: MultiThreadedEventLoopGroup, logger: Logger) throws {
         guard !configuration.seeds.isEmpty else { throw RedisError.server("no cluster nodes configured") }
+        for seed in configuration.seeds { _ = try RedisDialer.resolve(seed) }
         self.configuration = configuration
         self.group = group
         self.logger = logger
@@ -54,8 +57,8 @@ public final class RedisClusterClient: RedisCommands {
         }
     }
 
-    /// A `MULTI` block goes to its slot's master as one block; any other pipeline is split by
-    /// slot, each command routed (and retried) on its own, the replies put back in order.
+    /// A `MULTI` block goes to its slot's master as one block; any other pipeline's commands are
+    /// each routed (and retried) on their own, the replies in order.
     public func sendAll(_ commands: [[RedisArgument]], on eventLoop: (any EventLoop)?) -> EventLoopFuture<[RESPValue]> {
         let loop = eventLoop ?? group.next()
         guard let first = commands.first, RedisClusterRedirect.name(of: first) == "MULTI" else {
