@@ -104,7 +104,9 @@ public final class RedisClusterClient: RedisCommands {
         }
         return target.flatMap { address, asking in
             guard let client = self.client(for: address) else { return loop.makeFailedFuture(RedisError.unavailable) }
-            return body(client, loop, asking)
+            let sent = body(client, loop, asking)
+            // A retry has less time left than a command's own timeout: held to the deadline.
+            return deadline - .now() < self.timeout ? Self.bounded(sent, by: deadline, on: loop) : sent
         }.flatMapError { error in
             let decision = RedisClusterRedirect.decide(error as? RedisError ?? .unavailable, askable: askable, remaining: deadline - .now())
             switch decision {
@@ -117,6 +119,24 @@ public final class RedisClusterClient: RedisCommands {
                 return loop.scheduleTask(in: delay) {}.futureResult.flatMap(again)
             }
         }
+    }
+
+    /// `future`, or `RedisError.timeout` at `deadline` if it has not completed by then.
+    private static func bounded<Reply: Sendable>(_ future: EventLoopFuture<Reply>, by deadline: NIODeadline, on loop: any EventLoop) -> EventLoopFuture<Reply> {
+        let promise = loop.makePromise(of: Reply.self)
+        let done = NIOLoopBoundBox(false, eventLoop: loop)
+        let timer = loop.scheduleTask(deadline: deadline) {
+            guard !done.value else { return }
+            done.value = true
+            promise.fail(RedisError.timeout)
+        }
+        future.hop(to: loop).whenComplete { result in
+            timer.cancel()
+            guard !done.value else { return }
+            done.value = true
+            promise.completeWith(result)
+        }
+        return promise.futureResult
     }
 
     /// The client of the node at `address`, made on first use; nil when its host does not resolve.
