@@ -17,10 +17,13 @@ struct RedisClusterClientTests {
         let cluster = try await blocking { try RedisClusterProcesses(nodeTimeout: .seconds(10)) }
         defer { cluster.stop() }
         let timeout = TimeAmount.seconds(1)
+        // A loop of its own: on the process's shared loops another suite's work held the
+        // deadline's timer (1.64 s for a 1 s deadline under make test).
+        try await withTeardown(MultiThreadedEventLoopGroup(numberOfThreads: 1), stop: { try? await $0.shutdownGracefully() }) { group in
         let client = try RedisClusterClient(configuration: .init(seeds: cluster.ports.map { RedisAddress(host: "127.0.0.1", port: $0) },
                                                                  node: .init(host: "127.0.0.1", commandTimeout: timeout)),
-                                            group: .singleton, logger: Logger(label: "test"))
-        let loop = MultiThreadedEventLoopGroup.singleton.next()
+                                            group: group, logger: Logger(label: "test"))
+        let loop = group.next()
         let key = "probe"
         let slot = RedisClusterSlot.of(key)
         let source = try #require(cluster.masterPort(owningSlot: slot))
@@ -46,5 +49,6 @@ struct RedisClusterClientTests {
         // Without the deadline the retry took a timeout of its own: 1.6 s.
         #expect(waited < .milliseconds(1400), "waited \(waited) for a timeout of 1 s")
         await client.close()
+        }
     }
 }
