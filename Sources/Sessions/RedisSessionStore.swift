@@ -159,9 +159,10 @@ public final class RedisSessionStore: SessionStore {
         return redis.send(["EVAL", .string(Self.loadScript), "4"] + keys, on: loop).flatMap { reply in
             guard let parts = reply.arrayValue else { return loop.makeFailedFuture(SessionStoreError("unexpected reply to the session script")) }
             guard let first = parts.first, let fields = HashReply(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
-            guard parts.count == 4, let record = Self.session(handle, fields), record.sub == sub else {
+            guard parts.count == 4, var record = Self.session(handle, fields), record.sub == sub else {
                 return loop.makeFailedFuture(SessionStoreError("malformed session record"))
             }
+            record.sub = sub  // one copy of the user's id, with the handle's (a cached session holds it)
             return loop.makeSucceededFuture(StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(parts[1])),
                                                           revokedAt: HashReply.int64(parts[2]), account: parts[3].string))
         }.flatMapError { error in

@@ -22,6 +22,18 @@ public struct SessionRecord: Sendable, Equatable {
         self.validatedAt = validatedAt
         self.sealedRefreshToken = sealedRefreshToken
     }
+
+    /// Stands for a sealed refresh token that the record is held without, present in the store:
+    /// the local cache keeps sessions without theirs (about 180 bytes each, read once a day, by
+    /// the re-validation). Never a sealed value (sealing gives at least 38 characters).
+    public static let tokenInStore = ""
+
+    /// `self` with its sealed token, if any, replaced by `tokenInStore`.
+    public var withoutToken: SessionRecord {
+        var r = self
+        if r.sealedRefreshToken != nil { r.sealedRefreshToken = Self.tokenInStore }
+        return r
+    }
 }
 
 /// What the gateway knows about a user (`sg:user:{sub}`). Every field but `sub` is optional:

@@ -109,6 +109,7 @@ final class Revalidator: Sendable {
     /// process, and with the fleet through the store.
     /// - Parameter keep: how long a revocation is kept (the running absolute session timeout, ms).
     func validate(_ session: SessionRecord, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        if session.sealedRefreshToken == SessionRecord.tokenInStore { return validateFromStore(session.handle, keep: keep, on: loop) }
         guard let sealed = session.sealedRefreshToken, let token = keys.open(sealed, for: session.handle) else {
             return loop.makeSucceededFuture(.unknown)
         }
@@ -125,6 +126,36 @@ final class Revalidator: Sendable {
             return (promise.futureResult, true)
         }
         return isNew ? future : future.hop(to: loop)
+    }
+
+    /// `validate` for a session held without its token (the local cache): the session is read
+    /// from the store first, once for all the requests that ask meanwhile. A session the store
+    /// no longer has is over (`revoked`).
+    private func validateFromStore(_ handle: SessionHandle, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        let flight = "session:" + handle.key  // token hashes are hex: no clash
+        let promise = loop.makePromise(of: Outcome.self)
+        let running = inFlight.withLockedValue { flights -> EventLoopFuture<Outcome>? in
+            if let running = flights[flight] { return running }
+            flights[flight] = promise.futureResult
+            return nil
+        }
+        if let running {
+            promise.succeed(.unknown)  // not used: a promise must not be dropped unfulfilled
+            return running.hop(to: loop)
+        }
+        // Started outside the lock: a future that fails at once runs its callbacks here.
+        store.load(handle, on: loop).flatMap { stored -> EventLoopFuture<Outcome> in
+            guard let stored else { return loop.makeSucceededFuture(.revoked) }
+            guard stored.session.sealedRefreshToken != SessionRecord.tokenInStore else { return loop.makeSucceededFuture(.unknown) }
+            return self.validate(stored.session, keep: keep, on: loop)
+        }.recover { error in
+            self.logger.warning("re-validation could not use the session store", metadata: ["error": "\(error)"])
+            return .unknown
+        }.whenComplete { result in
+            self.inFlight.withLockedValue { _ = $0.removeValue(forKey: flight) }
+            promise.completeWith(result)
+        }
+        return promise.futureResult
     }
 
     private func run(_ session: SessionRecord, token: String, tokenHash: String, keep: Int64, on loop: any EventLoop) async -> Outcome {
