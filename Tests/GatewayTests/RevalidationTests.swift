@@ -44,6 +44,29 @@ struct RevalidationTests {
         }
     }
 
+    @Test("a cached session the store no longer has is refused at its due re-validation, and Apple is not asked")
+    func cachedSessionGoneFromTheStore() async throws {
+        // The cache keeps sessions without their refresh token: the due re-validation reads the
+        // session from the store, and finds none (expired or evicted there, no message sent).
+        try await Self.with { h, sub in
+            let a = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await a.signIn(from: "/x", as: sub)
+            #expect(try await a.request("/x").status == 200)
+            let redis = try #require(h.redis)
+            let connection = try RedisCommand.Connection(port: redis.port)
+            _ = try connection.send(["SELECT", String(redis.database)])
+            let keys = try connection.send(["KEYS", "*session:{\(sub)}:*"])
+            guard case .array(let found) = keys else { Issue.record("KEYS: \(keys)"); return }
+            #expect(found.count == 1)
+            for key in found.compactMap(\.string) { _ = try connection.send(["DEL", key]) }
+            #expect(try await a.request("/x").status == 200, "from the cache: not due yet")
+            let before = h.simulator.grantCount("refresh_token")
+            h.clock.advance(by: .seconds(2 * 3600))
+            #expect(try await a.request("/x").status == 302)
+            #expect(h.simulator.grantCount("refresh_token") == before)
+        }
+    }
+
     @Test("an instance waiting on another's validation is woken by its message, not by the lock's expiry")
     func waiterWokenByMessage() async throws {
         try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), absoluteTimeout: .seconds(30 * 86_400), configure: { c in

@@ -158,6 +158,38 @@ struct LocalSessionCacheTests {
         #expect(cache.get(h) == 5, "the entry moved to its new user")
     }
 
+    @Test("a user's sessions leave the cache together, whichever of them went alone before, and no one else's with them")
+    func userChains() {
+        let cache = LocalSessionCache<Int>(ttl: .seconds(60), capacity: 64, stripes: 1)
+        let hs = Self.handles(7)
+        for (i, h) in hs.enumerated() { cache.put(h, sub: i % 2 == 0 ? "u" : "v", i) }  // u: 0 2 4 6, v: 1 3 5
+        cache.invalidate(hs[4])  // the middle of u's chain
+        cache.invalidate(hs[5])  // the head of v's
+        cache.put(hs[2], sub: "u", 20)  // replaced: out of the chain and back in at its head
+        cache.invalidate(sub: "u")
+        #expect([0, 2, 4, 6].allSatisfy { cache.get(hs[$0]) == nil })
+        #expect(cache.get(hs[1]) == 1 && cache.get(hs[3]) == 3)
+        cache.invalidate(sub: "v")
+        #expect(cache.statistics.entries == 0)
+    }
+
+    @Test("two sessions whose fingerprints collide are never confused: the later one is cached, the other misses")
+    func fingerprintCollision() throws {
+        // The fingerprint is hex digits 2–17 of the handle: these two differ only after them.
+        let first = try #require(SessionHandle(key: "ab" + String(repeating: "1", count: 16) + String(repeating: "2", count: 46)))
+        let second = try #require(SessionHandle(key: "ab" + String(repeating: "1", count: 16) + String(repeating: "3", count: 46)))
+        #expect(LocalSessionCache<Int>.fingerprint(first) == LocalSessionCache<Int>.fingerprint(second))
+        let cache = LocalSessionCache<Int>(ttl: .seconds(60), capacity: 8, stripes: 1)
+        cache.put(first, sub: "u", 1)
+        #expect(cache.get(second) == nil)
+        cache.put(second, sub: "v", 2)
+        #expect(cache.get(first) == nil && cache.get(second) == 2 && cache.statistics.entries == 1)
+        cache.invalidate(first)  // not cached: leaves the other alone
+        #expect(cache.get(second) == 2)
+        cache.invalidate(sub: "u")
+        #expect(cache.get(second) == 2)
+    }
+
     /// A request as the gateway makes it: the cache first, on a miss the store, then `put`.
     /// Whether it hit.
     @discardableResult
