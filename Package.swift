@@ -98,7 +98,7 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID",
+                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID", "Redis",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -10,16 +10,26 @@
 public enum ReloadRules {
     public struct Key: Sendable {
         public let path: String
+        /// Why it is restart-only, when the refusal should say more than that it is.
+        let reason: String?
         let differs: @Sendable (GatewayConfiguration, GatewayConfiguration) -> Bool
 
-        static func on<T: Equatable & Sendable>(_ path: String, _ value: @escaping @Sendable (GatewayConfiguration) -> T) -> Key {
-            Key(path: path) { value($0) != value($1) }
+        static func on<T: Equatable & Sendable>(_ path: String, because reason: String? = nil, _ value: @escaping @Sendable (GatewayConfiguration) -> T) -> Key {
+            Key(path: path, reason: reason) { value($0) != value($1) }
         }
     }
+
+    /// Why the keys that make Apple's return URL are restart-only (issue 28 §1): a reload that
+    /// moved it would log "reloaded" while every new sign-in failed at Apple with
+    /// `invalid_request`.
+    static let returnURL = "it moves the return URL registered at Apple (server.public_url + server.auth_prefix + /callback): "
+        + "register the new URL with the Services ID first, then restart"
 
     /// The keys that apply only at start, in file order.
     public static let restartOnly: [Key] = [
         .on("server.listen") { $0.server.listen },
+        .on("server.public_url", because: returnURL) { $0.server.publicURL },
+        .on("server.auth_prefix", because: returnURL) { $0.server.authPrefix },
         .on("server.admin_listen") { $0.server.adminListen },
         .on("server.redirect_http_listen") { $0.server.redirectHTTPListen },
         .on("server.tls") { $0.server.tls == nil },
@@ -85,10 +95,10 @@ public enum ReloadRules {
     /// no longer sets it, at the nearest enclosing key it has). Values are not repeated: a Redis
     /// URL carries a password.
     public static func refusal(running: GatewayConfiguration, next: GatewayConfiguration, locations: [String: ConfigLocation]) -> [ConfigProblem] {
-        changed(running: running, next: next).map { path in
-            let location = ConfigLocation.nearest(path, in: locations)
-            return ConfigProblem(.error, path: path, line: location?.line, column: location?.column,
-                                 message: "changes only at restart; the reload is refused and the running configuration stays")
+        restartOnly.filter { $0.differs(running, next) }.map { key in
+            let location = ConfigLocation.nearest(key.path, in: locations)
+            return ConfigProblem(.error, path: key.path, line: location?.line, column: location?.column,
+                                 message: "changes only at restart; the reload is refused and the running configuration stays" + (key.reason.map { ": " + $0 } ?? ""))
         }
     }
 }

@@ -34,6 +34,10 @@ public struct SimpleResponse: Sendable {
 /// Request bodies above 64 KiB are refused.
 public final class SimpleHTTPServer: Sendable {
     public typealias Responder = @Sendable (SimpleRequest) -> SimpleResponse
+    /// A responder whose answer may come later (work that must not run on the event loop). A
+    /// connection answered later is closed after the answer: requests pipelined behind it are
+    /// not read.
+    public typealias LaterResponder = @Sendable (SimpleRequest, any EventLoop) -> EventLoopFuture<SimpleResponse>
     private let channel: any Channel
 
     public var localAddress: SocketAddress? { channel.localAddress }
@@ -41,6 +45,10 @@ public final class SimpleHTTPServer: Sendable {
     private init(channel: any Channel) { self.channel = channel }
 
     public static func start(host: String, port: Int, group: any EventLoopGroup, responder: @escaping Responder) async throws -> SimpleHTTPServer {
+        try await start(host: host, port: port, group: group) { request, loop in loop.makeSucceededFuture(responder(request)) }
+    }
+
+    public static func start(host: String, port: Int, group: any EventLoopGroup, later responder: @escaping LaterResponder) async throws -> SimpleHTTPServer {
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
@@ -63,14 +71,19 @@ final class SimpleHTTPHandler: ChannelInboundHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias OutboundOut = HTTPServerResponsePart
 
-    private let responder: SimpleHTTPServer.Responder
+    private let responder: SimpleHTTPServer.LaterResponder
     private var head: HTTPRequestHead?
     private var body = ByteBuffer()
     private var tooLarge = false
+    /// An answer is awaited: what arrives meanwhile is not read, and the connection closes after it.
+    private var waiting = false
+    /// The awaited answer did not come at once.
+    private var answeredLater = false
 
-    init(responder: @escaping SimpleHTTPServer.Responder) { self.responder = responder }
+    init(responder: @escaping SimpleHTTPServer.LaterResponder) { self.responder = responder }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !waiting else { return }
         switch unwrapInboundIn(data) {
         case .head(let h):
             head = h
@@ -80,31 +93,45 @@ final class SimpleHTTPHandler: ChannelInboundHandler {
             if body.readableBytes + chunk.readableBytes > 65536 { tooLarge = true } else { body.writeBuffer(&chunk) }
         case .end:
             guard let head else { return }
-            let response = tooLarge
-                ? SimpleResponse(status: .payloadTooLarge, "413 request body too large\n")
-                : responder(SimpleRequest(head: head, body: body, remoteAddress: context.channel.remoteAddress))
-            var headers = HTTPHeaders()
-            headers.add(name: "content-type", value: response.contentType)
-            headers.add(name: "content-length", value: String(response.body.readableBytes))
-            headers.add(name: "cache-control", value: "no-store")
-            for (name, value) in response.headers { headers.add(name: name, value: value) }
-            let keepAlive = head.isKeepAlive && !tooLarge
-            if !keepAlive { headers.add(name: "connection", value: "close") }
             self.head = nil
-            let send = { (context: ChannelHandlerContext) in
-                context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
-                if head.method != .HEAD { context.write(self.wrapOutboundOut(.body(.byteBuffer(response.body))), promise: nil) }
-                let channel = context.channel
-                context.writeAndFlush(self.wrapOutboundOut(.end(nil))).whenComplete { _ in
-                    if !keepAlive { channel.close(promise: nil) }
-                }
+            let answer = tooLarge
+                ? context.eventLoop.makeSucceededFuture(SimpleResponse(status: .payloadTooLarge, "413 request body too large\n"))
+                : responder(SimpleRequest(head: head, body: body, remoteAddress: context.channel.remoteAddress), context.eventLoop)
+            let keepAlive = head.isKeepAlive && !tooLarge
+            // An answer already there is sent at once (the callback runs inline, on this loop).
+            waiting = true
+            answeredLater = false
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            answer.hop(to: context.eventLoop).whenComplete { result in
+                let (handler, context) = bound.value
+                handler.waiting = false
+                let response = (try? result.get()) ?? SimpleResponse(status: .internalServerError, "500 the answer failed\n")
+                handler.send(response, to: head, keepAlive: keepAlive && !handler.answeredLater, context: context)
             }
-            if response.delay > .zero {
-                let bound = NIOLoopBound((context, send), eventLoop: context.eventLoop)
-                context.eventLoop.scheduleTask(in: response.delay) { bound.value.1(bound.value.0) }
-            } else {
-                send(context)
+            if waiting { answeredLater = true }
+        }
+    }
+
+    private func send(_ response: SimpleResponse, to head: HTTPRequestHead, keepAlive: Bool, context: ChannelHandlerContext) {
+        var headers = HTTPHeaders()
+        headers.add(name: "content-type", value: response.contentType)
+        headers.add(name: "content-length", value: String(response.body.readableBytes))
+        headers.add(name: "cache-control", value: "no-store")
+        for (name, value) in response.headers { headers.add(name: name, value: value) }
+        if !keepAlive { headers.add(name: "connection", value: "close") }
+        let send = { (context: ChannelHandlerContext) in
+            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: response.status, headers: headers))), promise: nil)
+            if head.method != .HEAD { context.write(self.wrapOutboundOut(.body(.byteBuffer(response.body))), promise: nil) }
+            let channel = context.channel
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil))).whenComplete { _ in
+                if !keepAlive { channel.close(promise: nil) }
             }
+        }
+        if response.delay > .zero {
+            let bound = NIOLoopBound((context, send), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: response.delay) { bound.value.1(bound.value.0) }
+        } else {
+            send(context)
         }
     }
 }

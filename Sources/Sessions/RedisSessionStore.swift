@@ -26,8 +26,8 @@ import Redis
 /// trip to one node. Every other key is its own tag; every script declares the keys it touches
 /// and they share a slot. Operations spanning users (the user list, transfers) scan every master.
 public final class RedisSessionStore: SessionStore {
-    private let redis: any RedisCommands
-    private let prefix: String
+    let redis: any RedisCommands
+    let prefix: String
 
     public init(client: any RedisCommands, keyPrefix: String = "sg:") {
         self.redis = client

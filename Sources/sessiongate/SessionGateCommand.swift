@@ -23,7 +23,7 @@ struct SessionGateCommand: AsyncParsableCommand {
             SIGHUP re-reads the configuration; SIGTERM or SIGINT drains in-flight requests and exits.
             """,
         version: "sessiongate \(BuildInfo.version) (Swift \(BuildInfo.swift))",
-        subcommands: [Serve.self, Check.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self, MigrateCommand.self],
+        subcommands: [Serve.self, Check.self, Reload.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self, MigrateCommand.self],
         defaultSubcommand: Serve.self
     )
 }
@@ -115,19 +115,21 @@ struct Check: AsyncParsableCommand {
             host name, and test-binds the listen addresses (skipped with --reload), so that a file check passes is one
             serve starts with.
             With --online it also fetches Apple's keys, mints a client secret for every client id and proves Apple
-            accepts it (exchanging a made-up code must give invalid_grant, not invalid_client).
+            accepts it (exchanging a made-up code must give invalid_grant, not invalid_client), and connects to the
+            store as serve will (TLS, ACL user, database, Sentinel or Cluster discovery), writes, reads and deletes a
+            test key under store.key_prefix and loads the scripts: a failed step is named with its key and line.
             With --transfer it prints the app-transfer checklist (sessiongate migrate) with the store's progress.
             """)
 
     @OptionGroup var options: ConfigOption
 
-    @Flag(help: "Also check the apple: section against Apple (apple.base_url).")
+    @Flag(help: "Also check the apple: section against Apple (apple.base_url) and the store against Redis.")
     var online = false
 
-    @Flag(help: "Check a file for a running gateway's SIGHUP: its listen addresses are in use by that gateway, so they are not test-bound.")
+    @Flag(help: "Check a file for a running gateway's reload: its listen addresses are in use by that gateway, so they are not test-bound, and the gateway at server.admin_listen tries its file without swapping (a key that applies only at restart is named).")
     var reload = false
 
-    @Flag(help: "Also print the app-transfer checklist, with where this configuration's store stands (sessiongate migrate).")
+    @Flag(help: "Also print the app-transfer checklist, with where this configuration's store stands (sessiongate migrate). A report: the listen addresses are not test-bound.")
     var transfer = false
 
     func run() async throws {
@@ -144,13 +146,34 @@ struct Check: AsyncParsableCommand {
                 print("\(options.config):\(warning.problem(locations: result.locations, severity: .warning))")
             }
         } catch { failures.append(error) }
-        if !reload { failures += await GatewayService.probeListeners(configuration) as [any Error] }
+        // A report on a live host (--transfer) or a file for a running gateway (--reload) must
+        // not bind: that gateway holds the addresses.
+        if !reload && !transfer { failures += await GatewayService.probeListeners(configuration) as [any Error] }
         for failure in failures { print(describe(failure, file: options.config, locations: result.locations)) }
         guard failures.isEmpty else { throw ExitCode(1) }
         if online {
             let (ok, lines) = await AppleOnlineCheck.run(configuration, logger: logger)
             for line in lines { print(line) }
-            guard ok else { throw ExitCode(1) }
+            // The store's connection failures are logged with their cause (refused, reset).
+            var storeLogger = logger
+            storeLogger.logLevel = .warning
+            let store = await StoreOnlineCheck.run(configuration, logger: storeLogger)
+            switch store {
+            case .ok(let line): print(line)
+            case .failed(let failure): print(describe(failure, file: options.config, locations: result.locations))
+            }
+            guard ok, case .ok = store else { throw ExitCode(1) }
+        }
+        if reload {
+            // What the running gateway makes of its file, tried without swapping: a key that
+            // applies only at restart is found here, not at the SIGHUP.
+            switch await AdminReload.ask(configuration, dryRun: true) {
+            case .success(let answer):
+                for line in answer.lines { print(line) }
+                guard answer.accepted else { throw ExitCode(1) }
+            case .failure(let failure):
+                print("note: \(failure); nothing running to compare with")
+            }
         }
         if transfer {
             let backend = configuration.store.redisURL == nil ? nil : try? SessionsCommand.backend(options.config).0
@@ -160,6 +183,33 @@ struct Check: AsyncParsableCommand {
             await backend?.shutdown()
         }
         print("ok")
+    }
+}
+
+struct Reload: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Ask the running gateway to reload its configuration file, and say whether it did.",
+        discussion: """
+            Posts to the admin listener named by the file (server.admin_listen, POST /reload): the gateway that \
+            listens there re-reads its own file as on SIGHUP. Prints its answer: ok, or each reason it refused \
+            the file (a key that applies only at restart changed) or rejected it (errors), one file:line:col: \
+            error: line each. Exit status 0 when it reloaded; 1 when it refused or rejected the file, or no \
+            gateway answers. The systemd unit's ExecReload runs it, so systemctl reload fails when the reload does.
+            """)
+
+    @OptionGroup var options: ConfigOption
+
+    func run() async throws {
+        defer { flushLogs() }
+        guard let configuration = loadConfiguration(options.config, printWarnings: false)?.configuration else { throw ExitCode(1) }
+        switch await AdminReload.ask(configuration, dryRun: false) {
+        case .success(let answer):
+            for line in answer.lines { print(line) }
+            guard answer.accepted else { throw ExitCode(1) }
+        case .failure(let failure):
+            printError("\(options.config): error: \(failure)")
+            throw ExitCode(1)
+        }
     }
 }
 

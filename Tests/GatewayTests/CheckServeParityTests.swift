@@ -81,7 +81,7 @@ struct CheckServeParityTests {
         #expect(!serve.output.contains { $0.contains("sessiongate listening") })
     }
 
-    @Test("a listen address in use: both name the key and the address; check --reload skips the bind")
+    @Test("a listen address in use: both name the key and the address; check --reload and the --transfer report skip the bind")
     func addressInUse() async throws {
         let directory = try makeSecretsDirectory("parity")
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -101,6 +101,9 @@ struct CheckServeParityTests {
         #expect(serve.output.contains { $0.contains(expected) }, "\(serve.output)")
         let reload = try await Self.run(["check", "--reload", "--config", path])
         #expect(reload.status == 0 && reload.output.last == "ok", "\(reload.output)")
+        let report = try await Self.run(["check", "--transfer", "--config", path])  // on the live host
+        #expect(report.status == 0 && report.output.last == "ok", "\(report.output)")
+        #expect(report.output.contains { $0.contains("store.redis_url is not set") }, "the checklist is printed: \(report.output)")
     }
 
     @Test("a good file: check prints ok and serve starts")

@@ -9,7 +9,8 @@ struct PackagingTests {
     @Test("conf/sessiongate.service: systemd-analyze verify accepts it, with reload, restart and hardening")
     func systemdUnit() async throws {
         let unit = try String(contentsOfFile: "\(repositoryRoot)/conf/sessiongate.service", encoding: .utf8)
-        for line in ["ExecStart=/usr/local/bin/sessiongate serve --config /etc/sessiongate/sessiongate.yaml", "ExecReload=/bin/kill -HUP $MAINPID",
+        for line in ["ExecStart=/usr/local/bin/sessiongate serve --config /etc/sessiongate/sessiongate.yaml", "ExecReload=/usr/local/bin/sessiongate reload --config /etc/sessiongate/sessiongate.yaml",
+                     "Type=notify", "NotifyAccess=main",
                      "Restart=on-failure", "User=sessiongate", "NoNewPrivileges=true", "ProtectSystem=strict", "PrivateTmp=true",
                      "ReadOnlyPaths=/etc/sessiongate", "KillSignal=SIGTERM"] {
             #expect(unit.split(separator: "\n").contains { $0 == line }, "\(line)")

@@ -115,7 +115,7 @@ struct ReloadProcessTests {
         let origin = "http://localhost:\(port)"
         try await withTeardown(SimulatedAppleID.start(team: .init(
             teamID: "TEAM123456", keys: ["KEY1234567": appleKey.publicKey],
-            clients: [SignInHarness.webClient: [origin + "/_auth/callback", origin + "/auth2/callback"]], allowsLoopbackHTTP: true)), stop: { await $0.stop() }) { simulator in
+            clients: [SignInHarness.webClient: [origin + "/_auth/callback"]], allowsLoopbackHTTP: true)), stop: { await $0.stop() }) { simulator in
             let alice = simulator.createUser(email: "alice@example.org", privateEmail: false, firstName: "Alice", lastName: "A")
             try await TestUpstream.with { upstream in
                 let render = { (s: Settings) in Self.yaml(s, directory: directory, simulator: simulator.baseURL, upstream: upstream.port) }
@@ -157,8 +157,7 @@ struct ReloadProcessTests {
                     (_, seen) = try await upstreamHeaders("/public/x", [("X-Forwarded-For", "192.0.2.7")], by: anonymous)
                     #expect(seen["X-Forwarded-For"] == ["127.0.0.1"], "an untrusted peer's X-Forwarded-For is replaced")
 
-                    // Reload B: a new auth prefix, every identity header renamed, lists, limits, lifetimes.
-                    settings.authPrefix = "/auth2"
+                    // Reload B: every identity header renamed, lists, limits, lifetimes.
                     settings.headers = ["user": "X-User", "email": "X-Mail", "email_verified": "X-Mail-Verified", "private_email": "X-Mail-Private",
                                         "email_forwarding": "X-Mail-Forwarding", "name": "X-Name", "real_user_status": "X-Real", "assertion": "X-Proof"]
                     settings.trustedProxies = ["127.0.0.1/32"]
@@ -191,45 +190,46 @@ struct ReloadProcessTests {
                     #expect(try await browser.request("/api/upload", method: .POST, headers: [("accept", "application/json")], form: [("a", String(repeating: "x", count: 40))]).status == 413)
                     #expect(try await anonymous.request("/extra/x").status == 200, "the new route")
                     let redirected = try await anonymous.request("/x")
-                    #expect(redirected.status == 302 && redirected.location?.hasPrefix("/auth2/sign-in?rd=") == true, "\(redirected.location ?? "")")
-                    let login2 = try await anonymous.request("/auth2/login?rd=/")
+                    #expect(redirected.status == 302 && redirected.location?.hasPrefix("/_auth/sign-in?rd=") == true, "\(redirected.location ?? "")")
+                    let login2 = try await anonymous.request("/_auth/login?rd=/")
                     #expect(login2.location?.contains("scope=email&") == true || login2.location?.hasSuffix("scope=email") == true, "\(login2.location ?? "")")
-                    #expect(login2.location?.contains("redirect_uri=\(FormBody.escape(origin + "/auth2/callback"))") == true, "\(login2.location ?? "")")
-                    #expect(try await anonymous.request("/auth2/sign-in?rd=https://docs.example.com/x").body.contains("docs.example.com"))
-                    #expect(try await anonymous.request("/auth2/logout", method: .POST, headers: [("origin", "https://other.example.com")]).status != 403)
+                    #expect(login2.location?.contains("redirect_uri=\(FormBody.escape(origin + "/_auth/callback"))") == true, "\(login2.location ?? "")")
+                    #expect(try await anonymous.request("/_auth/sign-in?rd=https://docs.example.com/x").body.contains("docs.example.com"))
+                    #expect(try await anonymous.request("/_auth/logout", method: .POST, headers: [("origin", "https://other.example.com")]).status != 403)
                     (_, seen) = try await upstreamHeaders("/public/x", [("X-Forwarded-For", "192.0.2.7")], by: anonymous)
                     #expect(seen["X-Forwarded-For"] == ["192.0.2.7, 127.0.0.1"], "a trusted peer's X-Forwarded-For is kept")
-                    // A sign-in under the new prefix completes (no redirect loop) with the new lifetime.
+                    // A sign-in completes with the new lifetime.
                     let second = TestBrowser(gatewayOrigin: origin)
-                    _ = try await second.signIn(from: "/api/y", as: alice, prefix: "/auth2")
+                    _ = try await second.signIn(from: "/api/y", as: alice, prefix: "/_auth")
                     #expect(second.setCookies.contains { $0.hasPrefix("__Host-sessiongate=") && $0.contains("Max-Age=604800") }, "\(second.setCookies)")
                     #expect(try await second.request("/api/y", headers: [("accept", "application/json")]).status == 200)
 
-                    // Reload C: another identity prefix and public URL.
+                    // Reload C: another identity prefix.
                     settings.headerPrefix = "X-Gw-"
-                    settings.publicURL = "http://127.0.0.1:\(port)"
                     #expect(try await gateway.reload(yaml: render(settings))?.contains("configuration reloaded") == true)
                     (status, seen) = try await upstreamHeaders("/api/who", spoofs)
                     #expect(status == 200)
                     #expect(seen["X-Gw-Role"].isEmpty, "the new identity prefix strips")
                     #expect(seen["X-User"] == [alice])
-                    let login3 = try await anonymous.request("/auth2/login?rd=/")
-                    #expect(login3.location?.contains("redirect_uri=\(FormBody.escape("http://127.0.0.1:\(port)/auth2/callback"))") == true, "\(login3.location ?? "")")
                     // Reload D changes restart-only keys beside a reloadable one: refused as a whole.
                     var refused = settings
                     refused.listen = "127.0.0.1:\(port + 1)"
                     refused.keyPrefix = "other:"
+                    refused.publicURL = "http://127.0.0.1:\(port)"  // Apple's return URL would move
                     refused.headers["email"] = "X-Refused-Mail"
                     let text = render(refused)
                     let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
                     let listenLine = try #require(lines.firstIndex { $0.hasPrefix("  listen:") }) + 1
                     let prefixLine = try #require(lines.firstIndex { $0.hasPrefix("  key_prefix:") }) + 1
+                    let publicURLLine = try #require(lines.firstIndex { $0.hasPrefix("  public_url:") }) + 1
                     for attempt in 1...2 {
                         let mark = gateway.output.count
                         #expect(try await gateway.reload(yaml: text)?.contains("configuration reload refused") == true)
                         let logged = gateway.output.dropFirst(mark)
                         #expect(logged.contains { $0.contains("\(gateway.configPath):\(listenLine):3: error: server.listen: changes only at restart") }, "attempt \(attempt): \(logged)")
                         #expect(logged.contains { $0.contains("\(gateway.configPath):\(prefixLine):3: error: store.key_prefix: changes only at restart") })
+                        #expect(logged.contains { $0.contains("\(gateway.configPath):\(publicURLLine):3: error: server.public_url: changes only at restart; "
+                            + "the reload is refused and the running configuration stays: it moves the return URL registered at Apple") })
                         #expect(!logged.contains { $0.contains("identity.headers") }, "only restart-only keys are named")
                     }
                     _ = try await browser.request("/api/who", headers: [("accept", "application/json"), ("X-Refused-Mail", "evil")])

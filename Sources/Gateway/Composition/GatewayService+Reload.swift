@@ -7,7 +7,7 @@ import NIOConcurrencyHelpers
 /// nothing changed.
 extension GatewayService {
     public enum ReloadOutcome: String, Sendable {
-        /// The new configuration runs for every new request.
+        /// The new configuration runs for every new request (dry: it would).
         case applied = "ok"
         /// The file has errors (or names an upstream that does not resolve): nothing changed.
         case invalid
@@ -15,43 +15,67 @@ extension GatewayService {
         case refused
     }
 
+    /// What a reload did (or, tried dry, would do): its outcome and the `file:line:col: error:`
+    /// lines that explain it, as they were logged.
+    public struct ReloadReport: Sendable {
+        public var outcome: ReloadOutcome
+        public var problems: [String]
+        /// The file the gateway reads (its `--config`).
+        public var file: String
+    }
+
     /// Re-reads the configuration file and swaps the whole running configuration (routes, header
-    /// rules, identity header names, auth prefix, allow lists, session lifetimes) as one value for
-    /// new requests, or changes nothing: an invalid file, or one that changes a key of
+    /// rules, identity header names, allow lists, session lifetimes) as one value for new
+    /// requests, or changes nothing: an invalid file, or one that changes a key of
     /// `ReloadRules.restartOnly`, keeps the running configuration, each reason logged with its
-    /// `file:line:col`.
+    /// `file:line:col`. With `dryRun`, everything but the swap runs (`check --reload` asks the
+    /// running gateway through the admin listener), and nothing is logged or counted.
+    /// Blocking (upstream names are resolved): never on an event loop.
     @discardableResult
-    public func reload() -> ReloadOutcome {
-        guard let configPath else { return .invalid }
+    public func reload(dryRun: Bool = false) -> ReloadReport {
+        guard let configPath else { return ReloadReport(outcome: .invalid, problems: ["the gateway runs without a configuration file"], file: "-") }
+        if !dryRun { notifier.reloading() }
         // One reload at a time: the generation read, the checks and the swap are one step.
-        let outcome = reloading.withLock { attemptReload(configPath) }
-        switch outcome {
+        var report = reloading.withLock { attemptReload(configPath, dryRun: dryRun) }
+        report.file = configPath
+        guard !dryRun else { return report }
+        switch report.outcome {
         case .applied: metrics.reloadsSucceeded.increment()
         case .invalid: metrics.reloadsFailed.increment()
         case .refused: metrics.reloadsRefused.increment()
         }
-        return outcome
+        notifier.ready(status: report.outcome == .applied ? "configuration reloaded"
+            : "configuration reload \(report.outcome == .refused ? "refused" : "rejected"): the running configuration stays (\(report.problems.count) problem\(report.problems.count == 1 ? "" : "s"))")
+        return report
     }
 
-    /// Called with `reloading` held. Resolves upstream names (blocking): never on an event loop.
-    private func attemptReload(_ configPath: String) -> ReloadOutcome {
-        let result = GatewayConfiguration.load(file: configPath)
-        for problem in result.problems {
-            logger.log(level: problem.severity == .error ? .error : .warning, "\(configPath):\(problem)")
+    /// Called with `reloading` held.
+    private func attemptReload(_ configPath: String, dryRun: Bool) -> ReloadReport {
+        var problems: [String] = []
+        func log(_ level: Logger.Level, _ line: String) {
+            problems.append(line)
+            if !dryRun { logger.log(level: level, "\(line)") }
         }
+        func report(_ outcome: ReloadOutcome) -> ReloadReport { ReloadReport(outcome: outcome, problems: problems, file: configPath) }
+        let result = GatewayConfiguration.load(file: configPath)
+        for problem in result.problems { log(problem.severity == .error ? .error : .warning, "\(configPath):\(problem)") }
         guard let next = result.configuration else {
-            logger.error("configuration reload rejected: the file has errors; the running configuration stays",
-                         metadata: ["file": "\(configPath)", "errors": "\(result.errors.count)"])
-            return .invalid
+            if !dryRun {
+                logger.error("configuration reload rejected: the file has errors; the running configuration stays",
+                             metadata: ["file": "\(configPath)", "errors": "\(result.errors.count)"])
+            }
+            return report(.invalid)
         }
         let (previous, generation) = running.withLockedValue { ($0.configuration, $0.auth.generation) }
         let refusal = ReloadRules.refusal(running: previous, next: next, locations: result.locations)
             + core.secrets.changed(in: next, locations: result.locations)
         guard refusal.isEmpty else {
-            for problem in refusal { logger.error("\(configPath):\(problem)") }
-            logger.error("configuration reload refused: keys that apply only at restart changed; the running configuration stays",
-                         metadata: ["file": "\(configPath)", "keys": "\(refusal.map(\.path).joined(separator: ","))"])
-            return .refused
+            for problem in refusal { log(.error, "\(configPath):\(problem)") }
+            if !dryRun {
+                logger.error("configuration reload refused: keys that apply only at restart changed; the running configuration stays",
+                             metadata: ["file": "\(configPath)", "keys": "\(refusal.map(\.path).joined(separator: ","))"])
+            }
+            return report(.refused)
         }
         let auth: Authenticator
         let routing: RoutingSnapshot
@@ -63,13 +87,14 @@ extension GatewayService {
             routing = try Self.routing(next, auth)
         } catch {
             if let failure = error as? StartupFailure {
-                logger.error("\(configPath):\(failure.problem(locations: result.locations))")
+                log(.error, "\(configPath):\(failure.problem(locations: result.locations))")
             } else {
-                logger.error("\(configPath): \(error)")
+                log(.error, "\(configPath): \(error)")
             }
-            logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)"])
-            return .invalid
+            if !dryRun { logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)"]) }
+            return report(.invalid)
         }
+        guard !dryRun else { return report(.applied) }
         metrics.prime(routes: next.routes.map(\.name))
         running.withLockedValue { $0 = (next, auth) }
         proxy.replaceRouting(routing)
@@ -79,6 +104,6 @@ extension GatewayService {
             if let warning = certificate.warning { logger.warning("server.tls.certificate_file: \(warning)") }
         }
         logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": "\(next.routes.count)"])
-        return .applied
+        return report(.applied)
     }
 }

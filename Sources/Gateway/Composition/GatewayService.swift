@@ -33,6 +33,8 @@ public final class GatewayService: Service, Sendable {
     private let phase = NIOLockedValueBox(Phase.starting(waiters: []))
     /// One reload at a time: the generation read, the checks and the swap are one step.
     let reloading = NIOLock()
+    /// systemd's `Type=notify` (`NOTIFY_SOCKET`): ready, reloading, stopping.
+    let notifier = SystemdNotifier()
 
     /// Where the process is, for `/readyz` and `waitUntilStarted`.
     private enum Phase {
@@ -157,7 +159,8 @@ public final class GatewayService: Service, Sendable {
     public func run() async throws {
         let listeners: Listeners
         do {
-            listeners = try await Listeners.open(proxy: proxy, initial, group: group, metrics: metrics, readiness: { self.readiness })
+            listeners = try await Listeners.open(proxy: proxy, initial, group: group, metrics: metrics, readiness: { self.readiness },
+                                                 reload: { self.reload(dryRun: $0) })
         } catch {
             await parts.resources.close()
             throw error
@@ -175,8 +178,12 @@ public final class GatewayService: Service, Sendable {
             "admin": "\(listeners.admin.localAddress.map { "\($0)" } ?? "-")",
             "redirect_http": "\(listeners.redirect?.localAddress.map { "\($0)" } ?? "-")",
             "routes": "\(initial.routes.count)",
+            // What must be registered with the Services ID: a restart that moves it is said here.
+            "apple_return_url": "\(initial.apple == nil ? "-" : (initial.server.publicURL ?? "") + initial.server.authPrefix + "/callback")",
         ])
         waiters.forEach { $0.resume() }
+        notifier.ready(status: readiness == .ready ? "listening; the session store answered"
+            : "listening; the session store has not answered yet: guarded routes answer 503 until it does")
 
         // Started together; stopped in reverse order of this list.
         var services: [any Service] = [parts.resources]
@@ -188,6 +195,7 @@ public final class GatewayService: Service, Sendable {
         if let reloads { services.append(reloads) }
         services.append(Draining(listeners: listeners, deadline: { self.running.withLockedValue { $0.configuration.server.timeouts.shutdown } },
                                  logger: logger) {
+            self.notifier.stopping()
             self.phase.withLockedValue { $0 = .draining(listeners) }
         })
         try await ServiceGroup(configuration: .init(services: services, logger: logger)).run()

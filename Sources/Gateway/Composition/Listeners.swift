@@ -14,7 +14,8 @@ struct Listeners: Sendable {
     let redirect: SimpleHTTPServer?
 
     static func open(proxy: ProxyServer, _ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics,
-                     readiness: @escaping @Sendable () -> AdminEndpoints.Readiness) async throws -> Listeners {
+                     readiness: @escaping @Sendable () -> AdminEndpoints.Readiness,
+                     reload: @escaping @Sendable (_ dryRun: Bool) -> GatewayService.ReloadReport) async throws -> Listeners {
         var bound: [@Sendable () async -> Void] = []
         func bind<T: Sendable>(_ key: String, _ address: ListenAddress, _ open: () async throws -> T, close: @escaping @Sendable (T) async -> Void) async throws -> T {
             do {
@@ -28,9 +29,9 @@ struct Listeners: Sendable {
         }
         _ = try await bind("server.listen", c.server.listen, { try await proxy.start() }, close: { _ in await proxy.shutdown(deadline: .zero) })
         let admin = try await bind("server.admin_listen", c.server.adminListen, {
-            try await SimpleHTTPServer.start(host: c.server.adminListen.host, port: c.server.adminListen.port, group: group) { request in
-                AdminEndpoints.respond(request, metrics: metrics, readiness: readiness)
-            }
+            try await SimpleHTTPServer.start(host: c.server.adminListen.host, port: c.server.adminListen.port, group: group, later: { request, loop in
+                AdminEndpoints.answer(request, on: loop, metrics: metrics, readiness: readiness, reload: reload)
+            })
         }, close: { await $0.close() })
         var redirect: SimpleHTTPServer? = nil
         if let listen = c.server.redirectHTTPListen {

@@ -1,0 +1,76 @@
+import GatewayConfig
+import Logging
+import NIOPosix
+import Redis
+import Sessions
+
+/// `sessiongate check --online`, the store (issue 28 §1): connects exactly as `serve` will (TLS,
+/// the ACL user and password, the database, Sentinel or Cluster discovery), writes, reads and
+/// deletes a test key under the key prefix and loads the scripts (`RedisSessionStore.check`).
+/// A failure names the step and the key to fix, so that a store `check --online` passes is one
+/// every guarded route can use.
+public enum StoreOnlineCheck {
+    public enum Outcome: Sendable {
+        /// The line to print.
+        case ok(String)
+        case failed(StartupFailure)
+    }
+
+    public static func run(_ c: GatewayConfiguration, logger: Logger) async -> Outcome {
+        guard let url = c.store.redisURL else { return .ok("ok: store: memory (in the process), nothing to check online") }
+        let backend: RedisSessionBackend
+        do {
+            // A first connection may be slow where serve's store.timeout is tight: the check
+            // proves the settings, not the latency.
+            guard let endpoint = try StoreConnection.endpoint(c.store, commandTimeout: .seconds(5)) else { return .ok("ok: store: memory") }
+            backend = try StoreConnection.backend(endpoint, c.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        } catch let failure as StartupFailure {
+            return .failed(failure)
+        } catch {
+            return .failed(StartupFailure(key: "store.redis_url", "\(error)"))
+        }
+        let failure = await backend.store.check(on: MultiThreadedEventLoopGroup.singleton.any())
+        await backend.shutdown()
+        if let failure { return .failed(explain(failure, c.store)) }
+        let deployment = c.store.cluster != nil ? "Redis Cluster" : c.store.sentinel != nil ? "Redis behind Sentinel (\(c.store.sentinel!.masterName))" : "Redis"
+        return .ok("ok: store: \(deployment) at \(url.tls ? "rediss" : "redis")://…:\(url.port)/\(url.database): connected, wrote, read and deleted "
+            + "\(c.store.keyPrefix)check:{…}, loaded the scripts")
+    }
+
+    /// The key an operator fixes for a failed step, and what went wrong in their terms.
+    static func explain(_ failure: StoreCheckFailure, _ store: GatewayConfiguration.Store) -> StartupFailure {
+        let step = failure.step.rawValue
+        let addresses = store.cluster != nil ? "store.cluster.addresses" : store.sentinel != nil ? "store.sentinel.addresses" : "store.redis_url"
+        switch failure.error as? RedisError {
+        case .server(let m) where m.hasPrefix("WRONGPASS") || m.hasPrefix("NOAUTH") || m.contains("invalid username-password") || m.hasPrefix("ERR AUTH")
+            || m.contains("without any password configured"):
+            return StartupFailure(key: "store.redis_url", "\(step): Redis refused the user or password in the URL (\(m))")
+        case .server(let m) where m.contains("DB index") || m.hasPrefix("ERR SELECT"):
+            return StartupFailure(key: "store.redis_url", "\(step): Redis has no database \(store.redisURL?.database ?? 0) (\(m))")
+        case .server(let m) where m.hasPrefix("NOPERM"):
+            return StartupFailure(key: "store.redis_url", "\(step): the Redis user's ACL does not allow it (\(m)); "
+                + "the gateway needs reads, writes, pub/sub and scripting on keys under store.key_prefix")
+        case .server(let m) where m.hasPrefix("ERR unknown command"):
+            return StartupFailure(key: "store.redis_url", "\(step): the server refuses the command, renamed or disabled (\(m))")
+        case .server(let m) where m.hasPrefix("READONLY"):
+            return StartupFailure(key: addresses, "\(step): the server is a read-only replica; the gateway needs the master (\(m))")
+        case .server(let m):
+            return StartupFailure(key: "store.redis_url", "\(step): Redis answered \(m)")
+        case .tls(let detail) where detail.contains("CERTIFICATE_VERIFY_FAILED"):
+            return StartupFailure(key: "store.tls.ca_file", "\(step): the server's certificate is not signed by this CA, or does not name the host (\(detail))")
+        case .tls(let detail):
+            return StartupFailure(key: "store.tls.certificate_file",
+                                  "\(step): the TLS handshake failed; a server with tls-auth-clients needs our client certificate (\(detail))")
+        case .sentinel(let detail) where detail.contains("no sentinel knows"):
+            return StartupFailure(key: "store.sentinel.master_name", "\(step): \(detail)")
+        case .sentinel(let detail):
+            return StartupFailure(key: "store.sentinel.addresses", "\(step): \(detail)")
+        case .notMaster:
+            return StartupFailure(key: "store.sentinel.master_name", "\(step): the server the sentinels name is not a master")
+        case .timeout:
+            return StartupFailure(key: addresses, "\(step): no answer within 5 s")
+        case .unavailable, .protocolError, nil:
+            return StartupFailure(key: addresses, "\(step): cannot reach Redis (\(failure.error)); the log line above says why")
+        }
+    }
+}
