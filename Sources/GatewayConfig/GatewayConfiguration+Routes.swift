@@ -5,7 +5,7 @@ extension GatewayConfiguration.Route {
         case upstreamHost = "upstream_host", postLogoutRedirect = "post_logout_redirect"
         case upstreamCAFile = "upstream_ca_file", upstreamServerName = "upstream_server_name"
         case upstreamInsecureSkipVerify = "upstream_insecure_skip_verify", requireLink = "require_link"
-        case upstreamReuse = "upstream_reuse", maxInFlight = "max_in_flight"
+        case upstreamReuse = "upstream_reuse", maxInFlight = "max_in_flight", preflight
 
         /// The keys that mean something only to an https:// upstream.
         static let tlsOnly: [Key] = [.upstreamCAFile, .upstreamServerName, .upstreamInsecureSkipVerify]

@@ -313,6 +313,8 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Requests of this route admitted and not yet answered, per instance; beyond it: 503
         /// with `Retry-After` at once. 0: no bound.
         public var maxInFlight = 0
+        /// CORS preflights on a guarded route.
+        public var preflight: Preflight = .authenticate
 
         public init(
             name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamURL,
@@ -334,6 +336,16 @@ public struct GatewayConfiguration: Sendable, Equatable {
 
     public enum UnauthenticatedAction: String, Sendable, Equatable, CaseIterable {
         case redirect, deny
+    }
+
+    /// What a guarded route does with a CORS preflight (`OPTIONS` with `Origin` and
+    /// `Access-Control-Request-Method`), which by the Fetch standard carries no credentials.
+    public enum Preflight: String, Sendable, Equatable, CaseIterable {
+        /// As any request: a session is needed (so a cross-origin API client's preflight fails).
+        case authenticate
+        /// Forwarded to the app without a session (the app answers the CORS headers), identity
+        /// headers stripped as always (oauth2-proxy's `--skip-auth-preflight`).
+        case pass
     }
 
     /// How a route's upstream connections are reused (README: "Upstream connections and users").

@@ -93,6 +93,12 @@ extension GuardRequest: HeaderValues {
         }
     }
 
+    /// A CORS preflight (the Fetch standard): `OPTIONS` with `Origin` and
+    /// `Access-Control-Request-Method`. It carries no cookies or credentials.
+    public var isPreflight: Bool {
+        method == .OPTIONS && firstValue(named: "origin") != nil && firstValue(named: "access-control-request-method") != nil
+    }
+
     /// The first value of the field named `lower`.
     public func firstValue(named lower: String) -> String? {
         var first: String? = nil

@@ -280,6 +280,7 @@ struct GatewayProcessTests {
                 let value = metrics.split(separator: "\n").first { $0.hasPrefix(family) }.flatMap { Double($0.dropFirst(family.count)) }
                 #expect((value ?? 0) > 0, "\(family) present and positive")
             }
+            #expect(metrics.contains("# TYPE process_cpu_seconds_total counter"), "CPU time is a counter (rate() works on it)")
             let start = metrics.split(separator: "\n").first { $0.hasPrefix("process_start_time_seconds ") }.flatMap { Double($0.dropFirst(27)) } ?? 0
             #expect(abs(start - Date().timeIntervalSince1970) < 600, "the process started just now: \(start)")
         }

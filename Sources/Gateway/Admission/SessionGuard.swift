@@ -26,6 +26,12 @@ struct SessionGuard: RequestGuard {
         if route.auth == .public {
             return .verdict(request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
         }
+        if route.preflight == .pass, request.isPreflight {
+            // Unauthenticated to the app, as on a public route; a credential it carries anyway
+            // is not looked at, and our session's bearer is not passed on.
+            core.metrics.recordAdmission(.preflight)
+            return .verdict(request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
+        }
         switch auth.lookup(request, on: loop) {
         case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
         case .later(let future): return .pending(future.map { verdict($0, request, on: loop) })

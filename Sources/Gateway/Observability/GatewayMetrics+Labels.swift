@@ -10,8 +10,8 @@ import AppleID
 extension GatewayMetrics {
     /// How admission ended for one request on a guarded route (`sessiongate_admissions_total`).
     enum AdmissionResult: Int, CaseIterable {
-        case session, anonymous, unauthenticated, forbidden, storeUnavailable, appleUnavailable, linkRequired
-        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable", "link_required"][rawValue] }
+        case session, anonymous, unauthenticated, forbidden, storeUnavailable, appleUnavailable, linkRequired, preflight
+        var label: String { ["session", "anonymous", "unauthenticated", "forbidden", "store_unavailable", "apple_unavailable", "link_required", "preflight"][rawValue] }
     }
 
     /// How a request to start a sign-in (`GET /login`, `POST /native/nonce`) ended: its state

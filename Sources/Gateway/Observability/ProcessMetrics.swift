@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import Prometheus
 
 #if canImport(Glibc)
@@ -11,7 +12,10 @@ import Glibc
 /// the event loops.
 final class ProcessMetrics: Sendable {
     private let residentMemory: Prometheus.Gauge
-    private let cpuSeconds: Prometheus.Gauge
+    /// A counter, as Prometheus' convention has it: advanced by the CPU time read since the last
+    /// read (`counted`), so `rate()` works on it.
+    private let cpuSeconds: Prometheus.Counter
+    private let counted = NIOLockedValueBox(0.0)
     private let openFDs: Prometheus.Gauge
     private let maxFDs: Prometheus.Gauge
     private let startTime: Prometheus.Gauge
@@ -19,8 +23,7 @@ final class ProcessMetrics: Sendable {
     init(registry: PrometheusCollectorRegistry) {
         func name(_ n: String, _ help: String) -> MetricNameDescriptor { MetricNameDescriptor(namespace: "process", metricName: n, unitName: "", helpText: help) }
         residentMemory = registry.makeGauge(descriptor: name("resident_memory_bytes", "Resident memory size in bytes."))
-        // A counter in Prometheus' convention; kept as a gauge here because it is read, not counted.
-        cpuSeconds = registry.makeGauge(descriptor: name("cpu_seconds_total", "Total user and system CPU time spent in seconds."))
+        cpuSeconds = registry.makeCounter(descriptor: name("cpu_seconds_total", "Total user and system CPU time spent in seconds."))
         openFDs = registry.makeGauge(descriptor: name("open_fds", "Number of open file descriptors."))
         maxFDs = registry.makeGauge(descriptor: name("max_fds", "Maximum number of open file descriptors."))
         startTime = registry.makeGauge(descriptor: name("start_time_seconds", "Start time of the process since the Unix epoch in seconds."))
@@ -31,7 +34,14 @@ final class ProcessMetrics: Sendable {
 
     func collectStat() {
         guard let stat = Self.statFields() else { return }
-        if let utime = stat.field(14), let stime = stat.field(15) { cpuSeconds.set((utime + stime) / Self.ticks) }
+        if let utime = stat.field(14), let stime = stat.field(15) {
+            let total = (utime + stime) / Self.ticks
+            let delta = counted.withLockedValue { counted -> Double in
+                defer { counted = max(counted, total) }
+                return max(0, total - counted)
+            }
+            if delta > 0 { cpuSeconds.increment(by: delta) }
+        }
         if let rss = stat.field(24) { residentMemory.set(rss * Self.pageSize) }
     }
 
