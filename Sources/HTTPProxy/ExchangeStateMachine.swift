@@ -494,6 +494,10 @@ struct ExchangeStateMachine {
     }
 
     mutating func respond(_ response: LocalResponse, upstream: UpstreamConnection?, failure: UpstreamErrorKind?) -> Action {
+        if let subject = response.subject {
+            log.user = subject.user
+            log.original = subject.original
+        }
         log.status = Int(response.status.code)
         log.bytesSent = response.body.readableBytes
         body.clock = nil
@@ -523,6 +527,8 @@ struct ExchangeLog {
     var forwarded = false
     /// Who the guard admitted.
     var user: String? = nil
+    /// The request a forward-auth check was about (`LocalResponse.LoggedSubject`).
+    var original: String? = nil
     /// The status sent (0: none yet).
     var status = 0
     var bytesSent = 0
@@ -544,7 +550,7 @@ struct ExchangeLog {
             method: method.rawValue, path: path, status: status, route: route?.name, upstream: forwarded ? route?.upstream : nil,
             client: client, requestID: requestID, durationNanoseconds: Int64(now.uptimeNanoseconds - start.uptimeNanoseconds),
             bytesSent: bytesSent, aborted: aborted, userAgent: userAgent, user: user, upstreamNanoseconds: upstreamNanoseconds,
-            protocolName: Self.protocolName(version))
+            protocolName: Self.protocolName(version), original: original)
     }
 
     static func protocolName(_ version: HTTPVersion) -> String {

@@ -45,6 +45,8 @@ public struct ExchangeRecord: Sendable {
     public var upstreamNanoseconds: Int64? = nil
     /// What the client spoke: `HTTP/1.0`, `HTTP/1.1` or `HTTP/2`.
     public var protocolName: String = "HTTP/1.1"
+    /// A forward-auth check's original request (`METHOD URI`, from a trusted front proxy).
+    public var original: String? = nil
 }
 
 /// What the proxy reports; the gateway turns it into metrics and access-log lines.

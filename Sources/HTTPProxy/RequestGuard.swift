@@ -154,6 +154,21 @@ public struct LocalResponse: Sendable {
     public var body: ByteBuffer
     /// Close the client connection after this response.
     public var close: Bool
+    /// What the access log says this answer was about, beyond the request it answers.
+    public var subject: LoggedSubject? = nil
+
+    /// A forward-auth check (`/_auth/check`) answers for another request: the access log names
+    /// the user it admitted and the request the front proxy asked about.
+    public struct LoggedSubject: Sendable, Equatable {
+        public var user: String?
+        /// `METHOD URI` of the original request, as a trusted front proxy sent them.
+        public var original: String?
+
+        public init(user: String?, original: String?) {
+            self.user = user
+            self.original = original
+        }
+    }
 
     public init(status: HTTPResponseStatus, headers: [(String, String)] = [], body: ByteBuffer = ByteBuffer(), close: Bool = false) {
         self.status = status

@@ -1,6 +1,9 @@
 import GatewayConfig
 import Foundation
+@testable import Gateway
 @testable import HTTPProxy
+import NIOCore
+import NIOPosix
 import NIOHTTP1
 import TestSupport
 import Testing
@@ -136,5 +139,47 @@ struct ForwardAuthTests {
         #expect(h.upstream.stats.withLockedValue { $0.requests } == before, "nothing unauthenticated reached the app")
         let page = try await browser.request("/_auth/sign-in?rd=/reports")
         #expect(page.status == 200 && page.body.contains("Sign in with Apple"))
+    }
+}
+
+/// What the access log says of `/_auth/check` (issue 28 §2): who the check admitted and which
+/// request the front proxy asked about, the latter only as a trusted proxy tells it.
+@Suite("forward-auth: the access log's who and what")
+struct ForwardAuthLogTests {
+    static func check(_ h: SignInHarness, cookies: [String: String], trusted: [String]) async throws -> LocalResponse {
+        let (configuration, auth) = h.service.running.withLockedValue { ($0.configuration, $0.auth) }
+        let endpoints = AuthEndpointGuard(auth: auth, origins: GatewayService.origins(configuration), trustedProxies: trusted.compactMap(CIDR.parse))
+        var headers = HTTPHeaders([("host", "localhost"), ("x-original-method", "POST"), ("x-original-uri", "/orders/7?draft=1")])
+        if !cookies.isEmpty { headers.add(name: "cookie", value: cookies.map { "\($0.key)=\($0.value)" }.joined(separator: "; ")) }
+        let request = GuardRequest(head: HTTPRequestHead(version: .http1_1, method: .GET, uri: "/_auth/check", headers: headers),
+                                   target: RequestTarget(path: "/_auth/check", query: nil), routeName: "auth",
+                                   clientAddress: try SocketAddress(ipAddress: "127.0.0.1", port: 40000))
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let verdict: Verdict
+        switch endpoints.admit(request, on: loop) {
+        case .verdict(let v): verdict = v
+        case .pending(let future): verdict = try await future.get()
+        }
+        guard case .respond(let response) = verdict else { throw ForwardAuthLogFailure() }
+        return response
+    }
+
+    struct ForwardAuthLogFailure: Error {}
+
+    @Test("a check names the user it admitted and, from a trusted front proxy, the original request")
+    func subject() async throws {
+        try await SignInHarness.with { h in
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            let sub = h.simulator.createUser()
+            _ = try await browser.signIn(from: "/x", as: sub)
+            let admitted = try await Self.check(h, cookies: browser.cookies, trusted: ["127.0.0.1/32"])
+            #expect(admitted.status == .ok)
+            #expect(admitted.subject == LocalResponse.LoggedSubject(user: sub, original: "POST /orders/7?draft=1"))
+            let untrusted = try await Self.check(h, cookies: browser.cookies, trusted: [])
+            #expect(untrusted.subject == LocalResponse.LoggedSubject(user: sub, original: nil), "anyone could write any URI into the log")
+            let anonymous = try await Self.check(h, cookies: [:], trusted: ["127.0.0.1/32"])
+            #expect(anonymous.status == .unauthorized)
+            #expect(anonymous.subject == LocalResponse.LoggedSubject(user: nil, original: "POST /orders/7?draft=1"))
+        }
     }
 }

@@ -186,6 +186,7 @@ struct GatewayProcessTests {
                 #expect((json["upstream_ms"] as? Double).map { $0 >= 0 } ?? (json["upstream_ms"] is Int), "the upstream's time: \(line)")
                 #expect(json["route"] as? String == "app")
                 #expect(json["user"] as? String == "-", "nobody signed in on a public route")
+                #expect(json["original"] as? String == "-", "not a forward-auth check")
                 #expect(json["method"] as? String == "GET")
                 #expect(json["protocol"] as? String == "HTTP/1.1")
                 #expect(json["user_agent"] as? String == "t/1")

@@ -4,8 +4,12 @@ import GatewayConfig
 /// peer is one of `server.trusted_proxies` — the nearest address in `X-Forwarded-For` that is not
 /// itself a trusted proxy (entries further left are the client's own claims). Pure.
 enum ClientAddress {
+    static func isTrusted(_ address: String?, _ trusted: [CIDR]) -> Bool {
+        address.flatMap(IPAddress.parse).map { ip in trusted.contains { $0.contains(ip) } } ?? false
+    }
+
     static func resolve(peer: String?, forwardedFor: [String], trusted: [CIDR]) -> String {
-        func isTrusted(_ text: String) -> Bool { IPAddress.parse(text).map { ip in trusted.contains { $0.contains(ip) } } ?? false }
+        func isTrusted(_ text: String) -> Bool { Self.isTrusted(text, trusted) }
         guard let peer else { return "unknown" }
         guard isTrusted(peer) else { return peer }
         let hops = forwardedFor.flatMap { $0.split(separator: ",") }.map { $0.trimmingCharacters(in: .whitespaces) }

@@ -13,7 +13,7 @@ struct AccessLog: Sendable {
         let fields: [(String, String, Bool)] = [
             ("method", r.method, true), ("path", r.path, true), ("protocol", r.protocolName, true), ("status", String(r.status), false),
             ("route", r.route ?? "-", true), ("upstream", r.upstream?.description ?? "-", true), ("client", r.client, true),
-            ("user", r.user ?? "-", true), ("request_id", r.requestID, true),
+            ("user", r.user ?? "-", true), ("original", r.original ?? "-", true), ("request_id", r.requestID, true),
             ("duration_ms", milliseconds(r.durationNanoseconds), false), ("upstream_ms", upstreamMilliseconds ?? (format == .json ? "null" : "-"), false),
             ("bytes", String(r.bytesSent), false), ("aborted", r.aborted ? "true" : "false", false),
             ("user_agent", r.userAgent ?? "-", true),

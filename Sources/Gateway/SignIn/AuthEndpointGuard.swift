@@ -80,18 +80,27 @@ struct AuthEndpointGuard: RequestGuard {
         case .check:
             // Forward-auth (nginx auth_request, Traefik forwardAuth, Caddy forward_auth): 200
             // with the identity headers, or 401; never 2xx on any doubt.
+            let asked = ForwardAuthRequest(head.headers, checkMethod: head.method.rawValue)
+            // The access log says who and what: the original request only as a trusted front
+            // proxy tells it (anyone else could write any URI into our log).
+            let original = ClientAddress.isTrusted(request.clientAddress?.ipAddress, trustedProxies) ? asked.uri.map { asked.method + " " + $0 } : nil
             return resolved(head, on: loop) { resolution in
+                var response: LocalResponse
+                var user: String? = nil
                 switch resolution {
                 case .session(let handle, let cached):
-                    return LocalResponse(status: .ok, headers: [("cache-control", "no-store")] + auth.forwardHeaders(handle, cached, route: "check", on: loop))
+                    user = cached.stored.session.sub
+                    response = LocalResponse(status: .ok, headers: [("cache-control", "no-store")] + auth.forwardHeaders(handle, cached, route: "check", on: loop))
                 case .anonymous, .invalid:
                     // The front proxy answers 401 as it is to scripts, and sends browsers where
                     // this header says (nginx: auth_request_set; Caddy: handle_response).
-                    let signIn = ForwardAuthRequest(head.headers, checkMethod: head.method.rawValue).signInURL(prefix: auth.prefix, policy: auth.returnPolicy)
-                    return AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
-                case .unavailable: return AuthResponses.storeUnavailable(head)
-                case .appleUnavailable: return AuthResponses.appleUnavailable(head, prefix: auth.prefix)
+                    let signIn = asked.signInURL(prefix: auth.prefix, policy: auth.returnPolicy)
+                    response = AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
+                case .unavailable: response = AuthResponses.storeUnavailable(head)
+                case .appleUnavailable: response = AuthResponses.appleUnavailable(head, prefix: auth.prefix)
                 }
+                response.subject = LocalResponse.LoggedSubject(user: user, original: original)
+                return response
             }
         case .appleNotifications:
             return collect(NotificationVerifier.maximumBodyBytes, on: loop) { await notification(body: $0, on: loop) }
