@@ -82,8 +82,10 @@ struct AuthEndpointGuard: RequestGuard {
             // with the identity headers, or 401; never 2xx on any doubt.
             let asked = ForwardAuthRequest(head.headers, checkMethod: head.method.rawValue)
             // The access log says who and what: the original request only as a trusted front
-            // proxy tells it (anyone else could write any URI into our log).
-            let original = ClientAddress.isTrusted(request.clientAddress?.ipAddress, trustedProxies) ? asked.uri.map { asked.method + " " + $0 } : nil
+            // proxy tells it (anyone else could write any URI into our log), without its query
+            // (no query string is ever logged).
+            let original = ClientAddress.isTrusted(request.clientAddress?.ipAddress, trustedProxies)
+                ? asked.uri.map { asked.method + " " + ($0.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? "") } : nil
             return resolved(head, on: loop) { resolution in
                 var response: LocalResponse
                 var user: String? = nil
