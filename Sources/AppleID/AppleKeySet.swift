@@ -90,7 +90,7 @@ public actor AppleKeySet {
             keys = fetched
             fetchedAt = NIODeadline.now()
         } catch {
-            logger.warning("Apple key set fetch failed; keeping the last good set", metadata: ["keys": "\(keys.count)", "error": "\(error)"])
+            logger.warning("Apple key set fetch failed; keeping the last good set", metadata: ["keys": .stringConvertible(keys.count), "error": "\(error)"])
         }
         if inFlight == task { inFlight = nil }
     }

@@ -120,6 +120,9 @@ public final class ProxyServer: Sendable {
     private let shared: ProxyShared
     private let pools: [ObjectIdentifier: NIOLoopBoundBox<UpstreamPool>]
     private let state = NIOLockedValueBox<(channel: (any Channel)?, quiesce: ServerQuiescingHelper?)>((nil, nil))
+    /// Every client connection open now: the ones a drain's deadline cuts are closed by us, so
+    /// that each exchange they carried is recorded (aborted) before the process ends.
+    private let clients = NIOLockedValueBox<[ObjectIdentifier: any Channel]>([:])
     private let logger: Logger
     private let http2Streams: HTTP2StreamInitializer
 
@@ -157,6 +160,7 @@ public final class ProxyServer: Sendable {
         let logger = self.logger
         let http2 = configuration.http2
         let streams = self.http2Streams
+        let clients = self.clients
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -173,6 +177,9 @@ public final class ProxyServer: Sendable {
                         throw ChannelError.operationUnsupported
                     }
                     let sync = channel.pipeline.syncOperations
+                    let id = ObjectIdentifier(channel)
+                    clients.withLockedValue { $0[id] = channel }
+                    channel.closeFuture.whenComplete { _ in clients.withLockedValue { _ = $0.removeValue(forKey: id) } }
                     try tls?.addHandlers(to: sync, observer: shared.observer, logger: logger)
                     if let refusal = shared.admitConnection(channel) {
                         shared.observer.clientConnectionRefused(refusal)
@@ -210,8 +217,8 @@ public final class ProxyServer: Sendable {
 
     /// Stops accepting, closes idle keep-alive connections, lets in-flight exchanges finish
     /// (with `connection: close`), and returns when they are done or after `deadline`,
-    /// whichever is first; connections still open then end with the process. Pooled upstream
-    /// connections are closed.
+    /// whichever is first; connections still open then are closed (their exchanges recorded as
+    /// aborted). Pooled upstream connections are closed.
     public func shutdown(deadline: TimeAmount) async {
         guard let quiesce = state.withLockedValue({ $0.quiesce }) else { return }
         let promise = group.next().makePromise(of: Void.self)
@@ -219,6 +226,11 @@ public final class ProxyServer: Sendable {
         let timeout = group.next().scheduleTask(in: deadline) { promise.succeed(()) }
         try? await promise.futureResult.get()
         timeout.cancel()
+        // Past the deadline: what is still open is cut here, not by the process's end, so that
+        // every exchange gets its access-log line (aborted) and its metrics.
+        let cut = clients.withLockedValue { Array($0.values) }
+        for channel in cut { channel.close(promise: nil) }
+        for channel in cut { try? await channel.closeFuture.get() }
         for (_, pool) in pools {
             try? await pool.eventLoop.submit { pool.value.closeAll() }.get()
         }

@@ -196,7 +196,7 @@ final class LoopConnection {
         state = .idle
         retryAt = .now() + backoff
         logger.warning("redis connection failed", metadata: [
-            "redis": "\(dialer.label)", "error": "\(error)", "retry_in_ms": "\(backoff.nanoseconds / 1_000_000)",
+            "redis": "\(dialer.label)", "error": "\(error)", "retry_in_ms": .stringConvertible(backoff.nanoseconds / 1_000_000),
         ])
         backoff = min(backoff * 2, configuration.maximumBackoff)
     }

@@ -179,7 +179,7 @@ public final class RedisClusterClient: RedisCommands {
                 if case .success(let map) = result { s.map = map }
             }
             if case .success(let map) = result {
-                self.logger.debug("redis cluster: slot map read", metadata: ["masters": "\(map.masters.count)"])
+                self.logger.debug("redis cluster: slot map read", metadata: ["masters": .stringConvertible(map.masters.count)])
             }
             promise.completeWith(result)
         }

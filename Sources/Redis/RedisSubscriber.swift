@@ -161,7 +161,7 @@ final class SubscriberState {
         let cause = lastError.map { "\($0)" } ?? "connection closed"
         lastError = nil
         logger.warning("redis subscription lost; reconnecting", metadata: [
-            "redis": "\(dialer.label)", "error": "\(cause)", "retry_in_ms": "\(delay.nanoseconds / 1_000_000)",
+            "redis": "\(dialer.label)", "error": "\(cause)", "retry_in_ms": .stringConvertible(delay.nanoseconds / 1_000_000),
         ])
         let this = NIOLoopBound(self, eventLoop: loop)
         pendingRetry = loop.scheduleTask(in: delay) { this.value.connect() }

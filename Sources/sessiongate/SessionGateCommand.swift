@@ -99,7 +99,12 @@ struct Serve: AsyncParsableCommand {
         do {
             try await group.run()
         } catch {
-            printError(describe(error, file: options.config, locations: loaded.locations))
+            // A JSON log gets the problem as a JSON line, its parts as fields.
+            if configuration.server.log.format == .json, let failure = error as? StartupFailure {
+                logger.log(failure.problem(locations: loaded.locations), file: options.config)
+            } else {
+                printError(describe(error, file: options.config, locations: loaded.locations))
+            }
             throw ExitCode(1)
         }
     }

@@ -380,6 +380,54 @@ struct GatewayProcessTests {
         }
     }
 
+    @Test("a response cut at the shutdown deadline still gets its one access-log line, aborted")
+    func cutAtTheDeadlineIsLogged() async throws {
+        try await TestUpstream.with { upstream in
+            let yaml = gatewayYAML(upstreamPort: upstream.port, extraServer: "  access_log: json\n  timeouts:\n    shutdown: 300ms")
+            try await GatewayProcess.with(yaml: yaml) { gateway in
+                let ports = try await gateway.ports()
+                let inflight = try RawClient(port: ports.proxy, timeoutSeconds: 10)
+                await upstream.waitForArrival(of: "/slow") {
+                    try? inflight.send("GET /slow?ms=5000 HTTP/1.1\r\nHost: a\r\n\r\n")
+                }
+                gateway.signal(SIGTERM)
+                #expect(await gateway.waitForExit() == 0)
+                await gateway.waitForOutputEnd()
+                let lines = gateway.output.filter { $0.contains("\"path\":\"/slow\"") }
+                #expect(lines.count == 1, "\(gateway.output)")
+                let json = try #require(lines.first.flatMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] })
+                #expect(json["aborted"] as? Bool == true)
+                #expect(json["status"] as? Int == 499, "no response byte reached the client")
+                #expect(try await blocking { inflight.waitForClose() }, "the client's connection is closed, not left to the process's end")
+            }
+        }
+    }
+
+    @Test("the JSON log types its values: numbers are numbers, and a refused reload's problem has its file, line, column and key as fields")
+    func jsonLogIsTyped() async throws {
+        try await TestUpstream.with { upstream in
+            let yaml = gatewayYAML(upstreamPort: upstream.port, extraServer: "  log: {format: json}")
+            try await GatewayProcess.with(yaml: yaml) { gateway in
+                _ = try await gateway.ports()
+                let listening = try #require(await gateway.waitForLine(containing: "sessiongate listening"))
+                let started = try #require(try JSONSerialization.jsonObject(with: Data(listening.utf8)) as? [String: Any])
+                #expect(started["routes"] as? Int == 1, "a JSON number: \(listening)")
+                // A restart-only key changed: refused, the problem's parts as typed fields.
+                try yaml.replacingOccurrences(of: "  listen: \"127.0.0.1:0\"", with: "  listen: \"127.0.0.1:1\"")
+                    .write(toFile: gateway.configPath, atomically: true, encoding: .utf8)
+                let mark = gateway.output.count
+                gateway.signal(SIGHUP)
+                let refused = try #require(await gateway.waitForLine(containing: "changes only at restart", after: mark, timeout: 10), "\(gateway.output)")
+                let problem = try #require(try JSONSerialization.jsonObject(with: Data(refused.utf8)) as? [String: Any])
+                #expect(problem["level"] as? String == "error")
+                #expect(problem["file"] as? String == gateway.configPath)
+                #expect(problem["key"] as? String == "server.listen")
+                #expect(problem["line"] as? Int == 2 && problem["column"] as? Int == 3, "\(refused)")
+                #expect((problem["problem"] as? String)?.hasPrefix("changes only at restart") == true)
+            }
+        }
+    }
+
     @Test("SIGHUP: a valid file swaps routes; an invalid one keeps the running routes")
     func sighupReload() async throws {
         try await TestUpstream.with { upstream in

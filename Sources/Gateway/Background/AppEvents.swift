@@ -134,9 +134,9 @@ final class AppEvents: Sendable {
             let response = try await http.execute(request, timeout: timeout)
             _ = try? await response.body.collect(upTo: 64 * 1024)
             if (200..<300).contains(response.status.code) { return .done }
-            logger.warning("the app refused an event: retried later", metadata: ["type": "\(type)", "status": "\(response.status.code)", "attempt": "\(job.attempts + 1)"])
+            logger.warning("the app refused an event: retried later", metadata: ["type": "\(type)", "status": .stringConvertible(response.status.code), "attempt": .stringConvertible(job.attempts + 1)])
         } catch {
-            logger.warning("an event could not reach the app: retried later", metadata: ["type": "\(type)", "error": "\(error)", "attempt": "\(job.attempts + 1)"])
+            logger.warning("an event could not reach the app: retried later", metadata: ["type": "\(type)", "error": "\(error)", "attempt": .stringConvertible(job.attempts + 1)])
         }
         return .retry
     }

@@ -28,10 +28,10 @@ struct AppleRevocationJob: Sendable {
             // counts it). The user can still end the app's access in Apple's Settings (Sign in with
             // Apple → the app → Stop Using), and the token dies with their consent.
             logger.error("Apple refused a token revocation for good: given up, the token is dropped",
-                         metadata: ["error": "\(error)", "client_id": "\(revocation.clientID)", "attempt": "\(job.attempts + 1)"])
+                         metadata: ["error": "\(error)", "client_id": "\(revocation.clientID)", "attempt": .stringConvertible(job.attempts + 1)])
             return .drop
         case .clientMisconfigured, .transient:
-            logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": "\(job.attempts + 1)"])
+            logger.warning("Apple did not confirm a token revocation: retried later", metadata: ["outcome": "\(outcome)", "attempt": .stringConvertible(job.attempts + 1)])
             return .retry
         }
     }

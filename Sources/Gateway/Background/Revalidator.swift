@@ -277,13 +277,13 @@ final class Revalidator: Sendable {
             case .clientMisconfigured(let error):
                 let opened = retry.failed(after: circuit, at: t, retryAfter: nil, jitter: .random(in: 0..<1))
                 logger.error("Apple rejected our client during re-validation: the fleet holds re-validations back for this client and probes again later; sessions are kept within apple.outage_grace; check the apple: configuration (sessiongate check --online)",
-                             metadata: ["error": "\(error)", "client_id": "\(session.clientID)", "probe_in_s": "\((opened.retryAt - t) / 1000)"])
+                             metadata: ["error": "\(error)", "client_id": "\(session.clientID)", "probe_in_s": .stringConvertible((opened.retryAt - t) / 1000)])
                 try await store.recordValidation(opened, of: circuitName, ttl: retry.keep(opened, now: t), on: loop).get()
                 return .unknown
             case .transient(let reason, let retryAfter):
                 let failed = retry.failed(after: previous, at: t, retryAfter: retryAfter, jitter: .random(in: 0..<1))
                 logger.warning("Apple unavailable during re-validation: sessions are kept within apple.outage_grace",
-                               metadata: ["reason": "\(reason)", "failures": "\(failed.failures)", "retry_in_s": "\((failed.retryAt - t) / 1000)"])
+                               metadata: ["reason": "\(reason)", "failures": .stringConvertible(failed.failures), "retry_in_s": .stringConvertible((failed.retryAt - t) / 1000)])
                 try await store.recordValidation(failed, of: tokenHash, ttl: retry.keep(failed, now: t), on: loop).get()
                 return .unknown
             }

@@ -59,12 +59,12 @@ final class Revocations: Sendable {
             self.metrics.recordRevocation(source: source)
             if outcome.superseded, forget != .everything {
                 self.logger.info("a revocation older than the user's latest sign-in: the older sessions ended, the app is not told",
-                                 metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(outcome.ended)"])
+                                 metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": .stringConvertible(outcome.ended)])
                 return outcome
             }
             let (kind, reason) = event ?? (.userRevoked, source.rawValue)
             self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason, happenedAt: happened.map { min($0, t) } ?? t))
-            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": "\(outcome.ended)", "forgotten": "\(forget)"])
+            self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": .stringConvertible(outcome.ended), "forgotten": "\(forget)"])
             return outcome
         }
     }

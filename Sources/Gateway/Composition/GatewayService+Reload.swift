@@ -52,17 +52,17 @@ extension GatewayService {
     /// Called with `reloading` held.
     private func attemptReload(_ configPath: String, dryRun: Bool) -> ReloadReport {
         var problems: [String] = []
-        func log(_ level: Logger.Level, _ line: String) {
-            problems.append(line)
-            if !dryRun { logger.log(level: level, "\(line)") }
+        func log(_ problem: ConfigProblem) {
+            problems.append("\(configPath):\(problem)")
+            if !dryRun { logger.log(problem, file: configPath) }
         }
         func report(_ outcome: ReloadOutcome) -> ReloadReport { ReloadReport(outcome: outcome, problems: problems, file: configPath) }
         let result = GatewayConfiguration.load(file: configPath)
-        for problem in result.problems { log(problem.severity == .error ? .error : .warning, "\(configPath):\(problem)") }
+        for problem in result.problems { log(problem) }
         guard let next = result.configuration else {
             if !dryRun {
                 logger.error("configuration reload rejected: the file has errors; the running configuration stays",
-                             metadata: ["file": "\(configPath)", "errors": "\(result.errors.count)"])
+                             metadata: ["file": "\(configPath)", "errors": .stringConvertible(result.errors.count)])
             }
             return report(.invalid)
         }
@@ -70,7 +70,7 @@ extension GatewayService {
         let refusal = ReloadRules.refusal(running: previous, next: next, locations: result.locations)
             + core.secrets.changed(in: next, locations: result.locations)
         guard refusal.isEmpty else {
-            for problem in refusal { log(.error, "\(configPath):\(problem)") }
+            for problem in refusal { log(problem) }
             if !dryRun {
                 logger.error("configuration reload refused: keys that apply only at restart changed; the running configuration stays",
                              metadata: ["file": "\(configPath)", "keys": "\(refusal.map(\.path).joined(separator: ","))"])
@@ -87,9 +87,10 @@ extension GatewayService {
             routing = try Self.routing(next, auth)
         } catch {
             if let failure = error as? StartupFailure {
-                log(.error, "\(configPath):\(failure.problem(locations: result.locations))")
+                log(failure.problem(locations: result.locations))
             } else {
-                log(.error, "\(configPath): \(error)")
+                problems.append("\(configPath): \(error)")
+                if !dryRun { logger.error("\(configPath): \(error)", metadata: ["file": .string(configPath)]) }
             }
             if !dryRun { logger.error("configuration reload rejected; the running configuration stays", metadata: ["file": "\(configPath)"]) }
             return report(.invalid)
@@ -103,7 +104,7 @@ extension GatewayService {
             metrics.recordCertificateExpiry(certificate.notValidAfter)
             if let warning = certificate.warning { logger.warning("server.tls.certificate_file: \(warning)") }
         }
-        logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": "\(next.routes.count)"])
+        logger.info("configuration reloaded", metadata: ["file": "\(configPath)", "routes": .stringConvertible(next.routes.count)])
         return report(.applied)
     }
 }

@@ -177,7 +177,7 @@ public final class GatewayService: Service, Sendable {
             "listen": "\(tls == nil ? "http" : "https")://\(proxy.localAddress.map { "\($0)" } ?? "-")",
             "admin": "\(listeners.admin.localAddress.map { "\($0)" } ?? "-")",
             "redirect_http": "\(listeners.redirect?.localAddress.map { "\($0)" } ?? "-")",
-            "routes": "\(initial.routes.count)",
+            "routes": .stringConvertible(initial.routes.count),
             // What must be registered with the Services ID: a restart that moves it is said here.
             "apple_return_url": "\(initial.apple == nil ? "-" : (initial.server.publicURL ?? "") + initial.server.authPrefix + "/callback")",
         ])

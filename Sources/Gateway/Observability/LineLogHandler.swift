@@ -43,7 +43,7 @@ public struct LineLogHandler: LogHandler {
         case .json:
             out = "{\"time\":\"\(time)\",\"level\":\"\(level)\",\"msg\":\(Self.jsonString(message.description))"
             for key in merged.keys.sorted() {
-                out += ",\(Self.jsonString(key)):\(Self.jsonString(merged[key]!.description))"
+                out += ",\(Self.jsonString(key)):\(Self.jsonValue(merged[key]!))"
             }
             out += "}\n"
         case .text:
@@ -65,6 +65,29 @@ public struct LineLogHandler: LogHandler {
         func pad(_ v: Int32, _ width: Int = 2) -> String { let s = String(v); return String(repeating: "0", count: max(0, width - s.count)) + s }
         let millis = Int32(now.tv_nsec / 1_000_000)
         return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1))-\(pad(parts.tm_mday))T\(pad(parts.tm_hour)):\(pad(parts.tm_min)):\(pad(parts.tm_sec)).\(pad(millis, 3))Z"
+    }
+
+    /// A metadata value as JSON, typed: a number or boolean given as such
+    /// (`.stringConvertible(3)`, not `"\(3)"`) is a JSON number or boolean; lists and
+    /// dictionaries are JSON arrays and objects; anything else a string.
+    static func jsonValue(_ value: Logger.Metadata.Value) -> String {
+        switch value {
+        case .string(let text): return jsonString(text)
+        case .stringConvertible(let v):
+            switch v {
+            case let b as Bool: return b ? "true" : "false"
+            case let n as Int: return String(n)
+            case let n as Int64: return String(n)
+            case let n as Int32: return String(n)
+            case let n as UInt: return String(n)
+            case let n as UInt64: return String(n)
+            case let n as UInt16: return String(n)
+            case let n as Double where n.isFinite: return String(n)
+            default: return jsonString(v.description)
+            }
+        case .array(let items): return "[" + items.map(jsonValue).joined(separator: ",") + "]"
+        case .dictionary(let d): return "{" + d.keys.sorted().map { jsonString($0) + ":" + jsonValue(d[$0]!) }.joined(separator: ",") + "}"
+        }
     }
 
     static func jsonString(_ value: String) -> String {
@@ -99,5 +122,17 @@ public struct LineLogHandler: LogHandler {
     /// separators: escaped, so a hostile path cannot forge a line for any reader.
     static func isControl(_ scalar: Unicode.Scalar) -> Bool {
         scalar.value < 0x20 || (scalar.value >= 0x7f && scalar.value <= 0x9f) || scalar.value == 0x2028 || scalar.value == 0x2029
+    }
+}
+
+extension Logger {
+    /// A configuration problem as one line: the message is the `file:line:col: error: key: …`
+    /// form `check` prints, and the metadata gives each part typed (`file`, `line`, `column`,
+    /// `key`, `problem`), so a JSON log reader need not parse the message.
+    public func log(_ problem: ConfigProblem, file: String) {
+        var metadata: Metadata = ["file": .string(file), "key": .string(problem.path), "problem": .string(problem.message)]
+        if let line = problem.line { metadata["line"] = .stringConvertible(line) }
+        if let column = problem.column { metadata["column"] = .stringConvertible(column) }
+        log(level: problem.severity == .error ? .error : .warning, "\(file):\(problem)", metadata: metadata)
     }
 }

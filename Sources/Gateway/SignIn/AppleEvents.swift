@@ -97,7 +97,7 @@ extension AuthEndpointGuard {
                 let (queued, revoked) = try await core.revokeAtApple(sub, on: loop)
                 if revoked < queued {
                     core.logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
-                                        metadata: ["queued": "\(queued)", "revoked": "\(revoked)"])
+                                        metadata: ["queued": .stringConvertible(queued), "revoked": .stringConvertible(revoked)])
                 }
             }
             _ = try await auth.revokeUser(sub, source: .user, forget: .grants, event: (.userRevoked, "disconnect"), on: loop).get()

@@ -81,7 +81,7 @@ extension AuthEndpointGuard {
             if let from = record.from { core.revocations.invalidateUser(from, on: loop) }
             guard !outcome.alreadyMapped else { return }
             core.events?.transferred(TransferredUser(sub: identity.subject, formerSub: record.from, transferSubject: id), reason: "sign_in")
-            core.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": "\(outcome.sessionsEnded)",
+            core.logger.info("transferred user mapped at sign-in", metadata: ["sub": "\(identity.subject)", "sessions_ended": .stringConvertible(outcome.sessionsEnded),
                                                                              "linked": "\(outcome.account != nil)"])
         } catch {
             core.logger.warning("transferred user not mapped: the session store did not answer", metadata: ["error": "\(error)"])
