@@ -1,10 +1,10 @@
 # SessionGate — the two commands: `make demo` runs the product, `make test` runs every test.
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
-TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv python3-h2 nghttp2-client curl openssl
+TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv python3-h2 nghttp2-client curl openssl umoci
 BENCH_PACKAGES := nginx wrk python3 redis-server nghttp2-client
 
-.PHONY: all build test demo bench release fuzz clean
+.PHONY: all build test demo bench release image fuzz clean
 
 all: build
 
@@ -23,9 +23,18 @@ release:
 	$(SWIFT) build $(RELEASE_FLAGS)
 	scripts/check-release.sh .build/release/sessiongate
 
-## make test: check that Package.swift declares what each target imports, build, then run every
-## test (unit, handler, end-to-end, process, raw-socket), then the real-browser sign-in (headless
-## Chromium; screenshots in .build/browser-test/).
+## make image: an OCI image of the release binary (umoci, no Docker engine) in .build/image,
+## tag sessiongate: Debian 12's libraries distroless-style, a non-root user (README: Container image).
+image:
+	scripts/ensure-packages.sh libhiredis-dev pkg-config umoci
+	$(SWIFT) build $(RELEASE_FLAGS)
+	scripts/check-release.sh .build/release/sessiongate
+	scripts/make-image.sh .build/release/sessiongate .build/image
+
+## make test: check that Package.swift declares what each target imports, build (the release
+## binary and its image too: ImageTests run it from the image), then run every test (unit,
+## handler, end-to-end, process, raw-socket, the Kubernetes manifests against their schemas),
+## then the real-browser sign-in (headless Chromium; screenshots in .build/browser-test/).
 # The heavy suites — the load tests (thousands of connections, sign-in floods) and the wire
 # engine's differential fuzzers (two CPU-bound minutes) — run after the rest, without them: in
 # fresh clones' full runs they starved the suites beside them, whose Apple calls (key fetches,
@@ -35,6 +44,8 @@ test:
 	scripts/ensure-packages.sh $(TEST_PACKAGES)
 	scripts/check-imports.sh
 	$(SWIFT) build --build-tests
+	$(SWIFT) build $(RELEASE_FLAGS)
+	scripts/make-image.sh .build/release/sessiongate .build/image
 	$(SWIFT) test --skip-build --skip "$(LOAD_SUITES)"
 	$(SWIFT) test --skip-build --filter "$(LOAD_SUITES)"
 	scripts/browser-test.sh
