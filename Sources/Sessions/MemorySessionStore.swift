@@ -27,6 +27,7 @@ public final class MemorySessionStore: SessionStore {
         var claims: [String: Int64] = [:]
         var validations: [String: (record: ValidationRecord, expiresAt: Int64)] = [:]
         var writesSinceSweep = 0
+        var returnURL: String? = nil
 
         mutating func sweep(now: Int64) {
             writesSinceSweep = 0
@@ -327,6 +328,17 @@ public final class MemorySessionStore: SessionStore {
     public func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         state.withLockedValue { s in s.sessions[handle]?.record.validatedAt = at }
         return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func swapReturnURL(_ url: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { s in
+            defer { s.returnURL = url }
+            return s.returnURL
+        })
+    }
+
+    public func returnURL(on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        eventLoop.makeSucceededFuture(state.withLockedValue { $0.returnURL })
     }
 
     public func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void> {

@@ -20,6 +20,7 @@ import Redis
 /// - `sg:transfer:{transfer id}` hash — one user of an app transfer (from, target, data, to, mapped_at); 90 days
 ///   after its last write (`TransferRecord.lifetime`); the write that maps the user drops `data`
 /// - `sg:validation:{token hash}` hash — the fleet's last re-validation result; `sg:lock:validation:{token hash}` its lock
+/// - `sg:apple_return_url` string — the Apple return URL the fleet last started with (no expiry)
 ///
 /// The braces are Redis Cluster hash tags. Everything admission reads for a session (the
 /// session, its user's profile, revocation marker and link) shares the user's slot: one round
@@ -484,6 +485,15 @@ public final class RedisSessionStore: SessionStore {
             guard exists.int == 1 else { return loop.makeSucceededVoidFuture() }
             return self.send(["HSET", .string(key), "validated_at", RedisArgument(at)], on: loop).map { _ in }
         }
+    }
+
+    /// `SET … GET` (Redis 6.2): one round trip, the previous value answered.
+    public func swapReturnURL(_ url: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
+        send(["SET", .string(prefix + "apple_return_url"), .string(url), "GET"], on: loop).map { $0.string }
+    }
+
+    public func returnURL(on loop: any EventLoop) -> EventLoopFuture<String?> {
+        send(["GET", .string(prefix + "apple_return_url")], on: loop).map { $0.string }
     }
 
     public func ping(on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -345,6 +345,12 @@ public protocol SessionStore: Sendable {
     func transfer(_ id: String, on eventLoop: any EventLoop) -> EventLoopFuture<TransferRecord?>
     /// Every transfer record (the export's resume, `check --transfer`).
     func transfers(on eventLoop: any EventLoop) -> EventLoopFuture<[TransferRecord]>
+    /// Records `url` as the Apple return URL the fleet runs with, and answers the one recorded
+    /// before (nil the first time): a start that moved it is said loudly (issue 28 §1). Kept
+    /// without expiry (`sg:apple_return_url`); the memory store's fleet is its process.
+    func swapReturnURL(_ url: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
+    /// The Apple return URL the fleet last recorded (`check --online` compares the file's).
+    func returnURL(on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// Succeeds when the store answers (readiness).
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
 }

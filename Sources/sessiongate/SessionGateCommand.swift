@@ -164,7 +164,9 @@ struct Check: AsyncParsableCommand {
             storeLogger.logLevel = .warning
             let store = await StoreOnlineCheck.run(configuration, logger: storeLogger)
             switch store {
-            case .ok(let line): print(line)
+            case .ok(let warnings, let line):
+                for warning in warnings { print("\(options.config):\(warning.problem(locations: result.locations, severity: .warning))") }
+                print(line)
             case .failed(let failure): print(describe(failure, file: options.config, locations: result.locations))
             }
             guard ok, case .ok = store else { throw ExitCode(1) }

@@ -134,6 +134,21 @@ struct GatewayProcessTests {
             #expect(await bad.waitForExit() == 1)
             await bad.waitForOutputEnd()
             #expect(bad.output.contains { $0.hasPrefix("error: apple.client_ids: com.example.web: Apple answered invalid_client") }, "\(bad.output)")
+
+            // The fleet's store remembers another return URL: check --online warns before a restart moves it.
+            let redis = try TestRedis.start()
+            defer { redis.stop() }
+            let connection = try RedisCommand.Connection(port: redis.port)
+            _ = try connection.send(["SELECT", String(redis.database)])
+            _ = try connection.send(["SET", "sg:apple_return_url", "https://old.example.com/_auth/callback"])
+            let path = try config(keyID: "KEY1234567")
+            try (try String(contentsOfFile: path, encoding: .utf8) + "\nstore:\n  redis_url: \"redis://127.0.0.1:\(redis.port)/\(redis.database)\"\n")
+                .write(toFile: path, atomically: true, encoding: .utf8)
+            let moved = try GatewayProcess(arguments: ["check", "--online", "--config", path])
+            #expect(await moved.waitForExit() == 0, "a warning, not an error")
+            await moved.waitForOutputEnd()
+            #expect(moved.output.contains { $0.hasPrefix("\(path):2:3: warning: server.public_url: Apple's return URL moves from https://old.example.com/_auth/callback") },
+                    "\(moved.output)")
         }
     }
 

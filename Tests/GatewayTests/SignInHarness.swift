@@ -140,13 +140,13 @@ final class SignInHarness: @unchecked Sendable {
 
     /// Another gateway instance with the same configuration (same Redis, secret, simulator) on
     /// its own port, changed by `configure`: a fleet of two. Stopped with the harness.
-    func addInstance(configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> (service: GatewayService, origin: String) {
+    func addInstance(logs: LogRecorder? = nil, configure: (inout GatewayConfiguration) -> Void = { _ in }) async throws -> (service: GatewayService, origin: String) {
         var c = configuration
         configure(&c)
         let reserved = ReservedPort()  // held until the instance listens on it
         let port = reserved.port
         c.server.listen = ListenAddress(host: "127.0.0.1", port: port)
-        var logger = Logger(label: "gateway-test-b")
+        var logger = logs.map { recorder in Logger(label: "gateway-test-b") { _ in recorder } } ?? Logger(label: "gateway-test-b")
         logger.logLevel = .warning
         let service = try GatewayService(configuration: c, configPath: nil, logger: logger, clock: clock.now)
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))

@@ -260,3 +260,23 @@ struct SignInRulesTests {
         }
     }
 }
+
+/// Apple's return URL is registered at Apple: a fleet that starts with another one fails every
+/// sign-in there until it is registered (issue 28 §1). The store remembers the one the fleet
+/// last started with.
+@Suite("Apple's return URL across restarts")
+struct ReturnURLTests {
+    @Test("a gateway that starts with another return URL than the fleet's says so loudly; the same one is not mentioned")
+    func movedReturnURL() async throws {
+        try await SignInHarness.with(store: .redis) { h in
+            let same = LogRecorder()
+            _ = try await h.addInstance(logs: same)
+            #expect(!same.all.contains { $0.contains("return URL changed") }, "\(same.all)")
+            let moved = LogRecorder()
+            _ = try await h.addInstance(logs: moved) { $0.server.publicURL = "https://new.example.com" }
+            let line = moved.all.first { $0.hasPrefix("error Apple's return URL changed") }
+            #expect(line?.contains("apple_return_url=https://new.example.com/_auth/callback") == true, "\(moved.all)")
+            #expect(line?.contains("previous=\(h.origin)/_auth/callback") == true, "\(moved.all)")
+        }
+    }
+}

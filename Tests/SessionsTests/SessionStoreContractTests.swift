@@ -84,6 +84,19 @@ func record(_ sub: String, created: Int64, token: String? = "rt-secret-value") -
 struct SessionStoreContractTests {
     let now = SessionClock.now()
 
+    @Test("the Apple return URL the fleet started with: nothing at first, then the one recorded before each swap", arguments: StoreKind.allCases)
+    func returnURL(kind: StoreKind) async throws {
+        try await StoreFixture.with(kind) { f in
+            let none = try await f.store.returnURL(on: f.loop).get()
+            let first = try await f.store.swapReturnURL("https://a.example.com/_auth/callback", on: f.loop).get()
+            let second = try await f.store.swapReturnURL("https://b.example.com/_auth/callback", on: f.loop).get()
+            let now = try await f.store.returnURL(on: f.loop).get()
+            #expect(none == nil && first == nil)
+            #expect(second == "https://a.example.com/_auth/callback")
+            #expect(now == "https://b.example.com/_auth/callback")
+        }
+    }
+
     @Test(arguments: StoreKind.allCases)
     func createLoadAndMergeProfile(kind: StoreKind) async throws {
         try await StoreFixture.with(kind) { f in

@@ -11,8 +11,8 @@ import Sessions
 /// every guarded route can use.
 public enum StoreOnlineCheck {
     public enum Outcome: Sendable {
-        /// The line to print.
-        case ok(String)
+        /// The line to print, and problems that do not fail the check.
+        case ok(warnings: [StartupFailure] = [], String)
         case failed(StartupFailure)
     }
 
@@ -29,11 +29,18 @@ public enum StoreOnlineCheck {
         } catch {
             return .failed(StartupFailure(key: "store.redis_url", "\(error)"))
         }
-        let failure = await backend.store.check(on: MultiThreadedEventLoopGroup.singleton.any())
+        let loop = MultiThreadedEventLoopGroup.singleton.any()
+        let failure = await backend.store.check(on: loop)
+        let recorded = failure == nil ? try? await backend.store.returnURL(on: loop).get() : nil
         await backend.shutdown()
         if let failure { return .failed(explain(failure, c.store)) }
+        var warnings: [StartupFailure] = []
+        if c.apple != nil, let publicURL = c.server.publicURL, let recorded, recorded != publicURL + c.server.authPrefix + "/callback" {
+            warnings.append(StartupFailure(key: "server.public_url", "Apple's return URL moves from \(recorded) (the fleet's, in the store) to "
+                + "\(publicURL + c.server.authPrefix)/callback: register it with the Services ID before the gateways restart, or every sign-in fails at Apple"))
+        }
         let deployment = c.store.cluster != nil ? "Redis Cluster" : c.store.sentinel != nil ? "Redis behind Sentinel (\(c.store.sentinel!.masterName))" : "Redis"
-        return .ok("ok: store: \(deployment) at \(url.tls ? "rediss" : "redis")://…:\(url.port)/\(url.database): connected, wrote, read and deleted "
+        return .ok(warnings: warnings, "ok: store: \(deployment) at \(url.tls ? "rediss" : "redis")://…:\(url.port)/\(url.database): connected, wrote, read and deleted "
             + "\(c.store.keyPrefix)check:{…}, loaded the scripts")
     }
 

@@ -156,6 +156,17 @@ public final class GatewayService: Service, Sendable {
         }
     }
 
+    /// Apple's return URL, compared with the one the fleet last started with (the store): a
+    /// start that moved it is said loudly, since every sign-in fails at Apple until the new URL
+    /// is registered. Said once; a store that does not answer now is not waited for.
+    private func noteReturnURL() async {
+        guard initial.apple != nil, let publicURL = initial.server.publicURL else { return }
+        let url = publicURL + initial.server.authPrefix + "/callback"
+        guard let previous = try? await core.store.swapReturnURL(url, on: group.next()).get(), previous != url else { return }
+        logger.error("Apple's return URL changed: register the new one with the Services ID, or every sign-in fails at Apple with invalid_request",
+                     metadata: ["apple_return_url": "\(url)", "previous": "\(previous)"])
+    }
+
     public func run() async throws {
         let listeners: Listeners
         do {
@@ -173,6 +184,7 @@ public final class GatewayService: Service, Sendable {
             return waiters
         }
         await checkStore()
+        await noteReturnURL()
         logger.info("sessiongate listening", metadata: [
             "listen": "\(tls == nil ? "http" : "https")://\(proxy.localAddress.map { "\($0)" } ?? "-")",
             "admin": "\(listeners.admin.localAddress.map { "\($0)" } ?? "-")",

@@ -128,6 +128,12 @@ struct GatewayStore: SessionStore {
     func markValidated(_ handle: SessionHandle, at: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         run(.markValidated, on: eventLoop, base.markValidated(handle, at: at, on: eventLoop))
     }
+    func swapReturnURL(_ url: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        run(.returnURL, on: eventLoop, base.swapReturnURL(url, on: eventLoop))
+    }
+    func returnURL(on eventLoop: any EventLoop) -> EventLoopFuture<String?> {
+        run(.returnURL, on: eventLoop, base.returnURL(on: eventLoop))
+    }
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         run(.ping, on: eventLoop, base.ping(on: eventLoop))
     }

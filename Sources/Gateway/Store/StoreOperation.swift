@@ -13,6 +13,7 @@ enum StoreOperation: String, CaseIterable, Sendable {
     case link, unlink, account
     case users
     case putTransfer = "put_transfer", transfer, transfers
+    case returnURL = "return_url"
     case ping
 
     /// Walks the whole keyspace (SCAN, one round trip per thousand keys): as long as the store
