@@ -46,7 +46,14 @@ measure calm 15s
 wait_until=$((seed_start + REVALIDATE_AFTER))
 now=$(date +%s); [ "$now" -lt "$wait_until" ] && sleep $((wait_until - now))
 measure storm "$STORM"
-sleep 3   # the last background validations (100 ms each) finish
+# The validations still queued when wrk stops (at most 32 at a time, 100 ms each, plus their
+# store round trips) finish: wait until Apple's count stops moving (2 s unchanged, 30 s at most).
+last=-1; same=0
+for _ in $(seq 60); do
+  n=$(refreshes)
+  if [ "$n" = "$last" ]; then same=$((same + 1)); [ $same -ge 4 ] && break; else same=0; last=$n; fi
+  sleep 0.5
+done
 storm_refresh=$(( $(refreshes) - before_refresh ))
 curl -s -X POST -H 'content-type: application/json' -d '{"latency_ms": 0}' "http://127.0.0.1:$SIM/sim/faults" > /dev/null
 
