@@ -86,8 +86,9 @@ struct ClientConnectionStateMachine {
         indirect case upgrade(Ended, UpstreamConnection, head: ByteBuffer)
         /// A connection nobody needs any more (it arrived too late).
         case closeUpstream(UpstreamConnection)
-        /// A verdict nobody will apply: its tunnel lease, if any, is finished.
-        case discard(Verdict)
+        /// A verdict nobody will apply: its tunnel lease, if any, is finished. Indirect: a
+        /// verdict holds a whole local response, and discarding one is rare.
+        indirect case discard(Verdict)
         /// The client left before anything was answered: nothing to record; the places the
         /// exchange held are given back.
         case drop(ExchangeLease)

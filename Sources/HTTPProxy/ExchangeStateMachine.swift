@@ -116,8 +116,9 @@ struct ExchangeStateMachine {
         indirect case upgrade(UpstreamConnection, ResponseHead, rules: RequestHeaderRules)
         /// A connection nobody needs (it came too late).
         case closeUpstream(UpstreamConnection)
-        /// A verdict nobody will apply: its tunnel lease, if any, is finished.
-        case discard(Verdict)
+        /// A verdict nobody will apply: its tunnel lease, if any, is finished. Indirect: a
+        /// verdict holds a whole local response, and discarding one is rare.
+        indirect case discard(Verdict)
     }
 
     /// Who the client is, for the upstream head and the pool.

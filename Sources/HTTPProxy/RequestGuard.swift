@@ -161,7 +161,7 @@ public struct LocalResponse: Sendable {
     /// the user it admitted and the request the front proxy asked about.
     public struct LoggedSubject: Sendable, Equatable {
         public var user: String?
-        /// `METHOD URI` of the original request, as a trusted front proxy sent them.
+        /// `METHOD path` of the original request, as a trusted front proxy sent it.
         public var original: String?
 
         public init(user: String?, original: String?) {

@@ -103,4 +103,42 @@ struct ClusterGatewayTests {
         }
         }
     }
+
+    @Test("over TLS (rediss and store.tls, mutual): a gateway discovers the cluster's TLS ports, signs in, admits and signs out")
+    func overTLS() async throws {
+        let ca = try TestCA()
+        defer { ca.remove() }
+        let node = try ca.issue("redis")
+        let client = try ca.issue("gateway")
+        let tls = RedisServerProcess.TLS(certificateFile: node.certificateFile, privateKeyFile: node.privateKeyFile, caFile: ca.certificateFile, authClients: true)
+        let cluster = try await blocking { try RedisClusterProcesses(tls: tls) }
+        defer { cluster.stop() }
+        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: 1, database: 0, process: nil), configure: { c in
+            c.store.redisURL = RedisURL.parse("rediss://127.0.0.1:1/0")
+            c.store.tls = .init()
+            c.store.tls.caFile = ca.certificateFile
+            c.store.tls.certificateFile = client.certificateFile
+            c.store.tls.privateKeyFile = client.privateKeyFile
+            // The seeds are TLS ports only: every node the gateway dials comes from CLUSTER SLOTS
+            // asked over TLS, which names the TLS ports.
+            c.store.cluster = .init(addresses: cluster.ports.compactMap { cluster.tlsPorts[$0] }.map { ListenAddress(host: "127.0.0.1", port: $0) })
+        }) { h in
+            var subs: [String] = []
+            for _ in 0..<6 {  // users spread over the masters
+                let sub = h.simulator.createUser()
+                subs.append(sub)
+                let user = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await user.signIn(from: "/x", as: sub)
+                #expect(try await user.request("/x").status == 200)
+                #expect(try await user.request("/_auth/logout", method: .POST, form: []).status == 303)
+                #expect(try await user.request("/x").status == 302)
+            }
+            // The sessions were written to the cluster (read back over its plain ports).
+            let users = cluster.masterPorts().reduce(0) { total, port in
+                guard case .array(let keys)? = try? cluster.send(["KEYS", h.configuration.store.keyPrefix + "user:*"], port: port) else { return total }
+                return total + keys.count
+            }
+            #expect(users >= subs.count, "each user's profile is in the cluster: \(users)")
+        }
+    }
 }

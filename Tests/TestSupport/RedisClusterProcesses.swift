@@ -23,6 +23,9 @@ public final class RedisClusterProcesses: @unchecked Sendable {
     /// `cluster-node-timeout`: how long a node may be unreachable before it is failed over.
     public let nodeTimeout: Duration
     private let directory: String
+    /// With `tls`: each node's TLS port, by its plain port. A TLS client is told TLS ports by
+    /// `CLUSTER SLOTS` (`tls-cluster yes`); the fixture itself keeps to the plain ones.
+    public let tlsPorts: [Int: Int]
     private let lock = NSLock()
     private var crashed: Set<Int> = []
     /// The replicas a crashed master had, the candidates for its promotion.
@@ -55,8 +58,10 @@ public final class RedisClusterProcesses: @unchecked Sendable {
     ///     its own commands (pass it here, not as `--requirepass` in `arguments`).
     ///   - arguments: more redis-server flags for every node.
     ///   - limit: for the whole start-up.
+    ///   - tls: also serve TLS on a port of its own (cluster bus and replication over TLS too);
+    ///     the node's certificate is its client certificate on the bus.
     public init(masters: Int = 3, replicasPerMaster: Int = 1, nodeTimeout: Duration = .milliseconds(1000), password: String? = nil,
-                arguments: [String] = [], within limit: TimeInterval = 30) throws {
+                tls: RedisServerProcess.TLS? = nil, arguments: [String] = [], within limit: TimeInterval = 30) throws {
         precondition(masters >= 3, "redis-cli --cluster create needs at least 3 masters")
         self.password = password
         self.nodeTimeout = nodeTimeout
@@ -73,12 +78,20 @@ public final class RedisClusterProcesses: @unchecked Sendable {
                       "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1",
                       "--dir", directory]
         if let password { common += ["--requirepass", password, "--masterauth", password] }
+        if let tls {
+            common += ["--tls-cert-file", tls.certificateFile, "--tls-key-file", tls.privateKeyFile, "--tls-ca-cert-file", tls.caFile,
+                       "--tls-auth-clients", tls.authClients ? "yes" : "no", "--tls-cluster", "yes", "--tls-replication", "yes"]
+        }
         var started: [RedisServerProcess] = []
+        var tlsPorts: [Int: Int] = [:]
         do {
             for _ in 0..<masters * (1 + replicasPerMaster) {
-                started.append(try Self.startNode(common + arguments))
+                let (node, tlsPort) = try Self.startNode(common + arguments, tls: tls != nil)
+                started.append(node)
+                tlsPorts[node.port] = tlsPort
             }
             servers = started
+            self.tlsPorts = tlsPorts
             var create = ["--cluster", "create"] + started.map { "127.0.0.1:\($0.port)" }
             create += ["--cluster-replicas", String(replicasPerMaster), "--cluster-yes"]
             if let password { create += ["-a", password, "--no-auth-warning"] }
@@ -96,13 +109,20 @@ public final class RedisClusterProcesses: @unchecked Sendable {
 
     /// One cluster node on a free port, its bus on another; new ports when a parallel test took
     /// one of them first.
-    private static func startNode(_ arguments: [String]) throws -> RedisServerProcess {
-        func start() throws -> RedisServerProcess {
+    private static func startNode(_ arguments: [String], tls: Bool) throws -> (RedisServerProcess, tlsPort: Int?) {
+        func start() throws -> (RedisServerProcess, tlsPort: Int?) {
             let port = try closedPort()
             var bus = try closedPort()
             while bus == port { bus = try closedPort() }
-            let node = ["--cluster-port", String(bus), "--cluster-config-file", "nodes-\(port).conf", "--dbfilename", "dump-\(port).rdb"]
-            return try RedisServerProcess(port: port, arguments: arguments + node)
+            var node = ["--cluster-port", String(bus), "--cluster-config-file", "nodes-\(port).conf", "--dbfilename", "dump-\(port).rdb"]
+            var tlsPort: Int? = nil
+            if tls {
+                var p = try closedPort()
+                while p == port || p == bus { p = try closedPort() }
+                tlsPort = p
+                node += ["--tls-port", String(p)]
+            }
+            return (try RedisServerProcess(port: port, arguments: arguments + node), tlsPort)
         }
         for _ in 1..<5 {
             do {
