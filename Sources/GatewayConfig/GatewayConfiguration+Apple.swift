@@ -78,3 +78,13 @@ extension GatewayConfiguration.Apple {
         if let v = r.duration(s, .timeout) { timeout = v }
     }
 }
+
+extension GatewayConfiguration {
+    /// Apple's `redirect_uri` for the web flow, `server.public_url` + `server.auth_prefix` +
+    /// `/callback`: what must be registered with the Services ID. Nil without `apple` or a
+    /// public URL.
+    public var appleReturnURL: String? {
+        guard apple != nil, let publicURL = server.publicURL else { return nil }
+        return publicURL + server.authPrefix + "/callback"
+    }
+}

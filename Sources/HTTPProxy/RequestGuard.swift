@@ -4,7 +4,7 @@ import NIOHTTP1
 /// The admission hook the proxy asks before forwarding a request (DESIGN §2, step 2).
 ///
 /// The proxy stops reading the client until a verdict exists. A guard answers synchronously
-/// (`.verdict`) when it can — the hot path allocates nothing — and with a future otherwise.
+/// (`.verdict`) when it can — the hot path allocates no future — and with a future otherwise.
 public protocol RequestGuard: Sendable {
     /// Called on the client channel's event loop. `request.head` carries the headers exactly as
     /// the client sent them; `request.target` is the one canonical target.

@@ -25,7 +25,7 @@ public struct StoreCheckFailure: Error, Sendable, CustomStringConvertible {
 
 extension RedisSessionStore {
     /// Every Lua script the store runs.
-    static var scripts: [String] { [loadScript, setLinkScript, claimAccountScript, deleteIfScript, markerScript] }
+    static var scripts: [String] { [loadScript, claimAccountScript, deleteIfScript, markerScript] }
 
     /// What `sessiongate check --online` proves about the store before any traffic: that this
     /// client reaches it as `serve` will, writes, reads and deletes a key under the key prefix
@@ -36,7 +36,7 @@ extension RedisSessionStore {
         let value = "sessiongate check"
         var step = StoreCheckStep.connect
         do {
-            _ = try await redis.send(["PING"], on: loop).get()
+            _ = try await redis.send(["PING"], on: loop).get()  // not ping(on:): its error would no longer say why
             step = .write
             _ = try await redis.send(["SET", .string(key), .string(value), "PX", "60000"], on: loop).get()
             step = .read

@@ -107,13 +107,6 @@ public final class RedisSessionStore: SessionStore {
         return transaction(record, on: loop).flatMap { _ in self.transaction(commands, on: loop) }.map { _ in }
     }
 
-    /// `link:{sub}` = ARGV[1]; answers the account it held before (or nil).
-    static let setLinkScript = """
-        local previous = redis.call('GET', KEYS[1])
-        redis.call('SET', KEYS[1], ARGV[1])
-        return previous
-        """
-
     /// `account:{id}` for ARGV[1] (the sub): answers the holder when another sub holds it,
     /// else takes it (ARGV[2] = a holder being replaced, "" for none) and answers nil.
     static let claimAccountScript = """
@@ -310,7 +303,7 @@ public final class RedisSessionStore: SessionStore {
     public func link(_ sub: String, to account: String, on loop: any EventLoop) -> EventLoopFuture<LinkResult> {
         claimAccount(account, for: sub, replacing: "", on: loop).flatMap { conflict in
             if let conflict { return loop.makeSucceededFuture(.conflict(sub: conflict)) }
-            return self.send(["EVAL", .string(Self.setLinkScript), "1", .string(self.linkKey(sub)), .string(account)], on: loop).flatMap { previous in
+            return self.send(["SET", .string(self.linkKey(sub)), .string(account), "GET"], on: loop).flatMap { previous in
                 guard let previous = previous.string, previous != account else { return loop.makeSucceededFuture(.linked) }
                 return self.send(["EVAL", .string(Self.deleteIfScript), "1", .string(self.accountKey(previous)), .string(sub)], on: loop).map { _ in .linked }
             }
@@ -487,13 +480,15 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
+    var returnURLKey: String { prefix + "apple_return_url" }
+
     /// `SET … GET` (Redis 6.2): one round trip, the previous value answered.
     public func swapReturnURL(_ url: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
-        send(["SET", .string(prefix + "apple_return_url"), .string(url), "GET"], on: loop).map { $0.string }
+        send(["SET", .string(returnURLKey), .string(url), "GET"], on: loop).map { $0.string }
     }
 
     public func returnURL(on loop: any EventLoop) -> EventLoopFuture<String?> {
-        send(["GET", .string(prefix + "apple_return_url")], on: loop).map { $0.string }
+        send(["GET", .string(returnURLKey)], on: loop).map { $0.string }
     }
 
     public func ping(on loop: any EventLoop) -> EventLoopFuture<Void> {

@@ -175,11 +175,8 @@ struct Check: AsyncParsableCommand {
             // What the running gateway makes of its file, tried without swapping: a key that
             // applies only at restart is found here, not at the SIGHUP.
             switch await AdminReload.ask(configuration, dryRun: true) {
-            case .success(let answer):
-                for line in answer.lines { print(line) }
-                guard answer.accepted else { throw ExitCode(1) }
-            case .failure(let failure):
-                print("note: \(failure); nothing running to compare with")
+            case .success(let answer): try Reload.report(answer)
+            case .failure(let failure): print("note: \(failure); nothing running to compare with")
             }
         }
         if transfer {
@@ -206,13 +203,18 @@ struct Reload: AsyncParsableCommand {
 
     @OptionGroup var options: ConfigOption
 
+    /// Prints the gateway's answer; exit status 1 unless it reloaded (or, dry, would).
+    static func report(_ answer: AdminReload.Answer) throws {
+        for line in answer.lines { print(line) }
+        guard answer.accepted else { throw ExitCode(1) }
+    }
+
     func run() async throws {
         defer { flushLogs() }
         guard let configuration = loadConfiguration(options.config, printWarnings: false)?.configuration else { throw ExitCode(1) }
         switch await AdminReload.ask(configuration, dryRun: false) {
         case .success(let answer):
-            for line in answer.lines { print(line) }
-            guard answer.accepted else { throw ExitCode(1) }
+            try Self.report(answer)
         case .failure(let failure):
             printError("\(options.config): error: \(failure)")
             throw ExitCode(1)

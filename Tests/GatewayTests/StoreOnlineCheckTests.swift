@@ -59,6 +59,7 @@ struct StoreOnlineCheckTests {
                 (url("noscript:pw", 0), "FILE:5:3: error: store.redis_url: scripts: the Redis user's ACL does not allow it (NOPERM"),
                 (url("reader:pw", 0), "FILE:5:3: error: store.redis_url: write: the Redis user's ACL does not allow it (NOPERM"),
                 (url("elsewhere:pw", 0), "FILE:5:3: error: store.redis_url: write: the Redis user's ACL does not allow it (NOPERM"),
+                ("redis_url: \"redis://127.0.0.1:\(try closedPort())/0\"", "FILE:5:3: error: store.redis_url: connect: cannot reach Redis"),
             ]
             for (store, line) in cases {
                 let run = try await Self.check(store)

@@ -102,11 +102,35 @@ struct SystemdNotifyTests {
             #expect(try await socket.next()?.hasPrefix("RELOADING=1\n") == true)
             #expect(try await socket.next() == "READY=1\nSTATUS=configuration reload refused: the running configuration stays (1 problem)")
 
+            // A file the gateway rejects (its upstream does not resolve; the file itself parses).
+            try write(listen: "127.0.0.1:0", strip: "X-A")
+            try (try String(contentsOfFile: path, encoding: .utf8)).replacingOccurrences(of: "http://127.0.0.1:1", with: "http://no-such-host.invalid:1")
+                .write(toFile: path, atomically: true, encoding: .utf8)
+            let rejected = try await Self.run(["reload", "--config", path])
+            #expect(rejected.status == 1)
+            #expect(rejected.output.first == "rejected: \(path) has errors; the running configuration stays", "\(rejected.output)")
+            #expect(rejected.output.contains { $0.contains("error: routes[0].upstream: the host 'no-such-host.invalid' does not resolve") }, "\(rejected.output)")
+            #expect(try await socket.next()?.hasPrefix("RELOADING=1\n") == true)
+            #expect(try await socket.next()?.hasPrefix("READY=1\nSTATUS=configuration reload rejected: the running configuration stays") == true)
+            // Only tools reload: not a GET, not a web page's POST (neither is notified).
+            let (get, fromPage) = try await blocking { () -> (Int, Int) in
+                func ask(_ request: String) throws -> Int {
+                    let c = try RawClient(port: admin)
+                    try c.send(request)
+                    return try c.readResponse().status
+                }
+                return (try ask("GET /reload HTTP/1.1\r\nHost: a\r\n\r\n"),
+                        try ask("POST /reload HTTP/1.1\r\nHost: a\r\nOrigin: https://evil.example\r\nContent-Length: 0\r\n\r\n"))
+            }
+            #expect(get == 405 && fromPage == 403)
+
             gateway.signal(SIGTERM)
             #expect(try await socket.next() == "STOPPING=1\nSTATUS=draining in-flight requests")
             #expect(await gateway.waitForExit() == 0)
         }
-        // No gateway any more: reload fails and says where it asked; check --reload only notes it.
+        // No gateway any more (and a file that checks): reload fails and says where it asked;
+        // check --reload only notes it.
+        try write(listen: "127.0.0.1:0", strip: "X-A")
         let nobody = try await Self.run(["reload", "--config", path])
         #expect(nobody.status == 1)
         #expect(nobody.output.contains { $0.contains("error: no gateway answers at http://127.0.0.1:\(admin)/reload (server.admin_listen)") }, "\(nobody.output)")

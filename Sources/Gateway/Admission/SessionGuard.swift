@@ -24,18 +24,24 @@ struct SessionGuard: RequestGuard {
 
     func admit(_ request: GuardRequest, on loop: any EventLoop) -> GuardDecision {
         if route.auth == .public {
-            return .verdict(request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
+            return .verdict(withoutSession(request))
         }
         if route.preflight == .pass, request.isPreflight {
-            // Unauthenticated to the app, as on a public route; a credential it carries anyway
-            // is not looked at, and our session's bearer is not passed on.
+            // Unauthenticated to the app, as on a public route.
             core.metrics.recordAdmission(.preflight)
-            return .verdict(request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward)
+            return .verdict(withoutSession(request))
         }
         switch auth.lookup(request, on: loop) {
         case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
         case .later(let future): return .pending(future.map { verdict($0, request, on: loop) })
         }
+    }
+
+    /// Forwarded without a session (a public route, a passed preflight, an optional route's
+    /// anonymous request): a credential it carries is not looked at, and our session's bearer
+    /// token is not passed on.
+    private func withoutSession(_ request: GuardRequest) -> Verdict {
+        request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
     }
 
     /// A lease for a WebSocket this session opens: ended with the session, or at its absolute expiry.
@@ -65,7 +71,7 @@ struct SessionGuard: RequestGuard {
         case .anonymous, .invalid:
             if route.auth == .optional {
                 core.metrics.recordAdmission(.anonymous)
-                return request.hasBearer && auth.carriesSessionBearer(request) ? .forward(addHeaders: [], removeHeaders: Self.bearer) : .forward
+                return withoutSession(request)
             }
             core.metrics.recordAdmission(.unauthenticated)
             return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))

@@ -19,8 +19,8 @@ public enum AdminReload {
     /// reached on loopback).
     public static func url(_ c: GatewayConfiguration, dryRun: Bool) -> String {
         let listen = c.server.adminListen
-        let host = listen.host == "0.0.0.0" || listen.host.isEmpty ? "127.0.0.1" : listen.host == "::" ? "[::1]" : listen.host.contains(":") ? "[\(listen.host)]" : listen.host
-        return "http://\(host):\(listen.port)/reload" + (dryRun ? "?dry_run=1" : "")
+        let host = listen.host == "0.0.0.0" || listen.host.isEmpty ? "127.0.0.1" : listen.host == "::" ? "::1" : listen.host
+        return "http://\(ListenAddress(host: host, port: listen.port))/reload" + (dryRun ? "?dry_run=1" : "")
     }
 
     /// The gateway's answer, or why there was none (no gateway listens there).

@@ -1,5 +1,6 @@
 import GatewayConfig
 import Logging
+import NIOCore
 import NIOPosix
 import Redis
 import Sessions
@@ -16,13 +17,15 @@ public enum StoreOnlineCheck {
         case failed(StartupFailure)
     }
 
+    /// Per command: a first connection may be slow where serve's store.timeout is tight; the
+    /// check proves the settings, not the latency.
+    static let timeout = TimeAmount.seconds(5)
+
     public static func run(_ c: GatewayConfiguration, logger: Logger) async -> Outcome {
         guard let url = c.store.redisURL else { return .ok("ok: store: memory (in the process), nothing to check online") }
         let backend: RedisSessionBackend
         do {
-            // A first connection may be slow where serve's store.timeout is tight: the check
-            // proves the settings, not the latency.
-            guard let endpoint = try StoreConnection.endpoint(c.store, commandTimeout: .seconds(5)) else { return .ok("ok: store: memory") }
+            let endpoint = try StoreConnection.endpoint(c.store, commandTimeout: timeout)!  // redis_url is set
             backend = try StoreConnection.backend(endpoint, c.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
         } catch let failure as StartupFailure {
             return .failed(failure)
@@ -35,9 +38,9 @@ public enum StoreOnlineCheck {
         await backend.shutdown()
         if let failure { return .failed(explain(failure, c.store)) }
         var warnings: [StartupFailure] = []
-        if c.apple != nil, let publicURL = c.server.publicURL, let recorded, recorded != publicURL + c.server.authPrefix + "/callback" {
+        if let url = c.appleReturnURL, let recorded, recorded != url {
             warnings.append(StartupFailure(key: "server.public_url", "Apple's return URL moves from \(recorded) (the fleet's, in the store) to "
-                + "\(publicURL + c.server.authPrefix)/callback: register it with the Services ID before the gateways restart, or every sign-in fails at Apple"))
+                + "\(url): register it with the Services ID before the gateways restart, or every sign-in fails at Apple"))
         }
         let deployment = c.store.cluster != nil ? "Redis Cluster" : c.store.sentinel != nil ? "Redis behind Sentinel (\(c.store.sentinel!.masterName))" : "Redis"
         return .ok(warnings: warnings, "ok: store: \(deployment) at \(url.tls ? "rediss" : "redis")://…:\(url.port)/\(url.database): connected, wrote, read and deleted "
@@ -75,7 +78,7 @@ public enum StoreOnlineCheck {
         case .notMaster:
             return StartupFailure(key: "store.sentinel.master_name", "\(step): the server the sentinels name is not a master")
         case .timeout:
-            return StartupFailure(key: addresses, "\(step): no answer within 5 s")
+            return StartupFailure(key: addresses, "\(step): no answer within \(timeout.nanoseconds / 1_000_000_000) s")
         case .unavailable, .protocolError, nil:
             return StartupFailure(key: addresses, "\(step): cannot reach Redis (\(failure.error)); the log line above says why")
         }

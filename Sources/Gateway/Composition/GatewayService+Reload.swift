@@ -18,10 +18,10 @@ extension GatewayService {
     /// What a reload did (or, tried dry, would do): its outcome and the `file:line:col: error:`
     /// lines that explain it, as they were logged.
     public struct ReloadReport: Sendable {
-        public var outcome: ReloadOutcome
-        public var problems: [String]
+        public let outcome: ReloadOutcome
+        public let problems: [String]
         /// The file the gateway reads (its `--config`).
-        public var file: String
+        public let file: String
     }
 
     /// Re-reads the configuration file and swaps the whole running configuration (routes, header
@@ -36,8 +36,7 @@ extension GatewayService {
         guard let configPath else { return ReloadReport(outcome: .invalid, problems: ["the gateway runs without a configuration file"], file: "-") }
         if !dryRun { notifier.reloading() }
         // One reload at a time: the generation read, the checks and the swap are one step.
-        var report = reloading.withLock { attemptReload(configPath, dryRun: dryRun) }
-        report.file = configPath
+        let report = reloading.withLock { attemptReload(configPath, dryRun: dryRun) }
         guard !dryRun else { return report }
         switch report.outcome {
         case .applied: metrics.reloadsSucceeded.increment()

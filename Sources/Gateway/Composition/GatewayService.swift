@@ -160,8 +160,7 @@ public final class GatewayService: Service, Sendable {
     /// start that moved it is said loudly, since every sign-in fails at Apple until the new URL
     /// is registered. Said once; a store that does not answer now is not waited for.
     private func noteReturnURL() async {
-        guard initial.apple != nil, let publicURL = initial.server.publicURL else { return }
-        let url = publicURL + initial.server.authPrefix + "/callback"
+        guard let url = initial.appleReturnURL else { return }
         guard let previous = try? await core.store.swapReturnURL(url, on: group.next()).get(), previous != url else { return }
         logger.error("Apple's return URL changed: register the new one with the Services ID, or every sign-in fails at Apple with invalid_request",
                      metadata: ["apple_return_url": "\(url)", "previous": "\(previous)"])
@@ -191,7 +190,7 @@ public final class GatewayService: Service, Sendable {
             "redirect_http": "\(listeners.redirect?.localAddress.map { "\($0)" } ?? "-")",
             "routes": .stringConvertible(initial.routes.count),
             // What must be registered with the Services ID: a restart that moves it is said here.
-            "apple_return_url": "\(initial.apple == nil ? "-" : (initial.server.publicURL ?? "") + initial.server.authPrefix + "/callback")",
+            "apple_return_url": "\(initial.appleReturnURL ?? "-")",
         ])
         waiters.forEach { $0.resume() }
         notifier.ready(status: readiness == .ready ? "listening; the session store answered"

@@ -18,8 +18,6 @@ struct SystemdNotifier: Sendable {
         address = environment["NOTIFY_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
     }
 
-    var isActive: Bool { address != nil }
-
     func ready(status: String) { send("READY=1\nSTATUS=\(status)") }
 
     func reloading() {
