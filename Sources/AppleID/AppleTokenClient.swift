@@ -64,6 +64,10 @@ public struct AppleTokenClient: Sendable {
     private let timeout: TimeAmount
     private let logger: Logger
 
+    /// Fields every call made in this task carries besides its own: the caller's W3C trace
+    /// context (`traceparent`, `tracestate`), set around a call.
+    @TaskLocal public static var traceFields: [(String, String)] = []
+
     public init(baseURL: String, httpClient: HTTPClient, secrets: ClientSecretMinter, timeout: TimeAmount = .seconds(5), logger: Logger) {
         self.baseURL = baseURL
         self.httpClient = httpClient
@@ -209,6 +213,7 @@ public struct AppleTokenClient: Sendable {
     private func post(_ path: String, _ fields: [(String, String)], headers: [(String, String)] = []) async -> Result<(Int, [UInt8], String?), TransportFailure> {
         var request = HTTPClientRequest(url: baseURL + path)
         for (name, value) in headers { request.headers.add(name: name, value: value) }
+        for (name, value) in Self.traceFields { request.headers.add(name: name, value: value) }
         request.method = .POST
         request.headers.add(name: "content-type", value: "application/x-www-form-urlencoded")
         request.headers.add(name: "accept", value: "application/json")

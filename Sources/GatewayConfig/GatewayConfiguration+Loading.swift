@@ -19,7 +19,7 @@ extension GatewayConfiguration {
 
     /// The top-level sections.
     enum Key: String, ConfigKey {
-        case server, apple, session, store, identity, events, routes
+        case server, apple, session, store, identity, events, tracing, routes
     }
 
     /// Reads and validates a configuration file. Reads the one file; connects to nothing.
@@ -65,6 +65,11 @@ extension GatewayConfiguration {
         if let s = r.section(root, .identity, keys: Identity.Key.self) { config.identity.read(s, r) }
         if let s = r.section(root, .events, keys: Events.Key.self) {
             config.events.read(s, r, assertion: config.identity.assertion)
+        }
+        if let s = r.section(root, .tracing, keys: Tracing.Key.self) {
+            var tracing = Tracing()
+            tracing.read(s, r)
+            config.tracing = tracing
         }
         config.routes = Route.readAll(root, r, linkURL: config.identity.linkURL)
         config.crossCheck(r, root)

@@ -16,6 +16,8 @@ public struct GatewayConfiguration: Sendable, Equatable {
     public var store = Store()
     public var identity = Identity()
     public var events = Events()
+    /// `tracing`: nil when the file has no such section (nothing is traced).
+    public var tracing: Tracing? = nil
     public var routes: [Route] = []
 
     public init() {}
@@ -247,6 +249,31 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var timeout: Duration = .seconds(5)
         public var isEnabled: Bool { url != nil || !urls.isEmpty }
         public static let kinds = Kind.allCases.map(\.rawValue)
+        public init() {}
+    }
+
+    /// OpenTelemetry traces, exported over OTLP (`tracing`).
+    public struct Tracing: Sendable, Equatable {
+        public enum ExportProtocol: String, Sendable, CaseIterable {
+            case httpProtobuf = "http/protobuf"
+            case grpc
+        }
+
+        /// OTLP/HTTP: the whole URL spans are posted to; gRPC: the collector's `http://` or
+        /// `https://` address.
+        public var endpoint = "http://127.0.0.1:4318/v1/traces"
+        public var exportProtocol = ExportProtocol.httpProtobuf
+        /// The share of new traces recorded (0 to 1); a trusted caller's decision is kept.
+        public var sampleRatio = 1.0
+        /// Sent with every export (a vendor's API key).
+        public var headers: [String: String] = [:]
+        /// Spans carry the user's Apple `sub` (`enduser.id`).
+        public var includeUser = false
+        public var serviceName = "sessiongate"
+        /// Each export attempt.
+        public var timeout: Duration = .seconds(10)
+        /// Spans waiting for export; more are dropped (and counted) rather than slow a request.
+        public var maxQueue = 4096
         public init() {}
     }
 

@@ -20,9 +20,11 @@ enum Admission {
         var snapshot: RoutingSnapshot
 
         /// What the route's guard is asked.
-        func guardRequest(clientAddress: SocketAddress?) -> GuardRequest {
-            GuardRequest(wire: inbound.head, target: target, routeName: route.name, clientAddress: clientAddress, host: inbound.host,
-                         isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer)
+        func guardRequest(clientAddress: SocketAddress?, trace: TraceContext?) -> GuardRequest {
+            var request = GuardRequest(wire: inbound.head, target: target, routeName: route.name, clientAddress: clientAddress, host: inbound.host,
+                                       isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer)
+            request.trace = trace
+            return request
         }
     }
 

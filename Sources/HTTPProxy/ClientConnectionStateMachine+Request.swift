@@ -13,7 +13,7 @@ extension ClientConnectionStateMachine {
         let trusted = snapshot.trusts(peer.address)
         peer.trusted = trusted
         let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: trusted)
-        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails)
+        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails, tracing: snapshot.tracing) { nextID() }
         let inbound = admission.inbound
         // What HTTP/1 reads of the head: the connection after this exchange.
         var keepAlive = false

@@ -386,7 +386,7 @@ struct ClientConnectionStateMachine {
         let address = peer.socketAddress
         return peek { x, _ in
             guard x.id == id, case .awaitingVerdict(let admitted, _) = x.state else { return nil }
-            return admitted.guardRequest(clientAddress: address)
+            return admitted.guardRequest(clientAddress: address, trace: x.log.trace?.spans.admission)
         } ?? nil
     }
 
@@ -533,6 +533,7 @@ struct ClientConnectionStateMachine {
     }
 
     mutating func nextRequestID() -> String { requestIDs.next() }
+    mutating func nextID() -> UInt64 { requestIDs.nextValue() }
 
     mutating func nextExchange() -> UInt64 {
         exchanges &+= 1

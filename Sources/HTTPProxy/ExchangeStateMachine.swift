@@ -298,6 +298,7 @@ struct ExchangeStateMachine {
             if case .success(let verdict) = result { return .discard(verdict) }
             return .none
         }
+        log.trace?.spans.decided = now().uptimeNanoseconds
         switch result {
         case .failure:
             return respond(.error(.serviceUnavailable, "admission could not be decided"))
@@ -333,10 +334,12 @@ struct ExchangeStateMachine {
             let inbound = admitted.inbound
             let head = UpstreamRequestHead.forwarding(inbound, method: log.method, target: admitted.target, route: route, requestID: log.requestID,
                                                       client: client.address, scheme: client.scheme, adding: addHeaders, removing: removeHeaders,
-                                                      closing: principal == nil && !isWebSocket)
+                                                      closing: principal == nil && !isWebSocket, trace: log.trace?.spans.upstream)
             var bytes = allocator.buffer(capacity: inbound.head.bytes.readableBytes + 256)
             head.write(inbound, into: &bytes)
-            state = .connecting(Forward(route: route, head: bytes, rules: admitted.snapshot.rules, principal: principal, since: now()),
+            let since = now()
+            log.trace?.spans.upstreamAsked = since.uptimeNanoseconds
+            state = .connecting(Forward(route: route, head: bytes, rules: admitted.snapshot.rules, principal: principal, since: since),
                                 waiting: waiting)
             return .connect(route, principal: principal, pooled: principal != nil)
         }
@@ -358,6 +361,7 @@ struct ExchangeStateMachine {
         }
         switch result {
         case .success(let connection):
+            if let trace = log.trace { trace.spans.connected = now().uptimeNanoseconds }
             // The request's end is among what goes out now: the upstream's time to answer starts.
             state = .forwarding(forward, connection, .awaited(deadline: body.ended ? now() + responseTimeout : nil))
             return .startForwarding(connection, head: forward.head, chunked: body.framing == .chunked, body: waiting)
@@ -401,6 +405,7 @@ struct ExchangeStateMachine {
         let status = wire.status
         if log.upstreamNanoseconds == nil, status >= 200 || status == 101 {
             log.upstreamNanoseconds = Int64(now.uptimeNanoseconds - forward.since.uptimeNanoseconds)
+            log.trace?.spans.firstByte = now.uptimeNanoseconds
         }
         if status == 101 {
             if isWebSocket, case .awaited = response {
@@ -535,15 +540,21 @@ struct ExchangeLog {
     var bytesSent = 0
     /// From asking for an upstream connection to the response head.
     var upstreamNanoseconds: Int64? = nil
+    /// The exchange's spans, when it is traced.
+    var trace: ExchangeTrace? = nil
 
     /// What admission read of the request that the log records, whatever the protocol: the
     /// canonical path of a refused request whose target parsed, a trusted proxy's request id,
     /// the user agent (`userAgent`: an access log wants it).
-    mutating func note(_ outcome: Admission.Outcome, head: WireHead, userAgent wanted: Bool) {
+    /// An admitted request is traced when the snapshot says so (`tracing`; ids from `next`).
+    mutating func note(_ outcome: Admission.Outcome, head: WireHead, userAgent wanted: Bool, tracing: TraceSampler?, next: () -> UInt64) {
         if case .refused(let refusal) = outcome, let path = refusal.path { self.path = path }
         guard let inbound = outcome.inbound else { return }
         if let id = inbound.requestID { requestID = id }
         if wanted { userAgent = head.firstValue(named: "user-agent") }
+        if let tracing, case .admitted = outcome {
+            trace = ExchangeTrace(.start(inbound, sampler: tracing, at: start, next: next))
+        }
     }
 
     func record(aborted: Bool, client: String, now: NIODeadline) -> ExchangeRecord {
@@ -551,7 +562,12 @@ struct ExchangeLog {
             method: method.rawValue, path: path, status: status, route: route?.name, upstream: forwarded ? route?.upstream : nil,
             client: client, requestID: requestID, durationNanoseconds: Int64(now.uptimeNanoseconds - start.uptimeNanoseconds),
             bytesSent: bytesSent, aborted: aborted, userAgent: userAgent, user: user, upstreamNanoseconds: upstreamNanoseconds,
-            protocolName: Self.protocolName(version), original: original)
+            protocolName: Self.protocolName(version), original: original,
+            trace: trace.map { trace in
+                var spans = trace.spans
+                spans.end = now.uptimeNanoseconds
+                return spans
+            })
     }
 
     static func protocolName(_ version: HTTPVersion) -> String {

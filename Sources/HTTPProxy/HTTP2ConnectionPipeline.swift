@@ -14,6 +14,7 @@ struct HTTP2StreamEnvironment {
     let ids: HTTP2RequestIDs
 
     func requestID() -> String { ids.next() }
+    func nextID() -> UInt64 { ids.nextValue() }
 }
 
 /// The request ids of one HTTP/2 connection, shared by its streams (all on its event loop).
@@ -23,6 +24,7 @@ final class HTTP2RequestIDs {
     init(seed: UInt64) { ids = RequestIDs(seed: seed) }
 
     func next() -> String { ids.next() }
+    func nextValue() -> UInt64 { ids.nextValue() }
 }
 
 /// Installs the handler of one HTTP/2 stream on its stream channel (inbound and outbound

@@ -206,7 +206,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         let snapshot = shared.snapshot
         peerTrusted = snapshot.trusts(environment.client.address)
         let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: peerTrusted)
-        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails)
+        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails, tracing: snapshot.tracing, next: environment.nextID)
         switch admission {
         case .admitted(let admitted):
             state = .exchange(X(id: 1, log: log, admitted: admitted, now: now))
@@ -231,7 +231,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         let address = environment.client.socketAddress
         let asked = withExchange { x -> (GuardRequest, any RequestGuard)? in
             guard case .awaitingVerdict(let admitted, _) = x.state else { return nil }
-            return (admitted.guardRequest(clientAddress: address), admitted.route.requestGuard)
+            return (admitted.guardRequest(clientAddress: address, trace: x.log.trace?.spans.admission), admitted.route.requestGuard)
         }
         guard let (request, requestGuard) = asked ?? nil else { return }
         switch requestGuard.admit(request, on: context.eventLoop) {

@@ -47,6 +47,8 @@ public struct ExchangeRecord: Sendable {
     public var protocolName: String = "HTTP/1.1"
     /// A forward-auth check's original request (`METHOD URI`, from a trusted front proxy).
     public var original: String? = nil
+    /// The exchange's spans, when it was traced (`RoutingSnapshot.tracing`).
+    public var trace: ExchangeSpans? = nil
 }
 
 /// What the proxy reports; the gateway turns it into metrics and access-log lines.

@@ -51,6 +51,9 @@ public final class RoutingSnapshot: Sendable {
     let rules: RequestHeaderRules
     let trustedProxies: [CIDR]
     let origins: OriginPolicy
+    /// Requests are traced (`tracing`): how new traces are sampled. nil: not traced, and a
+    /// client's `traceparent` passes untouched.
+    let tracing: TraceSampler?
 
     /// - Parameters:
     ///   - identityHeaders: header names removed from every client request, in any spelling
@@ -61,12 +64,15 @@ public final class RoutingSnapshot: Sendable {
     ///   - hiddenCookies: cookie names removed from every `Cookie` header sent upstream and
     ///     from every upstream `Set-Cookie`.
     ///   - origins: who may open a WebSocket.
+    ///   - tracing: how requests are sampled when they are traced.
     public init(routes: [ProxyRoute], identityHeaders: [String], identityPrefix: String = "", trustedProxies: [CIDR], hiddenCookies: [String] = [],
-                origins: OriginPolicy = .sameHost) {
+                origins: OriginPolicy = .sameHost, tracing: TraceSampler? = nil) {
         self.table = RouteTable(routes)
-        self.rules = RequestHeaderRules(identityHeaders: identityHeaders, identityPrefix: identityPrefix, hiddenCookies: hiddenCookies)
+        self.rules = RequestHeaderRules(identityHeaders: identityHeaders, identityPrefix: identityPrefix, hiddenCookies: hiddenCookies,
+                                        tracesRequests: tracing != nil)
         self.trustedProxies = trustedProxies
         self.origins = origins
+        self.tracing = tracing
     }
 
     /// Whether `peer` is one of `server.trusted_proxies`.

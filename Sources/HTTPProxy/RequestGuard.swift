@@ -24,6 +24,9 @@ public struct GuardRequest: Sendable {
     public var isWebSocketUpgrade: Bool
     /// `Authorization: Bearer …` was sent (found in the proxy's one pass over the headers).
     public var hasBearer: Bool
+    /// The request is traced: the admission span, the parent of what the guard does for it
+    /// (store reads, Apple). Recorded only when `sampled`.
+    public var trace: TraceContext? = nil
 
     public init(head: HTTPRequestHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress? = nil, host: RequestHost? = nil,
                 isWebSocketUpgrade: Bool = false, hasBearer: Bool = false) {

@@ -32,6 +32,10 @@ struct InboundRequest {
     var forwardedFor: String?
     var forwardedProto: String?
     var requestID: String?
+    /// A trusted proxy's W3C trace context (when the gateway traces): its `traceparent`, if it
+    /// sent exactly one, and its `tracestate` lines joined.
+    var traceParent: String? = nil
+    var traceState: String? = nil
 
     struct FieldEdit: Equatable {
         /// Index into `head.fields`.
@@ -85,8 +89,12 @@ final class RequestHeaderRules: Sendable {
     private let hiddenCookieMarkers: [String]
     private let hiddenCookiesLower: [String]
     private let maxIdentityNameLength: Int
+    /// The gateway traces requests: a client's `traceparent` and `tracestate` are removed (the
+    /// proxy sends its own), and a trusted proxy's are read. Otherwise they pass untouched.
+    let tracesRequests: Bool
 
-    init(identityHeaders: [String], identityPrefix: String = "", hiddenCookies: [String] = []) {
+    init(identityHeaders: [String], identityPrefix: String = "", hiddenCookies: [String] = [], tracesRequests: Bool = false) {
+        self.tracesRequests = tracesRequests
         self.strippedNames = (identityHeaders + Self.foreignIdentityNames).map(HeaderName.normalize)
         self.strippedPrefix = HeaderName.normalize(identityPrefix)
         self.hiddenCookies = hiddenCookies
@@ -156,6 +164,8 @@ final class RequestHeaderRules: Sendable {
         var forwardedFor: String? = nil
         var forwardedProto: String? = nil
         var requestID: String? = nil
+        var traceParents: [String] = []
+        var traceState: String? = nil
         var edits: [InboundRequest.FieldEdit] = []
         /// Fields whose fate depends on `Connection` (read to the end first).
         var others: [Int] = []
@@ -217,7 +227,16 @@ final class RequestHeaderRules: Sendable {
                     edits.append(.init(index: index, value: cookieWithoutHidden(value)))
                 }
             case .other:
-                if isIdentityHeader(name) {
+                if tracesRequests, let trace = Self.traceField(name) {
+                    if peerTrusted {
+                        let value = head.value(field)
+                        switch trace {
+                        case .parent: traceParents.append(value)
+                        case .state: traceState = traceState.map { $0 + "," + value } ?? value
+                        }
+                    }
+                    edits.append(.init(index: index, value: nil))
+                } else if isIdentityHeader(name) {
                     edits.append(.init(index: index, value: nil))
                 } else {
                     others.append(index)
@@ -253,7 +272,8 @@ final class RequestHeaderRules: Sendable {
         return .success(InboundRequest(
             head: head, host: host, framing: framing, keepAlive: keepAlive, isWebSocketUpgrade: isWebSocket, hasBearer: hasBearer,
             edits: edits, upgrade: isWebSocket ? (upgradeValue ?? "websocket") : nil, forwardedFor: forwardedFor,
-            forwardedProto: forwardedProto, requestID: requestID))
+            forwardedProto: forwardedProto, requestID: requestID, traceParent: traceParents.count == 1 ? traceParents[0] : nil,
+            traceState: traceState))
     }
 
     /// The two forwarding headers a trusted proxy's value is kept for. `X-Forwarded-Host` is
@@ -363,6 +383,17 @@ final class RequestHeaderRules: Sendable {
         default: break
         }
         return .other
+    }
+
+    enum TraceField { case parent, state }
+
+    /// `traceparent` or `tracestate`, in any case.
+    static func traceField(_ name: String) -> TraceField? {
+        switch name.utf8.count {
+        case 11: return HeaderName.equals(name, "traceparent") ? .parent : nil
+        case 10: return HeaderName.equals(name, "tracestate") ? .state : nil
+        default: return nil
+        }
     }
 
     static func isValidRequestID(_ value: String) -> Bool {

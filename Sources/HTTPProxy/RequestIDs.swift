@@ -1,5 +1,6 @@
-/// The `X-Request-Id` of requests that come without one: xorshift64*, seeded per connection —
-/// unique enough to correlate log lines, and cheap.
+/// The `X-Request-Id` of requests that come without one, and the ids of the spans and traces
+/// the gateway starts: xorshift64*, seeded per connection — unique enough to correlate log
+/// lines and spans, and cheap.
 struct RequestIDs {
     private var state: UInt64
 
@@ -7,18 +8,13 @@ struct RequestIDs {
 
     /// 16 lower-case hex digits, written in place (`String(_:radix:)` and padding cost ~3 % of a
     /// proxied request).
-    mutating func next() -> String {
+    mutating func next() -> String { Hex.string(nextValue()) }
+
+    /// The next 64 bits, never 0 (a span id).
+    mutating func nextValue() -> UInt64 {
         state ^= state >> 12
         state ^= state << 25
         state ^= state >> 27
-        var value = state &* 2_685_821_657_736_338_717
-        return String(unsafeUninitializedCapacity: 16) { out in
-            for i in stride(from: 15, through: 0, by: -1) {
-                let digit = UInt8(truncatingIfNeeded: value & 0xF)
-                out[i] = digit < 10 ? 0x30 + digit : 0x57 + digit
-                value >>= 4
-            }
-            return 16
-        }
+        return state &* 2_685_821_657_736_338_717
     }
 }

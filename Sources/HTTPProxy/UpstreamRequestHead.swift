@@ -18,15 +18,16 @@ struct UpstreamRequestHead {
 
     /// The head of a request the guard admitted with `.forward`: the route's target, the guard's
     /// removals, then the forwarding fields (`X-Forwarded-*` extended with `client`, `Host` when
-    /// the route sets one or the client sent none), the request id and the guard's fields (any
-    /// with a control character left out); `closing`: `Connection: close` (the connection
-    /// serves this request only, and the app is told not to read on after its answer).
+    /// the route sets one or the client sent none), the request id, the trace context (`trace`:
+    /// the upstream span) and the guard's fields (any with a control character left out);
+    /// `closing`: `Connection: close` (the connection serves this request only, and the app is
+    /// told not to read on after its answer).
     static func forwarding(_ inbound: InboundRequest, method: HTTPMethod, target: RequestTarget, route: ProxyRoute, requestID: String,
                            client: String, scheme: String, adding extra: [(String, String)], removing: [String],
-                           closing: Bool = false) -> UpstreamRequestHead {
+                           closing: Bool = false, trace: TraceContext? = nil) -> UpstreamRequestHead {
         var head = UpstreamRequestHead(method: method, target: route.upstreamTarget(target), removing: removing.map { $0.lowercased() },
                                        replacesHost: route.upstreamHost != nil)
-        head.adding.reserveCapacity(5 + extra.count)
+        head.adding.reserveCapacity(7 + extra.count)
         head.adding.append(("X-Forwarded-For", inbound.forwardedFor.map { "\($0), \(client)" } ?? client))
         head.adding.append(("X-Forwarded-Proto", inbound.forwardedProto ?? scheme))
         if let host = inbound.host?.authority { head.adding.append(("X-Forwarded-Host", host)) }
@@ -36,6 +37,10 @@ struct UpstreamRequestHead {
             head.adding.append(("Host", route.upstream.description))
         }
         head.adding.append(("X-Request-Id", requestID))
+        if let trace {
+            head.adding.append(("traceparent", trace.traceparent))
+            if let state = trace.state { head.adding.append(("tracestate", state)) }
+        }
         if closing { head.adding.append(("Connection", "close")) }
         for (name, value) in extra where HTTPWire.isSafeValue(value) && HTTPWire.isSafeValue(name) {
             head.adding.append((name, value))

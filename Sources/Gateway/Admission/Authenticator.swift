@@ -139,8 +139,9 @@ final class Authenticator: Sendable {
     }
 
     /// Cookie or bearer → signature → local cache → store (bounded by `store.timeout`) →
-    /// timeouts → revocation. Synchronous on a cache hit.
-    func lookup(_ headers: some HeaderValues, on loop: any EventLoop) -> Lookup {
+    /// timeouts → revocation. Synchronous on a cache hit. `trace`: the request's admission span,
+    /// the parent of a store read and a re-validation.
+    func lookup(_ headers: some HeaderValues, trace: TraceContext? = nil, on loop: any EventLoop) -> Lookup {
         let value: Substring
         switch credential(headers) {
         case .none: return .now(.anonymous)
@@ -151,10 +152,11 @@ final class Authenticator: Sendable {
         let t = core.now()
         if let cached = core.cache.get(handle) {
             core.metrics.cacheHits.increment()
-            return admit(handle, cached, now: t, on: loop)
+            return admit(handle, cached, now: t, trace: trace, on: loop)
         }
         core.metrics.cacheMisses.increment()
         let loaded = core.store.load(handle, on: loop)
+        OpenSpan.store(.load, tracer: core.tracer, parent: trace)?.end(with: loaded)
         return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
             guard let stored else { return loop.makeSucceededFuture(.invalid) }
             let cached = CachedSession(stored: stored)
@@ -163,7 +165,7 @@ final class Authenticator: Sendable {
                 kept.stored.session = stored.session.withoutToken  // read again when a re-validation is due
                 self.core.cache.put(handle, sub: stored.session.sub, kept)
             }
-            switch self.admit(handle, cached, now: t, on: loop) {
+            switch self.admit(handle, cached, now: t, trace: trace, on: loop) {
             case .now(let resolution): return loop.makeSucceededFuture(resolution)
             case .later(let future): return future
             }
@@ -185,7 +187,7 @@ final class Authenticator: Sendable {
 
     /// Acts on `SessionPolicy`'s decision: drops a dead session from the cache, records activity,
     /// and asks Apple when a re-validation is due (in the background, or before answering).
-    private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, on loop: any EventLoop) -> Lookup {
+    private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, trace: TraceContext?, on loop: any EventLoop) -> Lookup {
         let session = cached.stored.session
         let revalidation: SessionPolicy.Revalidation
         switch policy.decide(cached.stored, now: t) {
@@ -207,13 +209,13 @@ final class Authenticator: Sendable {
             return .now(.session(handle, cached))
         case .background:
             core.metrics.recordRevalidation(kind: .background)
-            revalidator.validate(session, keep: absoluteTimeout, on: loop).whenSuccess { outcome in
+            revalidator.validate(session, keep: absoluteTimeout, scope: TraceScope(core.tracer, trace), on: loop).whenSuccess { outcome in
                 if case .valid(let at) = outcome { self.core.cache.update(handle) { $0.stored.session.validatedAt = at } }
             }
             return .now(.session(handle, cached))
         case .beforeAnswering:
             core.metrics.recordRevalidation(kind: .blocking)
-            return .later(revalidator.validate(session, keep: absoluteTimeout, on: loop).hop(to: loop).map { outcome in
+            return .later(revalidator.validate(session, keep: absoluteTimeout, scope: TraceScope(core.tracer, trace), on: loop).hop(to: loop).map { outcome in
                 switch outcome {
                 case .valid(let at):
                     self.core.cache.update(handle) { $0.stored.session.validatedAt = at }

@@ -31,7 +31,7 @@ struct SessionGuard: RequestGuard {
             core.metrics.recordAdmission(.preflight)
             return .verdict(withoutSession(request))
         }
-        switch auth.lookup(request, on: loop) {
+        switch auth.lookup(request, trace: request.trace, on: loop) {
         case .now(let resolution): return .verdict(verdict(resolution, request, on: loop))
         case .later(let future): return .pending(future.map { verdict($0, request, on: loop) })
         }

@@ -122,9 +122,27 @@ final class AppEvents: Sendable {
     }
 
     /// One delivery: 2xx is done; anything else (or no answer within `events.timeout`) is retried.
-    static func deliver(_ job: OutboxJob, signer: IdentityAssertionSigner, now: Int64, http: HTTPClient, timeout: TimeAmount, logger: Logger) async -> Outbox.Result {
+    /// Traced (`tracer`), each attempt is the root span of a trace of its own, which the app
+    /// receives in `traceparent`.
+    static func deliver(_ job: OutboxJob, signer: IdentityAssertionSigner, now: Int64, http: HTTPClient, timeout: TimeAmount, tracer: GatewayTracer?,
+                        logger: Logger) async -> Outbox.Result {
         guard let (url, type, jws) = payload(of: job, signer: signer, now: now) else { return .drop }
+        var span: OpenSpan? = nil
         var request = HTTPClientRequest(url: url)
+        if let tracer {
+            let root = tracer.root("event.deliver", kind: .client)
+            span = root.span
+            span?.record.attributes = [("sessiongate.event.type", .string(type)), ("sessiongate.event.attempt", .int(Int64(job.attempts + 1)))]
+            request.headers.add(name: "traceparent", value: root.context.traceparent)
+        }
+        let result = await deliver(request, url: url, type: type, jws: jws, job: job, http: http, timeout: timeout, logger: logger)
+        span?.end(error: result == .done ? nil : "not delivered: retried later")
+        return result
+    }
+
+    private static func deliver(_ prepared: HTTPClientRequest, url: String, type: String, jws: String, job: OutboxJob, http: HTTPClient,
+                                timeout: TimeAmount, logger: Logger) async -> Outbox.Result {
+        var request = prepared
         request.method = .POST
         request.headers.add(name: "content-type", value: "application/json")
         request.headers.add(name: "user-agent", value: "sessiongate-events")

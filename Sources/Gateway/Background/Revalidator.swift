@@ -107,9 +107,11 @@ final class Revalidator: Sendable {
 
     /// The validation of this session's refresh token: shared with every concurrent caller in the
     /// process, and with the fleet through the store.
-    /// - Parameter keep: how long a revocation is kept (the running absolute session timeout, ms).
-    func validate(_ session: SessionRecord, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
-        if session.sealedRefreshToken == SessionRecord.tokenInStore { return validateFromStore(session.handle, keep: keep, on: loop) }
+    /// - Parameters:
+    ///   - keep: how long a revocation is kept (the running absolute session timeout, ms).
+    ///   - scope: the trace of the request that found it due (a `revalidation` span under it).
+    func validate(_ session: SessionRecord, keep: Int64, scope: TraceScope? = nil, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        if session.sealedRefreshToken == SessionRecord.tokenInStore { return validateFromStore(session.handle, keep: keep, scope: scope, on: loop) }
         guard let sealed = session.sealedRefreshToken, let token = keys.open(sealed, for: session.handle) else {
             return loop.makeSucceededFuture(.unknown)
         }
@@ -119,7 +121,9 @@ final class Revalidator: Sendable {
             let promise = loop.makePromise(of: Outcome.self)
             flights[tokenHash] = promise.futureResult
             promise.completeWithTask {
-                let outcome = await self.run(session, token: token, tokenHash: tokenHash, keep: keep, on: loop)
+                let outcome = await TraceScope.with(scope) {
+                    await TraceScope.span("revalidation") { await self.run(session, token: token, tokenHash: tokenHash, keep: keep, on: loop) }
+                }
                 self.inFlight.withLockedValue { _ = $0.removeValue(forKey: tokenHash) }
                 return outcome
             }
@@ -131,7 +135,7 @@ final class Revalidator: Sendable {
     /// `validate` for a session held without its token (the local cache): the session is read
     /// from the store first, once for all the requests that ask meanwhile. A session the store
     /// no longer has is over (`revoked`).
-    private func validateFromStore(_ handle: SessionHandle, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+    private func validateFromStore(_ handle: SessionHandle, keep: Int64, scope: TraceScope?, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
         let flight = "session:" + handle.key  // token hashes are hex: no clash
         let promise = loop.makePromise(of: Outcome.self)
         let running = inFlight.withLockedValue { flights -> EventLoopFuture<Outcome>? in
@@ -144,10 +148,12 @@ final class Revalidator: Sendable {
             return running.hop(to: loop)
         }
         // Started outside the lock: a future that fails at once runs its callbacks here.
-        store.load(handle, on: loop).flatMap { stored -> EventLoopFuture<Outcome> in
+        let loaded = store.load(handle, on: loop)
+        OpenSpan.store(.load, tracer: scope?.tracer, parent: scope?.context)?.end(with: loaded)
+        loaded.flatMap { stored -> EventLoopFuture<Outcome> in
             guard let stored else { return loop.makeSucceededFuture(.revoked) }
             guard stored.session.sealedRefreshToken != SessionRecord.tokenInStore else { return loop.makeSucceededFuture(.unknown) }
-            return self.validate(stored.session, keep: keep, on: loop)
+            return self.validate(stored.session, keep: keep, scope: scope, on: loop)
         }.recover { error in
             self.logger.warning("re-validation could not use the session store", metadata: ["error": "\(error)"])
             return .unknown

@@ -32,6 +32,8 @@ struct AuthCore: Sendable {
     /// Login states and native nonces written, per client and for the instance
     /// (`apple.logins_per_minute`, `apple.max_pending_logins`).
     let anonymousWrites: NIOLockedValueBox<AnonymousWrites>
+    /// `tracing`: nil when nothing is traced.
+    let tracer: GatewayTracer?
     let metrics: GatewayMetrics
     let logger: Logger
     let now: @Sendable () -> Int64

@@ -69,6 +69,10 @@ enum GatewayComposition {
             throw error
         }
 
+        let tracer = c.tracing.map { t in
+            GatewayTracer(t, exporter: t.exportProtocol == .grpc ? OTLPGRPCExporter(t, group: group) as any SpanExporter : OTLPHTTPExporter(t, group: group),
+                          metrics: metrics, logger: logger)
+        }
         let store = GatewayStore(backend?.store ?? MemorySessionStore(now: now), timeout: TimeAmount(c.store.timeout), metrics: metrics)
         let fleet = FleetPublisher(backend: backend, logger: logger)
         let backgroundLoop = group.next()
@@ -81,7 +85,7 @@ enum GatewayComposition {
         let events = AppEvents(c.events, signer: signer, outbox: outbox, now: now, logger: logger)
         if events != nil, let signer, let http {
             let timeout = TimeAmount(c.events.timeout)
-            outbox.register(.event) { job, _ in await AppEvents.deliver(job, signer: signer, now: now(), http: http, timeout: timeout, logger: logger) }
+            outbox.register(.event) { job, _ in await AppEvents.deliver(job, signer: signer, now: now(), http: http, timeout: timeout, tracer: tracer, logger: logger) }
         }
         let tunnels = TunnelRegistry()
         let revocations = Revocations(store: store, cache: cache, fleet: fleet, tunnels: tunnels, events: events, metrics: metrics, logger: logger,
@@ -101,8 +105,8 @@ enum GatewayComposition {
         let core = AuthCore(secrets: secrets, store: store, cache: cache, apple: apple, revalidator: revalidator, revocations: revocations,
                             tunnels: tunnels, outbox: outbox, events: events, linkLookup: linkLookup,
                             exchanges: NIOLockedValueBox(RateWindows()), anonymousWrites: NIOLockedValueBox(AnonymousWrites()),
-                            metrics: metrics, logger: logger, now: now)
+                            tracer: tracer, metrics: metrics, logger: logger, now: now)
         let subscriber = signals.map { FleetSubscriber(signals: $0, revocations: revocations, revalidator: revalidator) }
-        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http))
+        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http, tracer: tracer))
     }
 }

@@ -98,6 +98,7 @@ extension GatewayService {
         metrics.prime(routes: next.routes.map(\.name))
         running.withLockedValue { $0 = (next, auth) }
         proxy.replaceRouting(routing)
+        if let tracing = next.tracing { core.tracer?.setSampleRatio(tracing.sampleRatio) }
         if let certificate {
             tls?.replace(certificate.context)
             metrics.recordCertificateExpiry(certificate.notValidAfter)

@@ -49,7 +49,7 @@ extension GatewayService {
         }
         return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all + c.identity.stripHeaders, identityPrefix: c.identity.headerPrefix,
                                trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName, auth.nameCookieName],
-                               origins: origins(c))
+                               origins: origins(c), tracing: c.tracing.map { TraceSampler(ratio: $0.sampleRatio) })
     }
 
     /// Who may open WebSockets and post to the gateway's endpoints besides the request's own host.

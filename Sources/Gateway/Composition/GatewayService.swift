@@ -60,7 +60,6 @@ public final class GatewayService: Service, Sendable {
         case .text: accessLog = AccessLog(format: .text, sink: .standardOutput)
         case .json: accessLog = AccessLog(format: .json, sink: .standardOutput)
         }
-        let observer = GatewayObserver(metrics: metrics, accessLog: accessLog)
         // Read before anything that must be closed on failure is made.
         if let files = configuration.server.tls {
             let certificate = try TLSContexts.server(files)
@@ -72,6 +71,7 @@ public final class GatewayService: Service, Sendable {
             tls = nil
         }
         let parts = try GatewayComposition.build(configuration, group: group, metrics: metrics, logger: logger, now: clock)
+        let observer = GatewayObserver(metrics: metrics, accessLog: accessLog, tracer: parts.core.tracer)
         let authenticator: Authenticator
         let routing: RoutingSnapshot
         do {

@@ -14,6 +14,7 @@ struct AccessLog: Sendable {
             ("method", r.method, true), ("path", r.path, true), ("protocol", r.protocolName, true), ("status", String(r.status), false),
             ("route", r.route ?? "-", true), ("upstream", r.upstream?.description ?? "-", true), ("client", r.client, true),
             ("user", r.user ?? "-", true), ("original", r.original ?? "-", true), ("request_id", r.requestID, true),
+            ("trace_id", r.trace?.context.traceID.hex ?? "-", true),
             ("duration_ms", milliseconds(r.durationNanoseconds), false), ("upstream_ms", upstreamMilliseconds ?? (format == .json ? "null" : "-"), false),
             ("bytes", String(r.bytesSent), false), ("aborted", r.aborted ? "true" : "false", false),
             ("user_agent", r.userAgent ?? "-", true),

@@ -1,3 +1,4 @@
+import AppleID
 import Foundation
 import HTTPProxy
 import NIOConcurrencyHelpers
@@ -200,12 +201,15 @@ public final class GatewayMetrics: Sendable {
         histogram("apple_call_duration", help: "Calls to Apple, by endpoint.", labels: [("endpoint", endpoint.rawValue)])
     }
 
-    /// Runs a call to Apple, recording its duration under `endpoint`.
+    /// Runs a call to Apple, recording its duration under `endpoint`; in a trace, as an
+    /// `apple.<endpoint>` span whose context Apple receives.
     func timeAppleCall<T>(_ endpoint: AppleEndpoint, _ call: () async -> T) async -> T {
-        let start = NIODeadline.now()
-        let result = await call()
-        appleLatency(endpoint).recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds))
-        return result
+        await TraceScope.outbound("apple." + endpoint.rawValue) { fields in
+            let start = NIODeadline.now()
+            let result = await AppleTokenClient.$traceFields.withValue(fields) { await call() }
+            appleLatency(endpoint).recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds))
+            return result
+        }
     }
 
     func recordAdmission(_ result: AdmissionResult) { admissions[result.rawValue].increment() }
@@ -266,6 +270,26 @@ public final class GatewayMetrics: Sendable {
 
     private func notifications(_ type: NotificationType, _ result: NotificationResult) -> Prometheus.Counter {
         counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type.rawValue), ("result", result.rawValue)])
+    }
+
+    enum SpanDrop: String { case queueFull = "queue_full", exportFailed = "export_failed" }
+
+    /// Spans a collector accepted (`tracing`).
+    func recordSpansExported(_ count: Int) {
+        counter("tracing_spans_exported", help: "Spans the trace collector accepted.", labels: []).increment(by: Int64(count))
+    }
+
+    /// Spans lost: the export queue was full (`tracing.max_queue`), or their export failed.
+    func recordSpansDropped(_ count: Int, reason: SpanDrop) {
+        counter("tracing_spans_dropped", help: "Spans not exported, by reason (queue_full: tracing.max_queue reached; export_failed).",
+                labels: [("reason", reason.rawValue)]).increment(by: Int64(count))
+    }
+
+    /// An export request the collector did not accept (its spans are dropped).
+    func recordSpanExportFailed(spans: Int) {
+        counter("tracing_exports_failed", help: "Trace export requests that failed (unreachable collector, error answer, timeout).", labels: [])
+            .increment()
+        recordSpansDropped(spans, reason: .exportFailed)
     }
 
     /// Ended sessions by reason.

@@ -1,9 +1,11 @@
 import HTTPProxy
 
-/// Turns each finished exchange into one access-log line and the request metrics.
+/// Turns each finished exchange into one access-log line, the request metrics and, when it
+/// was traced, its spans.
 struct GatewayObserver: ProxyObserver {
     let metrics: GatewayMetrics
     let accessLog: AccessLog?
+    let tracer: GatewayTracer?
 
     var wantsRequestDetails: Bool { accessLog != nil }
 
@@ -11,6 +13,7 @@ struct GatewayObserver: ProxyObserver {
         metrics.recordRequest(route: record.route ?? "-", status: record.status, durationNanoseconds: record.durationNanoseconds,
                               http2: record.protocolName == "HTTP/2")
         accessLog?.write(record)
+        tracer?.exchange(record)
     }
 
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String) { metrics.recordUpstreamError(route: route, kind: kind) }

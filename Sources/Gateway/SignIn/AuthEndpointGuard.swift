@@ -54,12 +54,12 @@ struct AuthEndpointGuard: RequestGuard {
             return login(rd: query["rd"], head: head, client: client(), on: loop)
         case .callback:
             let client = client()
-            return collect(Self.maxFormBytes, on: loop) { await callback(form: $0, head: head, client: client, on: loop) }
+            return collect(Self.maxFormBytes, request, span: "sign_in.web", on: loop) { await callback(form: $0, head: head, client: client, on: loop) }
         case .native:
-            return collect(Self.maxFormBytes, on: loop) { await native(body: $0, head: head, on: loop) }
+            return collect(Self.maxFormBytes, request, span: "sign_in.native", on: loop) { await native(body: $0, head: head, on: loop) }
         case .nativeNonce:
             let client = client()
-            return collect(4096, on: loop) { await issueNonce(body: $0, client: client, on: loop) }
+            return collect(4096, request, span: "sign_in.native_nonce", on: loop) { await issueNonce(body: $0, client: client, on: loop) }
         case .logout where method == .GET:
             // `rd`: the page the user signs out from; it picks the route's post_logout_redirect.
             let rd = query["rd"].flatMap(auth.returnPolicy.validate)
@@ -69,7 +69,7 @@ struct AuthEndpointGuard: RequestGuard {
             let after = auth.afterLogout.target(from: query["rd"].flatMap(auth.returnPolicy.validate), host: request.host?.name)
             return .verdict(.collectBody(maxBytes: 4096) { _ in logout(head, redirect: after, on: loop) })
         case .userinfo:
-            return resolved(head, on: loop) { resolution in
+            return resolved(head, trace: request.trace, on: loop) { resolution in
                 switch resolution {
                 case .session(_, let cached): return AuthResponses.json(.ok, Self.userJSON(cached.stored.user, now: core.now()))
                 case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
@@ -86,7 +86,7 @@ struct AuthEndpointGuard: RequestGuard {
             // (no query string is ever logged).
             let original = ClientAddress.isTrusted(request.clientAddress?.ipAddress, trustedProxies)
                 ? asked.uri.map { asked.method + " " + ($0.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? "") } : nil
-            return resolved(head, on: loop) { resolution in
+            return resolved(head, trace: request.trace, on: loop) { resolution in
                 var response: LocalResponse
                 var user: String? = nil
                 switch resolution {
@@ -105,23 +105,29 @@ struct AuthEndpointGuard: RequestGuard {
                 return response
             }
         case .appleNotifications:
-            return collect(NotificationVerifier.maximumBodyBytes, on: loop) { await notification(body: $0, on: loop) }
+            return collect(NotificationVerifier.maximumBodyBytes, request, span: "apple.notification", on: loop) { await notification(body: $0, on: loop) }
         case .revoke:
-            return collect(4096, on: loop) { _ in await disconnect(head, on: loop) }
+            return collect(4096, request, span: "disconnect", on: loop) { _ in await disconnect(head, on: loop) }
         case .jwks:
             return .verdict(.respond(AuthResponses.json(.ok, auth.assertion?.jwks ?? ["keys": [Any]()])))
         case .links:
-            return collect(4096, on: loop) { await links(method, head: head, body: $0, on: loop) }
+            return collect(4096, request, span: "links", on: loop) { await links(method, head: head, body: $0, on: loop) }
         }
     }
 
-    /// Reads the body (at most `maxBytes`), then answers with `handler`.
-    private func collect(_ maxBytes: Int, on loop: any EventLoop, _ handler: @escaping @Sendable (ByteBuffer) async -> LocalResponse) -> GuardDecision {
-        .verdict(.collectBody(maxBytes: maxBytes) { body in loop.makeFutureWithTask { await handler(body) } })
+    /// Reads the body (at most `maxBytes`), then answers with `handler`: in a traced request, as
+    /// a span named `span` under its admission, whose children are the store and Apple calls.
+    private func collect(_ maxBytes: Int, _ request: GuardRequest, span: String, on loop: any EventLoop,
+                         _ handler: @escaping @Sendable (ByteBuffer) async -> LocalResponse) -> GuardDecision {
+        let scope = TraceScope(core.tracer, request.trace)
+        return .verdict(.collectBody(maxBytes: maxBytes) { body in
+            loop.makeFutureWithTask { await TraceScope.with(scope) { await TraceScope.span(span) { await handler(body) } } }
+        })
     }
 
-    private func resolved(_ head: HTTPRequestHead, on loop: any EventLoop, _ body: @escaping @Sendable (Resolution) -> LocalResponse) -> GuardDecision {
-        switch auth.lookup(head.headers, on: loop) {
+    private func resolved(_ head: HTTPRequestHead, trace: TraceContext?, on loop: any EventLoop,
+                          _ body: @escaping @Sendable (Resolution) -> LocalResponse) -> GuardDecision {
+        switch auth.lookup(head.headers, trace: trace, on: loop) {
         case .now(let r): return .verdict(.respond(body(r)))
         case .later(let f): return .pending(f.map { .respond(body($0)) })
         }

@@ -18,7 +18,10 @@ struct GatewayStore: SessionStore {
         latency = Dictionary(uniqueKeysWithValues: StoreOperation.allCases.map { ($0, metrics.storeLatency($0)) })
     }
 
+    /// Async work in a trace (`TraceScope`) records a span per operation; the admission path,
+    /// on an event loop, makes its own (`OpenSpan.store`).
     private func run<T: Sendable>(_ operation: StoreOperation, on loop: any EventLoop, _ future: EventLoopFuture<T>) -> EventLoopFuture<T> {
+        if let scope = TraceScope.current { OpenSpan.store(operation, tracer: scope.tracer, parent: scope.context)?.end(with: future) }
         let start = NIODeadline.now()
         let histogram = latency[operation]
         future.whenComplete { _ in histogram?.recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds)) }

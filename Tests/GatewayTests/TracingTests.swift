@@ -1,0 +1,164 @@
+import Foundation
+import GatewayConfig
+import NIOHTTP1
+import Testing
+import TestSupport
+@testable import Gateway
+
+/// Traces across the proxy (issue 28 §3), against a real OTLP collector: the spans of a request
+/// with their links and attributes, W3C context from trusted proxies only, export over HTTP and
+/// gRPC, and an unavailable collector that costs requests nothing.
+@Suite("Tracing", .serialized, .timeLimit(.minutes(5)))
+struct TracingTests {
+    static let callerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    static let callerSpan = "00f067aa0ba902b7"
+
+    static func tracing(_ endpoint: String, protocol p: GatewayConfiguration.Tracing.ExportProtocol = .httpProtobuf,
+                        includeUser: Bool = false, ratio: Double = 1) -> GatewayConfiguration.Tracing {
+        var t = GatewayConfiguration.Tracing()
+        t.endpoint = endpoint
+        t.exportProtocol = p
+        t.sampleRatio = ratio
+        t.includeUser = includeUser
+        t.headers = ["authorization": "Bearer collector-key"]
+        return t
+    }
+
+    @Test("an authenticated request from a trusted proxy: its spans reach the collector, linked to the caller's span, and the app gets the trace")
+    func authenticatedRequestSpans() async throws {
+        try await OTLPReceiver.with { collector in
+            // local_cache_ttl 0: the request reads its session from the store.
+            try await SignInHarness.with(localCacheTTL: .zero, configure: {
+                $0.tracing = Self.tracing(collector.httpEndpoint)
+                $0.server.trustedProxies = [CIDR.parse("127.0.0.1/32")!]
+            }) { h in
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await browser.signIn(from: "/", as: h.simulator.createUser())
+                let caller = "00-\(Self.callerTrace)-\(Self.callerSpan)-01"
+                let r = try await browser.request("/api/traced", headers: [("traceparent", caller), ("tracestate", "vendor=abc")])
+                #expect(r.status == 200)
+                // The app's parent is the gateway's upstream span, in the caller's trace.
+                let sent = try #require(r.body.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                let parts = sent.dropFirst("traceparent: ".count).split(separator: "-")
+                #expect(parts.count == 4 && parts[0] == "00" && parts[1] == Self.callerTrace && parts[3] == "01", "\(sent)")
+                #expect(r.body.contains("tracestate: vendor=abc"))
+
+                let spans = try await collector.spans(of: Self.callerTrace, count: 5)
+                func named(_ name: String) throws -> OTLPReceiver.Span { try #require(spans.first { $0.name == name }, "\(spans.map(\.name))") }
+                let server = try named("GET api")
+                let admission = try named("admission")
+                let upstream = try named("upstream GET")
+                let connect = try named("connect")
+                let load = try named("store.load")
+                #expect(server.kind == "SPAN_KIND_SERVER" && server.parent_span_id == Self.callerSpan)
+                #expect(admission.parent_span_id == server.span_id && upstream.parent_span_id == server.span_id)
+                #expect(connect.parent_span_id == upstream.span_id && load.parent_span_id == admission.span_id)
+                #expect(upstream.kind == "SPAN_KIND_CLIENT" && String(parts[2]) == upstream.span_id, "the app's parent is the upstream span")
+                #expect(server.attributes["http.request.method"] == .string("GET") && server.attributes["url.path"] == .string("/api/traced"))
+                #expect(server.attributes["http.response.status_code"] == .int(200) && upstream.events == ["first_byte"])
+                #expect(server.attributes["enduser.id"] == nil, "the user only with tracing.include_user")
+                #expect(server.trace_state == "vendor=abc")
+                #expect(server.start <= admission.start && admission.end <= upstream.start && upstream.end <= server.end)
+                #expect(server.resource["service.name"] == .string("sessiongate") && server.via == "http")
+                #expect(server.headers["authorization"] == "Bearer collector-key", "tracing.headers go with every export")
+
+                // The sign-in: the callback's trace has the web flow, Apple's token call and the store's writes under it.
+                let all = try await collector.spans()
+                let signIn = try #require(all.first { $0.name == "sign_in.web" })
+                let apple = try #require(all.first { $0.name == "apple.token" })
+                #expect(apple.parent_span_id == signIn.span_id && apple.trace_id == signIn.trace_id && apple.kind == "SPAN_KIND_CLIENT")
+                #expect(all.contains { $0.name == "store.create" && $0.parent_span_id == signIn.span_id })
+            }
+        }
+    }
+
+    @Test("a traceparent from a client that is not a trusted proxy starts a new trace; the app receives the gateway's, not the client's")
+    func untrustedContextIgnored() async throws {
+        try await OTLPReceiver.with { collector in
+            try await SignInHarness.with(configure: { $0.tracing = Self.tracing(collector.httpEndpoint) }) { h in
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                let forged = "00-\(Self.callerTrace)-\(Self.callerSpan)-01"
+                let r = try await browser.request("/public/x", headers: [("traceparent", forged), ("tracestate", "forged=1")])
+                #expect(r.status == 200)
+                let sent = try #require(r.body.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                let traceID = String(sent.split(separator: "-")[1])
+                #expect(traceID != Self.callerTrace && !r.body.contains("forged=1"))
+                #expect(r.body.components(separatedBy: "traceparent:").count == 2, "one traceparent upstream")
+                let spans = try await collector.spans(of: traceID, count: 4)
+                let server = try #require(spans.first { $0.kind == "SPAN_KIND_SERVER" })
+                #expect(server.parent_span_id == "" && server.name == "GET public")
+            }
+        }
+    }
+
+    @Test("over OTLP/gRPC, with the user's sub when tracing.include_user is on")
+    func grpcExport() async throws {
+        try await OTLPReceiver.with { collector in
+            try await SignInHarness.with(configure: { $0.tracing = Self.tracing(collector.grpcEndpoint, protocol: .grpc, includeUser: true) }) { h in
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                let user = h.simulator.createUser()
+                _ = try await browser.signIn(from: "/", as: user)
+                let r = try await browser.request("/api/grpc")
+                #expect(r.status == 200)
+                let sent = try #require(r.body.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                let traceID = String(sent.split(separator: "-")[1])
+                let spans = try await collector.spans(of: traceID, count: 4)
+                let server = try #require(spans.first { $0.kind == "SPAN_KIND_SERVER" })
+                #expect(server.via == "grpc" && server.headers["authorization"] == "Bearer collector-key")
+                #expect(server.attributes["enduser.id"] == .string(user))
+            }
+        }
+    }
+
+    @Test("sample_ratio 0: nothing is recorded, yet the app still receives a context (not sampled)")
+    func unsampled() async throws {
+        try await OTLPReceiver.with { collector in
+            try await SignInHarness.with(configure: { $0.tracing = Self.tracing(collector.httpEndpoint, ratio: 0) }) { h in
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                let r = try await browser.request("/public/x")
+                let sent = try #require(r.body.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                #expect(sent.hasSuffix("-00"), "\(sent)")
+                // A sampled caller's trace is recorded whatever the ratio; nothing else is.
+                let metrics = try await browser.request("http://127.0.0.1:\(h.service.adminAddress!.port!)/metrics").body
+                #expect(!metrics.contains("sessiongate_tracing_spans_exported_total "), "\(metrics)")
+                #expect(try await collector.spans().isEmpty)
+            }
+        }
+    }
+
+    @Test("a collector that refuses exports: requests are unaffected, the failures counted and logged once, and export resumes")
+    func collectorDown() async throws {
+        try await OTLPReceiver.with { collector in
+            try await collector.fail(status: 503)
+            let logs = LogRecorder()
+            try await SignInHarness.with(logs: logs, configure: { $0.tracing = Self.tracing(collector.httpEndpoint) }) { h in
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                let admin = "http://127.0.0.1:\(h.service.adminAddress!.port!)/metrics"
+                for _ in 0..<3 { #expect(try await browser.request("/public/x").status == 200) }
+                // Three requests, four spans each, all in exports the collector refused.
+                try await Self.eventually("every span counted as dropped") {
+                    try await browser.request(admin).body.contains(#"sessiongate_tracing_spans_dropped_total{reason="export_failed"} 12"#)
+                }
+                let metrics = try await browser.request(admin).body
+                #expect(metrics.contains("sessiongate_tracing_exports_failed_total "), "\(metrics)")
+                #expect(!metrics.contains("sessiongate_tracing_spans_exported_total "))
+                #expect(logs.all.filter { $0.contains("trace export failed") }.count == 1, "logged once per outage")
+
+                try await collector.fail(status: 0)
+                let r = try await browser.request("/public/back")
+                let sent = try #require(r.body.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                #expect(try await collector.spans(of: String(sent.split(separator: "-")[1]), count: 4).count == 4)
+                try await Poll.within(.seconds(10), "recovery logged") { logs.all.contains { $0.contains("trace export works again") } }
+            }
+        }
+    }
+
+    /// Checks `condition` every 100 ms until it holds (the gateway exports each second).
+    static func eventually(_ what: String, within limit: Duration = .seconds(15), _ condition: () async throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + limit
+        while try await !condition() {
+            guard ContinuousClock.now < deadline else { throw OTLPReceiver.Failure("timed out waiting until \(what)") }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+    }
+}
