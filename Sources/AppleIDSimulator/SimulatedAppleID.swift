@@ -116,6 +116,8 @@ public final class SimulatedAppleID: Sendable {
     /// Where `/sim/notify` sends notifications when the request names no URL.
     public let notificationURL: String?
     let counters = NIOLockedValueBox<[String: Int]>([:])
+    /// The last `traceparent` each path received (Apple ignores it; tests read what a caller propagates).
+    let traceparents = NIOLockedValueBox<[String: String]>([:])
     /// App transfers, shared with the simulators of the other teams (`TransferLedger`).
     public let ledger: TransferLedger
     private let server: SimulatorHTTPServer
@@ -175,9 +177,13 @@ public final class SimulatedAppleID: Sendable {
     /// How many requests reached `path` (e.g. `/auth/keys`); tests and the bench read these.
     public func requestCount(_ path: String) -> Int { counters.withLockedValue { $0[path] ?? 0 } }
 
+    /// The `traceparent` the last request to `path` carried.
+    public func lastTraceparent(_ path: String) -> String? { traceparents.withLockedValue { $0[path] } }
+
     func respond(_ request: SimulatorRequest) -> SimulatorResponse {
         let path = String(request.path)
         counters.withLockedValue { $0[path, default: 0] += 1 }
+        if let traceparent = request.head.headers.first(name: "traceparent") { traceparents.withLockedValue { $0[path] = traceparent } }
         var response = route(request, path: path)
         if ["/auth/token", "/auth/revoke", "/auth/keys"].contains(path) {
             let latency = faults.withLockedValue { $0.latencyMilliseconds }

@@ -72,6 +72,14 @@ struct ConfigLoadingTests {
     }
 
     static let badCases: [BadCase] = [
+        BadCase(name: "tracing: an endpoint that is not a URL", yaml: "tracing:\n  endpoint: \"collector:4318\"\n" + minimal, path: "tracing.endpoint",
+                line: 2, column: 13, message: "not an http:// or https:// URL"),
+        BadCase(name: "tracing: a ratio over 1", yaml: "tracing:\n  sample_ratio: 1.5\n" + minimal, path: "tracing.sample_ratio", line: 2, column: 17,
+                message: "not a number from 0 to 1"),
+        BadCase(name: "tracing: an unknown protocol", yaml: "tracing:\n  protocol: zipkin\n" + minimal, path: "tracing.protocol", line: 2, column: 13,
+                message: "http/protobuf | grpc"),
+        BadCase(name: "tracing: a header name with a space", yaml: "tracing:\n  headers: { \"api key\": x }\n" + minimal, path: "tracing.headers",
+                line: 2, column: 14, message: "not a header name"),
         BadCase(name: "misspelled key", yaml: "server:\n  lisen: \"0.0.0.0:80\"\n" + minimal, path: "server.lisen", line: 2, column: 3, message: "did you mean 'listen'"),
         BadCase(name: "unknown top-level key", yaml: "servers: {}\n" + minimal, path: "servers", line: 1, column: 1, message: "did you mean 'server'"),
         BadCase(name: "wrong type: mapping expected", yaml: "server: 8080\n" + minimal, path: "server", line: 1, column: 9, message: "expected a mapping"),
@@ -206,6 +214,30 @@ struct ConfigLoadingTests {
         let cleartext = try #require(GatewayConfiguration.parse(yaml: "server:\n  http2_cleartext: true\n  limits: { max_header_bytes: 8192 }\n" + Self.minimal).configuration)
         #expect(cleartext.server.http2Cleartext)
         #expect(cleartext.server.http2.headerListSize(cleartext.server.limits) == 8192, "unset: the HTTP/1 head bound")
+    }
+
+    @Test("tracing: off without the section; its keys parse; grpc defaults to the collector's port 4317")
+    func tracingKeys() throws {
+        #expect(try #require(GatewayConfiguration.parse(yaml: Self.minimal).configuration).tracing == nil)
+        let yaml = """
+            tracing:
+              endpoint: "https://otlp.example.com/v1/traces"
+              sample_ratio: 0.01
+              headers: { X-API-Key: "secret" }
+              include_user: true
+              service_name: legacy-gateway
+              timeout: 3s
+              max_queue: 1000
+
+            """ + Self.minimal
+        let t = try #require(GatewayConfiguration.parse(yaml: yaml).configuration?.tracing)
+        #expect(t.endpoint == "https://otlp.example.com/v1/traces" && t.exportProtocol == .httpProtobuf && t.sampleRatio == 0.01)
+        #expect(t.headers == ["x-api-key": "secret"] && t.includeUser && t.serviceName == "legacy-gateway")
+        #expect(t.timeout == .seconds(3) && t.maxQueue == 1000)
+        let defaults = try #require(GatewayConfiguration.parse(yaml: "tracing: {}\n" + Self.minimal).configuration?.tracing)
+        #expect(defaults == GatewayConfiguration.Tracing() && defaults.endpoint == "http://127.0.0.1:4318/v1/traces" && defaults.sampleRatio == 1)
+        let grpc = try #require(GatewayConfiguration.parse(yaml: "tracing: { protocol: grpc }\n" + Self.minimal).configuration?.tracing)
+        #expect(grpc.exportProtocol == .grpc && grpc.endpoint == "http://127.0.0.1:4317")
     }
 
     @Test("a Redis Cluster is its nodes, with the scheme and credentials of redis_url")

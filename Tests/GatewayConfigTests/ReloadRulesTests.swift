@@ -67,6 +67,12 @@ struct ReloadRulesTests {
             ttl: 60s
           headers:
             user: "X-Auth-User"
+        tracing:
+          endpoint: "http://otel-collector:4318/v1/traces"
+          sample_ratio: 0.1
+          headers: { x-api-key: "k1" }
+          include_user: false
+          max_queue: 4096
         routes:
           - name: app
             upstream: "http://127.0.0.1:9000"
@@ -123,6 +129,10 @@ struct ReloadRulesTests {
         ("store.sentinel.addresses", #"addresses: ["10.0.0.1:26379"]"#, #"addresses: ["10.0.0.2:26379"]"#),
         ("server.public_url", #"public_url: "https://app.example.com""#, #"public_url: "https://new.example.com""#),
         ("server.auth_prefix", #"auth_prefix: "/_auth""#, #"auth_prefix: "/auth2""#),
+        ("tracing.endpoint", "otel-collector:4318", "otel-collector-2:4318"),
+        ("tracing.headers", #"x-api-key: "k1""#, #"x-api-key: "k2""#),
+        ("tracing.include_user", "include_user: false", "include_user: true"),
+        ("tracing.max_queue", "max_queue: 4096", "max_queue: 100"),
     ])
     func restartOnly(key: String, from: String, to: String) throws {
         #expect(Self.base.contains(from), "the case edits the base")
@@ -159,6 +169,7 @@ struct ReloadRulesTests {
         "/etc/sessiongate/key.pem": "/etc/letsencrypt/live/app/privkey.pem",
         "internal-ca.pem": "internal-ca-2.pem",
         "https://app.internal:8443": "https://app2.internal:8443",
+        "sample_ratio: 0.1": "sample_ratio: 0.5",
     ])
     func reloadable(from: String, to: String) throws {
         #expect(Self.base.contains(from))

@@ -17,6 +17,7 @@ final class EventReceiver: Sendable {
     struct Received: Sendable {
         var type: String?
         var body: String
+        var traceparent: String? = nil
     }
 
     private let state = NIOLockedValueBox<(received: [Received], down: Bool, waiters: [(Int, CheckedContinuation<Void, Never>)])>(([], false, []))
@@ -46,7 +47,8 @@ final class EventReceiver: Sendable {
     private func receive(_ request: SimpleRequest) -> SimpleResponse {
         let down = state.withLockedValue { $0.down }
         if down { return SimpleResponse(status: .serviceUnavailable, "down") }
-        let record = Received(type: request.head.headers.first(name: "x-sessiongate-event"), body: String(buffer: request.body))
+        let record = Received(type: request.head.headers.first(name: "x-sessiongate-event"), body: String(buffer: request.body),
+                              traceparent: request.head.headers.first(name: "traceparent"))
         let ready = state.withLockedValue { s -> [CheckedContinuation<Void, Never>] in
             s.received.append(record)
             let (due, waiting) = (s.waiters.filter { $0.0 <= s.received.count }, s.waiters.filter { $0.0 > s.received.count })

@@ -206,6 +206,7 @@ struct GatewayProcessTests {
                 #expect(json["protocol"] as? String == "HTTP/1.1")
                 #expect(json["user_agent"] as? String == "t/1")
                 #expect((json["request_id"] as? String)?.count == 16)
+                #expect(json["trace_id"] as? String == "-", "not traced")
                 let local = try #require(await gateway.waitForLine(containing: "\"path\":\"/a%2Fb\""))
                 let localJSON = try #require(try JSONSerialization.jsonObject(with: Data(local.utf8)) as? [String: Any])
                 #expect(localJSON["status"] as? Int == 400)

@@ -1,4 +1,6 @@
 import Foundation
+import Logging
+import NIOPosix
 import GatewayConfig
 import NIOHTTP1
 import Testing
@@ -68,6 +70,8 @@ struct TracingTests {
                 let apple = try #require(all.first { $0.name == "apple.token" })
                 #expect(apple.parent_span_id == signIn.span_id && apple.trace_id == signIn.trace_id && apple.kind == "SPAN_KIND_CLIENT")
                 #expect(all.contains { $0.name == "store.create" && $0.parent_span_id == signIn.span_id })
+                // Apple received the token call's own span as the parent.
+                #expect(h.simulator.lastTraceparent("/auth/token") == "00-\(apple.trace_id)-\(apple.span_id)-01")
             }
         }
     }
@@ -108,6 +112,71 @@ struct TracingTests {
                 #expect(server.attributes["enduser.id"] == .string(user))
             }
         }
+    }
+
+    @Test("an event delivery is a trace of its own, and the app receives its context")
+    func eventDelivery() async throws {
+        try await OTLPReceiver.with { collector in
+            try await EventReceiver.with { receiver in
+                try await SignInHarness.with(assertion: true, configure: {
+                    $0.events.url = receiver.url
+                    $0.tracing = Self.tracing(collector.httpEndpoint)
+                }) { h in
+                    let browser = TestBrowser(gatewayOrigin: h.origin)
+                    _ = try await browser.signIn(from: "/", as: h.simulator.createUser())
+                    #expect(try await browser.request("/_auth/logout", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+                    let event = try #require(await receiver.waitFor(1).first)
+                    let parts = try #require(event.traceparent?.split(separator: "-"), "the delivery carries a traceparent")
+                    let spans = try await collector.spans(of: String(parts[1]), count: 1)
+                    let delivery = try #require(spans.first)
+                    #expect(delivery.name == "event.deliver" && delivery.kind == "SPAN_KIND_CLIENT" && delivery.span_id == String(parts[2]))
+                    #expect(delivery.parent_span_id == "" && delivery.attributes["sessiongate.event.type"] == .string("session.ended"))
+                }
+            }
+        }
+    }
+
+    @Test("the binary: the access log names each request's trace, and spans still queued at SIGTERM are exported before it exits")
+    func processAccessLogAndShutdown() async throws {
+        try await OTLPReceiver.with { collector in
+            try await TestUpstream.with { upstream in
+                let yaml = gatewayYAML(upstreamPort: upstream.port, extraServer: "  access_log: json")
+                    + "\ntracing:\n  endpoint: \"\(collector.httpEndpoint)\"\n"
+                let gateway = try GatewayProcess.serve(yaml: yaml)
+                let ports = try await gateway.ports()
+                let response = try await blocking {
+                    let c = try RawClient(port: ports.proxy)
+                    try c.send("GET /echo/traced HTTP/1.1\r\nHost: a\r\n\r\n")
+                    return try c.readResponse()
+                }
+                let sent = try #require(response.text.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                let traceID = String(sent.split(separator: "-")[1])
+                let line = try #require(await gateway.waitForLine(containing: "\"path\":\"/echo/traced\""))
+                let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+                #expect(json["trace_id"] as? String == traceID, "\(line)")
+                // Stopped at once: the spans wait for the next export (each second) or the drain's flush.
+                await gateway.stopAndWait()
+                #expect(try await collector.spans().filter { $0.trace_id == traceID }.count == 4, "exported before the process ended")
+            }
+        }
+    }
+
+    @Test("a full queue drops spans and counts them: recording never waits for the exporter")
+    func queueFull() async throws {
+        var c = GatewayConfiguration.Tracing()
+        c.maxQueue = 64
+        c.timeout = .milliseconds(500)
+        let metrics = GatewayMetrics()
+        let tracer = GatewayTracer(c, exporter: OTLPHTTPExporter(c, group: MultiThreadedEventLoopGroup.singleton), metrics: metrics,
+                                   logger: Logger(label: "tracing-test"))
+        // Not started: nothing takes spans off the queue.
+        let root = tracer.root("work")
+        for _ in 0..<100 { try #require(root.span).end() }
+        let text = String(decoding: metrics.exposition(), as: UTF8.self)
+        #expect(text.contains(#"sessiongate_tracing_spans_dropped_total{reason="queue_full"} 36"#), "\(text)")
+        await tracer.shutdown()
+        #expect(String(decoding: metrics.exposition(), as: UTF8.self).contains(#"sessiongate_tracing_spans_dropped_total{reason="export_failed"} 64"#),
+                "the queue is still exported at shutdown (here to a collector that is not there)")
     }
 
     @Test("sample_ratio 0: nothing is recorded, yet the app still receives a context (not sampled)")

@@ -152,6 +152,7 @@ final class GatewayTracer: Sendable {
     /// Exports what is queued, then stops: after the listeners drained.
     func shutdown() async {
         stopped.withLockedValue { $0 = true }
+        start()  // a tracer never started still exports what it holds
         signal()
         await exporting.withLockedValue { $0 }?.value
         await exporter.shutdown()
@@ -188,6 +189,15 @@ final class GatewayTracer: Sendable {
                         failing = true
                         logger.warning("trace export failed: spans are dropped until it works again (tracing_exports_failed_total counts)",
                                        metadata: ["error": "\(error)", "endpoint": "\(exporter.endpoint)"])
+                    }
+                    if stopping {
+                        // The process is ending: one failed attempt, not one per batch.
+                        let rest = queue.withLockedValue { queue in
+                            defer { queue.removeAll() }
+                            return queue.count
+                        }
+                        if rest > 0 { metrics.recordSpansDropped(rest, reason: .exportFailed) }
+                        return
                     }
                 }
                 if batch.count == Self.batchSize { continue }

@@ -88,7 +88,7 @@ final class OTLPGRPCExporter: SpanExporter {
         let channel: any Channel
         do {
             channel = try await ClientBootstrap(group: multiplexer.futureResult.eventLoop)
-                .connectTimeout(.seconds(5))
+                .connectTimeout(min(.seconds(5), timeout))
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations

@@ -29,7 +29,7 @@ final class OTLPHTTPExporter: SpanExporter {
         endpoint = c.endpoint
         headers = c.headers
         timeout = TimeAmount(c.timeout)
-        var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
+        var configuration = HTTPClient.Configuration(timeout: .init(connect: min(.seconds(5), TimeAmount(c.timeout))))
         configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 2)
         client = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: configuration)
     }
