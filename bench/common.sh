@@ -13,7 +13,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-start_nginx() {  # upstream_port proxy_port [tls_port cert key [h2]]: the third adds proxy_pass behind TLS, h2 with HTTP/2
+start_nginx() {  # upstream_port proxy_port [tls_port cert key [h2]]: the third adds proxy_pass behind TLS, h2 with HTTP/2; NGINX_EXTRA: more server blocks
   local tls_server="" listen_h2="" server_h2=""
   if [ "${6:-}" = h2 ]; then  # `http2 on;` since nginx 1.25.1; before it, `listen … ssl http2`
     if printf '%s\n' 1.25.1 "$(nginx -v 2>&1 | sed -n 's|.*nginx/\([0-9.]*\).*|\1|p')" | sort -V -C; then server_h2="http2 on;"; else listen_h2=" http2"; fi
@@ -32,13 +32,15 @@ http {
   server { listen 127.0.0.1:$1; location / { return 200 "$(printf '%0100d' 0)"; } }
   server { listen 127.0.0.1:$2; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
   $tls_server
+  ${NGINX_EXTRA:-}
 }
 CONF
   nginx -c "$WORK/nginx.conf" -p "$WORK"
 }
 
-start_public_gateway() {  # proxy_port admin_port upstream_port: sessiongate with one public route; sets SG_PID
-  cat > "$WORK/sessiongate.yaml" <<CONF
+start_public_gateway() {  # proxy_port admin_port upstream_port [name [binary [extra yaml]]]: sessiongate with one public route; sets SG_PID
+  local name=${4:-sessiongate} binary=${5:-$BIN}
+  cat > "$WORK/$name.yaml" <<CONF
 server:
   listen: "127.0.0.1:$1"
   admin_listen: "127.0.0.1:$2"
@@ -47,12 +49,13 @@ routes:
   - name: bench
     upstream: "http://127.0.0.1:$3"
     auth: public
+${6:-}
 CONF
-  "$BIN" serve --config "$WORK/sessiongate.yaml" > "$WORK/sessiongate.log" 2>&1 &
+  "$binary" serve --config "$WORK/$name.yaml" > "$WORK/$name.log" 2>&1 &
   SG_PID=$!
   PIDS+=($SG_PID)
-  for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/sessiongate.log" && break; sleep 0.1; done
-  grep -q "sessiongate listening" "$WORK/sessiongate.log" || { cat "$WORK/sessiongate.log"; exit 1; }
+  for _ in $(seq 100); do grep -q "sessiongate listening" "$WORK/$name.log" && break; sleep 0.1; done
+  grep -q "sessiongate listening" "$WORK/$name.log" || { cat "$WORK/$name.log"; exit 1; }
 }
 
 # Appends a run to bench/RESULTS.md: a dated heading (TITLE, then BENCH_NOTE), "Command: COMMAND",
