@@ -7,7 +7,8 @@
 #
 # Environment: DURATION (default 10s), TOP (symbols listed, default 25), CALLERS=<symbol> (also
 # print who calls it, e.g. CALLERS=swift_retain), PERF_DATA=<file> (keep the samples, e.g. to
-# compare two builds: perf diff old.data new.data).
+# compare two builds: perf diff old.data new.data), GATEWAY_YAML=<top-level sections> (e.g. a
+# tracing: section, to see what it costs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -17,7 +18,7 @@ source bench/common.sh
 command -v perf >/dev/null || { echo "perf is needed (apt-get install linux-perf)"; exit 1; }
 UPSTREAM_PORT=18180; NGINX_PORT=18181; SG_PORT=18182; SG_ADMIN=18183
 start_nginx $UPSTREAM_PORT $NGINX_PORT
-start_public_gateway $SG_PORT $SG_ADMIN $UPSTREAM_PORT
+start_public_gateway $SG_PORT $SG_ADMIN $UPSTREAM_PORT sessiongate "$BIN" "${GATEWAY_YAML:-}"
 wrk -t2 -c50 -d2s "http://127.0.0.1:$SG_PORT/" > /dev/null  # warm-up
 perf record -q -e cpu-clock:u -g -p "$SG_PID" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
 PERF=$!

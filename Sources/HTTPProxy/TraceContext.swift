@@ -34,9 +34,18 @@ public struct TraceContext: Sendable, Equatable {
         TraceContext(traceID: traceID, spanID: spanID, sampled: sampled, state: state)
     }
 
-    /// The `traceparent` field naming this span: version 00.
+    /// The `traceparent` field naming this span: version 00 (written in place: it goes upstream
+    /// with every traced request).
     public var traceparent: String {
-        "00-" + traceID.hex + "-" + Hex.string(spanID) + (sampled ? "-01" : "-00")
+        String(unsafeUninitializedCapacity: 55) { out in
+            out[0] = UInt8(ascii: "0"); out[1] = UInt8(ascii: "0"); out[2] = UInt8(ascii: "-")
+            Hex.write(traceID.high, into: out, at: 3)
+            Hex.write(traceID.low, into: out, at: 19)
+            out[35] = UInt8(ascii: "-")
+            Hex.write(spanID, into: out, at: 36)
+            out[52] = UInt8(ascii: "-"); out[53] = UInt8(ascii: "0"); out[54] = sampled ? UInt8(ascii: "1") : UInt8(ascii: "0")
+            return 55
+        }
     }
 
     /// A caller's context from its `traceparent` and `tracestate` fields, or nil when
@@ -101,13 +110,19 @@ public struct TraceSampler: Sendable, Equatable {
 enum Hex {
     static func string(_ value: UInt64) -> String {
         String(unsafeUninitializedCapacity: 16) { out in
-            var value = value
-            for i in stride(from: 15, through: 0, by: -1) {
-                let digit = UInt8(truncatingIfNeeded: value & 0xF)
-                out[i] = digit < 10 ? 0x30 + digit : 0x57 + digit
-                value >>= 4
-            }
+            write(value, into: out, at: 0)
             return 16
+        }
+    }
+
+    /// 16 digits at `offset`.
+    @inline(__always)
+    static func write(_ value: UInt64, into out: UnsafeMutableBufferPointer<UInt8>, at offset: Int) {
+        var value = value
+        for i in stride(from: offset + 15, through: offset, by: -1) {
+            let digit = UInt8(truncatingIfNeeded: value & 0xF)
+            out[i] = digit < 10 ? 0x30 + digit : 0x57 + digit
+            value >>= 4
         }
     }
 
