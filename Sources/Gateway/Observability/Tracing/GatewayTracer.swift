@@ -81,17 +81,18 @@ final class GatewayTracer: Sendable {
     }
 
     /// Queues a finished span for export: never waits; a full queue drops it.
-    func record(_ span: SpanRecord) {
-        let (accepted, count) = queue.withLockedValue { queue -> (Bool, Int) in
-            guard queue.count < maxQueue else { return (false, queue.count) }
-            queue.append(span)
-            return (true, queue.count)
+    func record(_ span: SpanRecord) { record(CollectionOfOne(span)) }
+
+    /// Queues spans under one lock; those that do not fit are dropped (and counted).
+    func record(_ spans: some Collection<SpanRecord>) {
+        let (accepted, before) = queue.withLockedValue { queue -> (Int, Int) in
+            let before = queue.count
+            let room = max(0, maxQueue - before)
+            queue.append(contentsOf: spans.prefix(room))
+            return (queue.count - before, before)
         }
-        guard accepted else {
-            metrics.recordSpansDropped(1, reason: .queueFull)
-            return
-        }
-        if count == Self.batchSize { signal() }
+        if accepted < spans.count { metrics.recordSpansDropped(spans.count - accepted, reason: .queueFull) }
+        if before < Self.batchSize, before + accepted >= Self.batchSize { signal() }
     }
 
     /// The spans of a traced exchange (`ExchangeRecord.trace`), recorded when its trace is: the
@@ -132,7 +133,7 @@ final class GatewayTracer: Sendable {
                                         kind: .internal, start: unixTime(uptime: t.upstreamAsked), end: unixTime(uptime: t.connected)))
             }
         }
-        for span in spans { record(span) }
+        record(spans)
     }
 
     private static func version(_ protocolName: String) -> String {
