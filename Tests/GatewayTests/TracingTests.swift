@@ -95,6 +95,24 @@ struct TracingTests {
         }
     }
 
+    @Test("over HTTP/2 (h2c): a trusted caller's trace continues on the stream, with the protocol in the request span")
+    func http2Stream() async throws {
+        try await OTLPReceiver.with { collector in
+            try await SignInHarness.with(configure: {
+                $0.tracing = Self.tracing(collector.httpEndpoint)
+                $0.server.http2Cleartext = true
+                $0.server.trustedProxies = [CIDR.parse("127.0.0.1/32")!]
+            }) { h in
+                let answer = try await HTTP2SignInTests.curl(h.origin + "/public/h2", headers: ["traceparent: 00-\(Self.callerTrace)-\(Self.callerSpan)-01"])
+                #expect(answer.hasSuffix("\n2 200"), "\(answer)")
+                #expect(answer.contains("traceparent: 00-\(Self.callerTrace)-"), "\(answer)")
+                let spans = try await collector.spans(of: Self.callerTrace, count: 4)
+                let server = try #require(spans.first { $0.kind == "SPAN_KIND_SERVER" })
+                #expect(server.parent_span_id == Self.callerSpan && server.attributes["network.protocol.version"] == .string("2"))
+            }
+        }
+    }
+
     @Test("over OTLP/gRPC, with the user's sub when tracing.include_user is on")
     func grpcExport() async throws {
         try await OTLPReceiver.with { collector in
@@ -131,6 +149,14 @@ struct TracingTests {
                     let delivery = try #require(spans.first)
                     #expect(delivery.name == "event.deliver" && delivery.kind == "SPAN_KIND_CLIENT" && delivery.span_id == String(parts[2]))
                     #expect(delivery.parent_span_id == "" && delivery.attributes["sessiongate.event.type"] == .string("session.ended"))
+
+                    // A disconnect: the revocation at Apple runs from the outbox, as a trace of its own.
+                    _ = try await browser.signIn(from: "/", as: h.simulator.createUser())
+                    #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)
+                    let job = try await Self.first(named: "outbox.apple_revoke", in: collector)
+                    let revoke = try await Self.first(named: "apple.revoke", in: collector)
+                    #expect(job.parent_span_id == "" && revoke.parent_span_id == job.span_id && revoke.trace_id == job.trace_id)
+                    #expect(h.simulator.lastTraceparent("/auth/revoke") == "00-\(revoke.trace_id)-\(revoke.span_id)-01")
                 }
             }
         }
@@ -220,6 +246,16 @@ struct TracingTests {
                 try await Poll.within(.seconds(10), "recovery logged") { logs.all.contains { $0.contains("trace export works again") } }
             }
         }
+    }
+
+    /// The first span named `name` the collector received, once one has.
+    static func first(named name: String, in collector: OTLPReceiver) async throws -> OTLPReceiver.Span {
+        var found: OTLPReceiver.Span? = nil
+        try await eventually("a span named \(name)") {
+            found = try await collector.spans().first { $0.name == name }
+            return found != nil
+        }
+        return try #require(found)
     }
 
     /// Checks `condition` every 100 ms until it holds (the gateway exports each second).

@@ -79,7 +79,11 @@ enum GatewayComposition {
         // An attempt's claim outlives its slowest call (Apple's or the app's), with margin.
         let slowest = max(Authenticator.milliseconds(c.apple?.timeout ?? .seconds(5)), Authenticator.milliseconds(c.events.timeout))
         let outbox = Outbox(store: store, loop: backgroundLoop, now: now, attemptTTL: slowest + 10_000, metrics: metrics, logger: logger)
-        if let apple { outbox.register(.appleRevoke, AppleRevocationJob(apple: apple, keys: secrets.sessionKeys, metrics: metrics, logger: logger).run) }
+        if let apple {
+            let job = AppleRevocationJob(apple: apple, keys: secrets.sessionKeys, metrics: metrics, logger: logger)
+            // Traced, each attempt is a trace of its own: the store's reads and Apple's call under it.
+            outbox.register(.appleRevoke) { queued, loop in await TraceScope.root(tracer, "outbox.apple_revoke") { await job.run(queued, on: loop) } }
+        }
         let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
         let signer = secrets.assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
         let events = AppEvents(c.events, signer: signer, outbox: outbox, now: now, logger: logger)

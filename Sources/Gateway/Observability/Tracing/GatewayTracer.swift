@@ -294,6 +294,16 @@ struct TraceScope: Sendable {
         }
     }
 
+    /// Runs work no request started as the root span `name` of a trace of its own (recorded by
+    /// `tracing.sample_ratio`), or just runs it when nothing is traced.
+    static func root<T>(_ tracer: GatewayTracer?, _ name: String, _ body: () async -> T) async -> T {
+        guard let tracer else { return await body() }
+        let (span, context) = tracer.root(name)
+        let result = await $current.withValue(TraceScope(tracer: tracer, context: context)) { await body() }
+        span?.end()
+        return result
+    }
+
     /// Runs `body` in `scope` (a request's, or a new root's), when there is one.
     static func with<T>(_ scope: TraceScope?, _ body: () async throws -> T) async rethrows -> T {
         guard let scope else { return try await body() }
