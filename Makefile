@@ -56,7 +56,7 @@ demo:
 	$(SWIFT) build
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
-## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, the same on a Redis Cluster, re-validation, TLS termination, HTTP/2 (h2load),
+## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, the same on a Redis Cluster, re-validation, TLS termination, HTTP/2 (h2load), tracing off/1 %/100 %,
 ## each beside nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
@@ -69,6 +69,7 @@ bench:
 	bench/revalidation.sh
 	bench/tls.sh
 	bench/h2.sh
+	bench/tracing.sh
 
 ## make fuzz: the wire engine's request and response parsing against NIO's llhttp decoder, open-ended: a million
 ## cases per random seed, seed after seed, until Ctrl-C or a disagreement (printed with its seed
