@@ -20,10 +20,13 @@ enum Admission {
         var snapshot: RoutingSnapshot
 
         /// What the route's guard is asked.
-        func guardRequest(clientAddress: SocketAddress?, trace: TraceContext?) -> GuardRequest {
+        func guardRequest(clientAddress: SocketAddress?, trace: ExchangeSpans?) -> GuardRequest {
             var request = GuardRequest(wire: inbound.head, target: target, routeName: route.name, clientAddress: clientAddress, host: inbound.host,
                                        isWebSocketUpgrade: inbound.isWebSocketUpgrade, hasBearer: inbound.hasBearer)
-            request.trace = trace
+            if let trace {
+                request.trace = trace.admission
+                request.requestSpanID = trace.context.spanID
+            }
             return request
         }
     }

@@ -386,7 +386,7 @@ struct ClientConnectionStateMachine {
         let address = peer.socketAddress
         return peek { x, _ in
             guard x.id == id, case .awaitingVerdict(let admitted, _) = x.state else { return nil }
-            return admitted.guardRequest(clientAddress: address, trace: x.log.trace?.spans.admission)
+            return admitted.guardRequest(clientAddress: address, trace: x.log.trace?.spans)
         } ?? nil
     }
 

@@ -231,7 +231,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         let address = environment.client.socketAddress
         let asked = withExchange { x -> (GuardRequest, any RequestGuard)? in
             guard case .awaitingVerdict(let admitted, _) = x.state else { return nil }
-            return (admitted.guardRequest(clientAddress: address, trace: x.log.trace?.spans.admission), admitted.route.requestGuard)
+            return (admitted.guardRequest(clientAddress: address, trace: x.log.trace?.spans), admitted.route.requestGuard)
         }
         guard let (request, requestGuard) = asked ?? nil else { return }
         switch requestGuard.admit(request, on: context.eventLoop) {

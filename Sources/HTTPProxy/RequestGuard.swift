@@ -24,9 +24,13 @@ public struct GuardRequest: Sendable {
     public var isWebSocketUpgrade: Bool
     /// `Authorization: Bearer …` was sent (found in the proxy's one pass over the headers).
     public var hasBearer: Bool
-    /// The request is traced: the admission span, the parent of what the guard does for it
-    /// (store reads, Apple). Recorded only when `sampled`.
+    /// The request is traced: the admission span, the parent of what the guard does to decide
+    /// (store reads, a re-validation). Recorded only when `sampled`.
     public var trace: TraceContext? = nil
+    /// The request's own span (with `trace`): the parent of work done after the decision, an
+    /// endpoint answering from the body it collected.
+    var requestSpanID: UInt64 = 0
+    public var requestTrace: TraceContext? { trace?.child(requestSpanID) }
 
     public init(head: HTTPRequestHead, target: RequestTarget, routeName: String, clientAddress: SocketAddress? = nil, host: RequestHost? = nil,
                 isWebSocketUpgrade: Bool = false, hasBearer: Bool = false) {

@@ -54,8 +54,10 @@ public struct TraceContext: Sendable, Equatable {
     /// Strictness (W3C Trace Context §3.2, §3.3): lower-case hex only; version `ff` and ids of
     /// all zeros are invalid; version 00 is exactly 55 characters; a higher version is read as
     /// 00 when its first 55 characters are, and what follows starts with `-`. A `tracestate` is
-    /// kept when it is at most 512 printable ASCII characters in at most 32 list members, each
-    /// `key=value`; otherwise it is dropped and the trace kept.
+    /// kept when it is at most 512 printable ASCII characters (no control character can reach
+    /// the app) in at most 32 list members, each a non-empty key `=` a non-empty value — looser
+    /// than §3.3's key grammar, which only the caller's vendors read; otherwise it is dropped and
+    /// the trace kept.
     public static func parse(traceparent: String, tracestate: String?) -> TraceContext? {
         var value = traceparent
         return value.withUTF8 { bytes -> TraceContext? in
@@ -90,7 +92,7 @@ public struct TraceContext: Sendable, Equatable {
 
 /// Whether a new trace is recorded: parent-based, as OpenTelemetry's default sampler is. A
 /// trusted caller's decision is kept; a trace the gateway starts is recorded when its id falls
-/// under `ratio` (decided from the id, so every gateway that sees it decides the same).
+/// under `ratio` (decided from the id's random bits, not by a second draw).
 public struct TraceSampler: Sendable, Equatable {
     /// 0 to 1.
     public var ratio: Double
@@ -101,7 +103,8 @@ public struct TraceSampler: Sendable, Equatable {
         if let parent { return parent.sampled }
         if ratio >= 1 { return true }
         if ratio <= 0 { return false }
-        // The low 63 bits against ratio · 2⁶³ (OpenTelemetry's TraceIdRatioBased).
+        // The low 63 bits against ratio · 2⁶³ (the idea of OpenTelemetry's TraceIdRatioBased;
+        // not bit for bit any SDK's).
         return traceID.low & (UInt64.max >> 1) < UInt64(ratio * 9_223_372_036_854_775_808.0)
     }
 }

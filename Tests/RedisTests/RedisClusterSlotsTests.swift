@@ -81,13 +81,16 @@ struct RedisClusterSlotTests {
             server.stop()
             unlink(configFile)
         }
-        let redis = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port), group: MultiThreadedEventLoopGroup.singleton,
-                                    logger: Logger(label: "test"))
+        // A loop of its own: on the process's shared loops, the gateways of the suites running
+        // beside it once held a reply past the command timeout (make test, 2026-11-27).
+        let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let redis = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port), group: loop, logger: Logger(label: "test"))
         for row in KeySlotCase.all {
             let reply = try await redis.send(["CLUSTER", "KEYSLOT", .bytes(row.key)])
             #expect(reply.int == Int64(row.slot), "\(row.testDescription)")
         }
         await redis.close()
+        try await loop.shutdownGracefully()
     }
 }
 

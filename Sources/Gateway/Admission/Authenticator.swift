@@ -176,9 +176,11 @@ final class Authenticator: Sendable {
     }
 
     /// `lookup` from anywhere (async code): runs on `loop`, answers a future.
+    /// In a trace (`TraceScope`), the store read is its child.
     func resolve(_ headers: HTTPHeaders, on loop: any EventLoop) -> EventLoopFuture<Resolution> {
-        loop.flatSubmit {
-            switch self.lookup(headers, on: loop) {
+        let trace = TraceScope.current?.context  // a task-local: read here, not on the loop
+        return loop.flatSubmit {
+            switch self.lookup(headers, trace: trace, on: loop) {
             case .now(let resolution): return loop.makeSucceededFuture(resolution)
             case .later(let future): return future
             }

@@ -127,17 +127,13 @@ final class AppEvents: Sendable {
     static func deliver(_ job: OutboxJob, signer: IdentityAssertionSigner, now: Int64, http: HTTPClient, timeout: TimeAmount, tracer: GatewayTracer?,
                         logger: Logger) async -> Outbox.Result {
         guard let (url, type, jws) = payload(of: job, signer: signer, now: now) else { return .drop }
-        var span: OpenSpan? = nil
-        var request = HTTPClientRequest(url: url)
-        if let tracer {
-            let root = tracer.root("event.deliver", kind: .client)
-            span = root.span
-            span?.record.attributes = [("sessiongate.event.type", .string(type)), ("sessiongate.event.attempt", .int(Int64(job.attempts + 1)))]
-            request.headers.add(name: "traceparent", value: root.context.traceparent)
+        return await TraceScope.root(tracer, "event.deliver", kind: .client,
+                                     [("sessiongate.event.type", .string(type)), ("sessiongate.event.attempt", .int(Int64(job.attempts + 1)))]) {
+            var request = HTTPClientRequest(url: url)
+            if let context = TraceScope.current?.context { request.headers.add(name: "traceparent", value: context.traceparent) }
+            let result = await deliver(request, url: url, type: type, jws: jws, job: job, http: http, timeout: timeout, logger: logger)
+            return (result, result == .done ? nil : "not delivered: retried later")
         }
-        let result = await deliver(request, url: url, type: type, jws: jws, job: job, http: http, timeout: timeout, logger: logger)
-        span?.end(error: result == .done ? nil : "not delivered: retried later")
-        return result
     }
 
     private static func deliver(_ prepared: HTTPClientRequest, url: String, type: String, jws: String, job: OutboxJob, http: HTTPClient,

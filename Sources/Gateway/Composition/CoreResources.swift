@@ -4,13 +4,11 @@ import Sessions
 
 /// What the core holds open, as a service: started with the listeners (`start`), kept until
 /// the group shuts down, then (last, after the listeners drained) the outbox's queued work, the
-/// store's connections and the HTTP client are closed, in that order, and the spans still
-/// queued are exported.
+/// store's connections and the HTTP client are closed, in that order.
 struct CoreResources: Service {
     let outbox: Outbox
     let backend: RedisSessionBackend?
     let http: HTTPClient?
-    let tracer: GatewayTracer?
 
     /// Subscribes to the fleet's channel (what arrives waits for `FleetSubscriber`) and starts
     /// the outbox's passes: before the gateway says it started, so that a caller that then
@@ -18,7 +16,6 @@ struct CoreResources: Service {
     func start() {
         backend?.listen()
         outbox.start()
-        tracer?.start()
     }
 
     func run() async {
@@ -32,13 +29,11 @@ struct CoreResources: Service {
         await outbox.drain()
         await backend?.shutdown()
         try? await http?.shutdown()
-        await tracer?.shutdown()
     }
 
     /// For a process that will not run (a start-up check failed after the parts were built):
     /// nothing was started or connected.
     func abandon() {
         try? http?.syncShutdown()
-        Task { [tracer] in await tracer?.shutdown() }
     }
 }

@@ -19,12 +19,20 @@ enum GatewayComposition {
         let core: AuthCore
         let subscriber: FleetSubscriber?
         let resources: CoreResources
+        /// `tracing`: a service of its own, stopped after everything that records spans.
+        let tracer: GatewayTracer?
+
+        /// For a process that will not run: closes what the parts hold, exporting nothing.
+        func abandon() {
+            resources.abandon()
+            tracer?.abandon()
+        }
     }
 
     /// Reads every secret first, then makes what must be closed (the store's connections, the
     /// HTTP client): a failure leaves nothing open. Connects nothing yet (Redis connects on
     /// first use).
-    /// - Parameter subscribe: listen to the fleet's channel (the gateway; not a one-shot command).
+    /// - Parameter subscribe: listen to the fleet's channel, and trace (the gateway; not a one-shot command).
     static func build(_ c: GatewayConfiguration, group: MultiThreadedEventLoopGroup, metrics: GatewayMetrics, logger: Logger,
                       now: @escaping @Sendable () -> Int64, subscribe: Bool = true) throws -> Parts {
         var secrets = try StartupSecrets(c)
@@ -36,6 +44,23 @@ enum GatewayComposition {
             metrics.recordSessionCache(entries: entries, evictions: evictions)
         }
 
+        // The gateway's only (a one-shot command traces nothing).
+        let tracer: GatewayTracer?
+        if subscribe, let t = c.tracing {
+            let exporter: any SpanExporter
+            switch t.exportProtocol {
+            case .httpProtobuf: exporter = OTLPHTTPExporter(t, group: group)
+            case .grpc:
+                do {
+                    exporter = try OTLPGRPCExporter(t, group: group)
+                } catch {
+                    throw StartupFailure(key: "tracing.endpoint", "no TLS for the collector: \(error)")
+                }
+            }
+            tracer = GatewayTracer(t, exporter: exporter, metrics: metrics, logger: logger)
+        } else {
+            tracer = nil
+        }
         // Apple's endpoints and the app's event receiver share one HTTP client.
         let http: HTTPClient? = c.apple != nil || c.events.isEnabled ? {
             var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(5)))
@@ -66,13 +91,10 @@ enum GatewayComposition {
             }
         } catch {
             try? http?.syncShutdown()
+            tracer?.abandon()
             throw error
         }
 
-        let tracer = c.tracing.map { t in
-            GatewayTracer(t, exporter: t.exportProtocol == .grpc ? OTLPGRPCExporter(t, group: group) as any SpanExporter : OTLPHTTPExporter(t, group: group),
-                          metrics: metrics, logger: logger)
-        }
         let store = GatewayStore(backend?.store ?? MemorySessionStore(now: now), timeout: TimeAmount(c.store.timeout), metrics: metrics)
         let fleet = FleetPublisher(backend: backend, logger: logger)
         let backgroundLoop = group.next()
@@ -82,7 +104,12 @@ enum GatewayComposition {
         if let apple {
             let job = AppleRevocationJob(apple: apple, keys: secrets.sessionKeys, metrics: metrics, logger: logger)
             // Traced, each attempt is a trace of its own: the store's reads and Apple's call under it.
-            outbox.register(.appleRevoke) { queued, loop in await TraceScope.root(tracer, "outbox.apple_revoke") { await job.run(queued, on: loop) } }
+            outbox.register(.appleRevoke) { queued, loop in
+                await TraceScope.root(tracer, "outbox.apple_revoke") {
+                    let result = await job.run(queued, on: loop)
+                    return (result, result == .done ? nil : "not done: retried later")
+                }
+            }
         }
         let issuer = c.server.publicURL ?? "http://\(c.server.listen)"
         let signer = secrets.assertionKeyPEM.flatMap { try? IdentityAssertionSigner(pem: $0, issuer: issuer, ttl: 60) }
@@ -111,6 +138,6 @@ enum GatewayComposition {
                             exchanges: NIOLockedValueBox(RateWindows()), anonymousWrites: NIOLockedValueBox(AnonymousWrites()),
                             tracer: tracer, metrics: metrics, logger: logger, now: now)
         let subscriber = signals.map { FleetSubscriber(signals: $0, revocations: revocations, revalidator: revalidator) }
-        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http, tracer: tracer))
+        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http), tracer: tracer)
     }
 }

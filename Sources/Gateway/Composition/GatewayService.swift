@@ -71,14 +71,14 @@ public final class GatewayService: Service, Sendable {
             tls = nil
         }
         let parts = try GatewayComposition.build(configuration, group: group, metrics: metrics, logger: logger, now: clock)
-        let observer = GatewayObserver(metrics: metrics, accessLog: accessLog, tracer: parts.core.tracer)
+        let observer = GatewayObserver(metrics: metrics, accessLog: accessLog, tracer: parts.tracer)
         let authenticator: Authenticator
         let routing: RoutingSnapshot
         do {
             authenticator = try Authenticator(core: parts.core, configuration: configuration, generation: 0)
             routing = try Self.routing(configuration, authenticator)
         } catch {
-            parts.resources.abandon()
+            parts.abandon()
             throw error
         }
         metrics.prime(routes: configuration.routes.map(\.name) + ["auth"])
@@ -173,6 +173,7 @@ public final class GatewayService: Service, Sendable {
                                                  reload: { self.reload(dryRun: $0) })
         } catch {
             await parts.resources.close()
+            parts.tracer?.abandon()
             throw error
         }
         parts.resources.start()
@@ -196,8 +197,10 @@ public final class GatewayService: Service, Sendable {
         notifier.ready(status: readiness == .ready ? "listening; the session store answered"
             : "listening; the session store has not answered yet: guarded routes answer 503 until it does")
 
-        // Started together; stopped in reverse order of this list.
-        var services: [any Service] = [parts.resources]
+        // Started together; stopped in reverse order of this list: the tracer last, exporting
+        // what everything before it recorded.
+        var services: [any Service] = parts.tracer.map { [$0] } ?? []
+        services.append(parts.resources)
         if let subscriber = parts.subscriber { services.append(subscriber) }
         services.append(PeriodicTask(every: .seconds(1)) {
             await self.checkStore()

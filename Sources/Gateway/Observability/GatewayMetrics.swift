@@ -272,23 +272,32 @@ public final class GatewayMetrics: Sendable {
         counter("apple_notifications", help: Self.notificationsHelp, labels: [("type", type.rawValue), ("result", result.rawValue)])
     }
 
-    enum SpanDrop: String { case queueFull = "queue_full", exportFailed = "export_failed" }
+    enum SpanDrop: String, CaseIterable { case queueFull = "queue_full", exportFailed = "export_failed" }
+
+    static let spansExportedHelp = "Spans the trace collector accepted."
+    static let spansDroppedHelp = "Spans not exported, by reason (queue_full: tracing.max_queue reached; export_failed)."
+    static let exportsFailedHelp = "Trace export requests that failed (unreachable collector, error answer, timeout)."
+
+    /// The tracing families at 0 (only with `tracing:`).
+    func primeTracing() {
+        _ = counter("tracing_spans_exported", help: Self.spansExportedHelp, labels: [])
+        _ = counter("tracing_exports_failed", help: Self.exportsFailedHelp, labels: [])
+        for reason in SpanDrop.allCases { _ = counter("tracing_spans_dropped", help: Self.spansDroppedHelp, labels: [("reason", reason.rawValue)]) }
+    }
 
     /// Spans a collector accepted (`tracing`).
     func recordSpansExported(_ count: Int) {
-        counter("tracing_spans_exported", help: "Spans the trace collector accepted.", labels: []).increment(by: Int64(count))
+        counter("tracing_spans_exported", help: Self.spansExportedHelp, labels: []).increment(by: Int64(count))
     }
 
     /// Spans lost: the export queue was full (`tracing.max_queue`), or their export failed.
     func recordSpansDropped(_ count: Int, reason: SpanDrop) {
-        counter("tracing_spans_dropped", help: "Spans not exported, by reason (queue_full: tracing.max_queue reached; export_failed).",
-                labels: [("reason", reason.rawValue)]).increment(by: Int64(count))
+        counter("tracing_spans_dropped", help: Self.spansDroppedHelp, labels: [("reason", reason.rawValue)]).increment(by: Int64(count))
     }
 
     /// An export request the collector did not accept (its spans are dropped).
     func recordSpanExportFailed(spans: Int) {
-        counter("tracing_exports_failed", help: "Trace export requests that failed (unreachable collector, error answer, timeout).", labels: [])
-            .increment()
+        counter("tracing_exports_failed", help: Self.exportsFailedHelp, labels: []).increment()
         recordSpansDropped(spans, reason: .exportFailed)
     }
 

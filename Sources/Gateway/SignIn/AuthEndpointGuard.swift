@@ -105,7 +105,7 @@ struct AuthEndpointGuard: RequestGuard {
                 return response
             }
         case .appleNotifications:
-            return collect(NotificationVerifier.maximumBodyBytes, request, span: "apple.notification", on: loop) { await notification(body: $0, on: loop) }
+            return collect(NotificationVerifier.maximumBodyBytes, request, span: "notification.receive", on: loop) { await notification(body: $0, on: loop) }
         case .revoke:
             return collect(4096, request, span: "disconnect", on: loop) { _ in await disconnect(head, on: loop) }
         case .jwks:
@@ -116,10 +116,10 @@ struct AuthEndpointGuard: RequestGuard {
     }
 
     /// Reads the body (at most `maxBytes`), then answers with `handler`: in a traced request, as
-    /// a span named `span` under its admission, whose children are the store and Apple calls.
+    /// a span named `span` under the request's, whose children are the store and Apple calls.
     private func collect(_ maxBytes: Int, _ request: GuardRequest, span: String, on loop: any EventLoop,
                          _ handler: @escaping @Sendable (ByteBuffer) async -> LocalResponse) -> GuardDecision {
-        let scope = TraceScope(core.tracer, request.trace)
+        let scope = TraceScope(core.tracer, request.requestTrace)
         return .verdict(.collectBody(maxBytes: maxBytes) { body in
             loop.makeFutureWithTask { await TraceScope.with(scope) { await TraceScope.span(span) { await handler(body) } } }
         })

@@ -4,15 +4,19 @@ import HTTPProxy
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import ServiceLifecycle
 
 /// The gateway's traces (`tracing`): spans made where the work happens, queued without
-/// blocking, exported in batches over OTLP by one task.
+/// blocking, exported in batches over OTLP by this service's one loop.
 ///
 /// Requests never wait for tracing: `record` appends to a bounded queue under a lock and
 /// returns; a full queue drops the span (`tracing_spans_dropped_total{reason="queue_full"}`), a
 /// failed export drops its batch (`reason="export_failed"`, the failure logged once per outage).
-final class GatewayTracer: Sendable {
+/// A service of the gateway's group, stopped after everything that records spans: what is
+/// queued then is exported (one attempt) before the exporter closes.
+final class GatewayTracer: Service, Sendable {
     let includeUser: Bool
+    /// For traces no request started (outbox jobs); requests are sampled by the proxy's snapshot.
     private let sampler: NIOLockedValueBox<TraceSampler>
     private let queue: NIOLockedValueBox<[SpanRecord]>
     private let maxQueue: Int
@@ -22,14 +26,19 @@ final class GatewayTracer: Sendable {
     private let logger: Logger
     /// Unix time minus uptime, in nanoseconds: the proxy's uptimes as Unix times.
     private let uptimeOffset: Int64
-    private let ids = NIOLockedValueBox(SystemRandomNumberGenerator())
-    private let exporting = NIOLockedValueBox<Task<Void, Never>?>(nil)
-    private let wake = NIOLockedValueBox<CheckedContinuation<Void, Never>?>(nil)
+    private let wake = NIOLockedValueBox(Wake())
     private let stopped = NIOLockedValueBox(false)
+
+    /// A signal for the export loop, kept until it is taken (none is lost between a check and a
+    /// wait).
+    private struct Wake {
+        var pending = false
+        var waiter: CheckedContinuation<Void, Never>? = nil
+    }
 
     /// Spans per export request.
     static let batchSize = 512
-    /// The longest a recorded span waits for its export.
+    /// How often the queue is exported (sooner when a batch is full).
     static let exportInterval: TimeAmount = .seconds(1)
 
     init(_ c: GatewayConfiguration.Tracing, exporter: any SpanExporter, metrics: GatewayMetrics, logger: Logger) {
@@ -44,6 +53,7 @@ final class GatewayTracer: Sendable {
         self.logger = logger
         let wall = Int64(Date().timeIntervalSince1970 * 1_000_000_000)
         uptimeOffset = wall - Int64(NIODeadline.now().uptimeNanoseconds)
+        metrics.primeTracing()
     }
 
     /// A reload's new `tracing.sample_ratio` (the proxy's snapshot carries it for requests).
@@ -54,12 +64,12 @@ final class GatewayTracer: Sendable {
     func unixTime(uptime: UInt64) -> UInt64 { UInt64(Int64(uptime) + uptimeOffset) }
     var now: UInt64 { unixTime(uptime: NIODeadline.now().uptimeNanoseconds) }
 
+    /// A random id for a span or half a trace id, never 0.
     func newID() -> UInt64 {
-        ids.withLockedValue { generator in
-            var id: UInt64 = 0
-            while id == 0 { id = generator.next() }
-            return id
-        }
+        var generator = SystemRandomNumberGenerator()
+        var id: UInt64 = 0
+        while id == 0 { id = generator.next() }
+        return id
     }
 
     /// A span starting now under `parent`; nil when there is none or its trace is not recorded.
@@ -95,18 +105,24 @@ final class GatewayTracer: Sendable {
         if before < Self.batchSize, before + accepted >= Self.batchSize { signal() }
     }
 
+    /// The methods spans name as they are; any other is `_OTHER` (OpenTelemetry's HTTP
+    /// conventions: a client must not set a span name's cardinality).
+    static let knownMethods: Set<String> = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
+
     /// The spans of a traced exchange (`ExchangeRecord.trace`), recorded when its trace is: the
     /// request (server), its admission, and the exchange with the upstream and its connect.
     func exchange(_ r: ExchangeRecord) {
         guard let t = r.trace, t.context.sampled else { return }
         let end = unixTime(uptime: t.end)
+        let method = Self.knownMethods.contains(r.method) ? r.method : "_OTHER"
         var server = SpanRecord(traceID: t.context.traceID, spanID: t.context.spanID, parentSpanID: t.parentSpanID, state: t.context.state,
-                                name: "\(r.method) \(r.route ?? "-")", kind: .server, start: unixTime(uptime: t.start), end: end)
+                                name: "\(method) \(r.route ?? "-")", kind: .server, start: unixTime(uptime: t.start), end: end)
         server.attributes = [
-            ("http.request.method", .string(r.method)), ("url.path", .string(r.path)), ("http.route", .string(r.route ?? "-")),
+            ("http.request.method", .string(method)), ("url.path", .string(r.path)), ("http.route", .string(r.route ?? "-")),
             ("http.response.status_code", .int(Int64(r.status))), ("network.protocol.version", .string(Self.version(r.protocolName))),
             ("client.address", .string(r.client)), ("sessiongate.request_id", .string(r.requestID)),
         ]
+        if method != r.method { server.attributes.append(("http.request.method_original", .string(r.method))) }
         if includeUser, let user = r.user { server.attributes.append(("enduser.id", .string(user))) }
         if r.aborted { server.attributes.append(("sessiongate.aborted", .bool(true))) }
         if r.status >= 500 { server.error = "HTTP \(r.status)" }
@@ -117,7 +133,7 @@ final class GatewayTracer: Sendable {
         }
         if t.upstreamAsked != 0 {
             var upstream = SpanRecord(traceID: t.context.traceID, spanID: t.upstreamSpanID, parentSpanID: t.context.spanID, state: t.context.state,
-                                      name: "upstream \(r.method)", kind: .client, start: unixTime(uptime: t.upstreamAsked), end: end)
+                                      name: "upstream \(method)", kind: .client, start: unixTime(uptime: t.upstreamAsked), end: end)
             if let address = r.upstream {
                 upstream.attributes = [("server.address", .string(address.host)), ("server.port", .int(Int64(address.port)))]
             }
@@ -137,39 +153,48 @@ final class GatewayTracer: Sendable {
     }
 
     private static func version(_ protocolName: String) -> String {
-        protocolName.hasPrefix("HTTP/") ? String(protocolName.dropFirst(5)) : protocolName
+        switch protocolName {
+        case "HTTP/1.1": "1.1"
+        case "HTTP/2": "2"
+        case "HTTP/1.0": "1.0"
+        default: protocolName
+        }
     }
 
     // MARK: exporting
 
-    /// Starts the export task (once).
-    func start() {
-        exporting.withLockedValue { task in
-            guard task == nil else { return }
-            task = Task { await self.exportLoop() }
+    /// Exports the queue every `exportInterval` (sooner when a batch is full) until the group
+    /// shuts down, then what is left (one attempt), then closes the exporter.
+    func run() async {
+        await withGracefulShutdownHandler {
+            await exportLoop()
+        } onGracefulShutdown: {
+            self.stopped.withLockedValue { $0 = true }
+            self.signal()
         }
-    }
-
-    /// Exports what is queued, then stops: after the listeners drained.
-    func shutdown() async {
-        stopped.withLockedValue { $0 = true }
-        start()  // a tracer never started still exports what it holds
-        signal()
-        await exporting.withLockedValue { $0 }?.value
         await exporter.shutdown()
     }
 
+    /// For a process that will not run: closes the exporter, exporting nothing.
+    func abandon() { exporter.abandon() }
+
     private func signal() {
-        wake.withLockedValue { continuation in
-            continuation?.resume()
-            continuation = nil
+        let waiter = wake.withLockedValue { wake -> CheckedContinuation<Void, Never>? in
+            guard let waiter = wake.waiter else {
+                wake.pending = true
+                return nil
+            }
+            wake.waiter = nil
+            return waiter
         }
+        waiter?.resume()
     }
 
     private func exportLoop() async {
         var failing = false
         while true {
-            let stopping = stopped.withLockedValue { $0 }
+            // Cancelled (the group failed): as stopping, never a loop of sleeps that return at once.
+            let stopping = stopped.withLockedValue { $0 } || Task.isCancelled
             let batch = queue.withLockedValue { queue -> [SpanRecord] in
                 let batch = Array(queue.prefix(Self.batchSize))
                 queue.removeFirst(batch.count)
@@ -201,26 +226,40 @@ final class GatewayTracer: Sendable {
                         return
                     }
                 }
-                if batch.count == Self.batchSize { continue }
+                // A full batch: the next at once, unless the collector is failing (then once per interval).
+                if batch.count == Self.batchSize, !failing { continue }
             }
             if stopping { return }
             await sleep(Self.exportInterval)
         }
     }
 
-    /// Waits for `interval`, or less when a batch fills or the tracer stops.
+    /// Waits for `interval`, or less when signalled (a batch filled, the group shuts down).
     private func sleep(_ interval: TimeAmount) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = stopped.withLockedValue { $0 } || queue.withLockedValue { $0.count >= Self.batchSize }
-            if ready {
-                continuation.resume()
-                return
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { try? await Task.sleep(nanoseconds: UInt64(interval.nanoseconds)) }
+            group.addTask { await self.signalled() }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    /// Returns once signalled (at once when a signal is pending), or cancelled.
+    private func signalled() async {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = wake.withLockedValue { wake -> Bool in
+                    if wake.pending {
+                        wake.pending = false
+                        return true
+                    }
+                    wake.waiter = continuation
+                    return false
+                }
+                if now { continuation.resume() }
             }
-            wake.withLockedValue { $0 = continuation }
-            Task {
-                try? await Task.sleep(nanoseconds: UInt64(interval.nanoseconds))
-                self.signal()
-            }
+        } onCancel: {
+            signal()
         }
     }
 }
@@ -247,7 +286,7 @@ struct OpenSpan: Sendable {
         future.whenComplete { result in
             switch result {
             case .success: self.end()
-            case .failure(let error): self.end(error: "\(error)")
+            case .failure(let error): self.end(error: String("\(error)".prefix(256)))
             }
         }
     }
@@ -282,25 +321,26 @@ struct TraceScope: Sendable {
         return result
     }
 
-    /// Runs a call to another service (Apple, the app) in a client span named `name`, giving
-    /// `body` the fields that carry the trace to it (`traceparent`, `tracestate`): the span's
-    /// when the trace is recorded, the scope's when not; none outside a trace.
-    static func outbound<T>(_ name: String, _ attributes: [(String, SpanRecord.Value)] = [], _ body: ([(String, String)]) async -> T) async -> T {
-        await span(name, kind: .client, attributes) {
+    /// Runs a call to another service in a client span named `name`, giving `body` the
+    /// `traceparent` that carries the trace to it: the span's when the trace is recorded, the
+    /// scope's when not; none outside a trace. A caller's `tracestate` is vendor state for our
+    /// side of the trace: it is not passed to a third party (Apple).
+    static func outbound<T>(_ name: String, _ body: ([(String, String)]) async -> T) async -> T {
+        await span(name, kind: .client) {
             guard let context = current?.context else { return await body([]) }
-            var fields = [("traceparent", context.traceparent)]
-            if let state = context.state { fields.append(("tracestate", state)) }
-            return await body(fields)
+            return await body([("traceparent", context.traceparent)])
         }
     }
 
     /// Runs work no request started as the root span `name` of a trace of its own (recorded by
     /// `tracing.sample_ratio`), or just runs it when nothing is traced.
-    static func root<T>(_ tracer: GatewayTracer?, _ name: String, _ body: () async -> T) async -> T {
-        guard let tracer else { return await body() }
-        let (span, context) = tracer.root(name)
-        let result = await $current.withValue(TraceScope(tracer: tracer, context: context)) { await body() }
-        span?.end()
+    static func root<T>(_ tracer: GatewayTracer?, _ name: String, kind: SpanRecord.Kind = .internal, _ attributes: [(String, SpanRecord.Value)] = [],
+                        _ body: () async -> (T, error: String?)) async -> T {
+        guard let tracer else { return await body().0 }
+        var (span, context) = tracer.root(name, kind: kind)
+        span?.record.attributes = attributes
+        let (result, error) = await $current.withValue(TraceScope(tracer: tracer, context: context)) { await body() }
+        span?.end(error: error)
         return result
     }
 

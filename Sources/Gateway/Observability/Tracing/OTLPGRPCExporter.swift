@@ -29,7 +29,9 @@ final class OTLPGRPCExporter: SpanExporter {
 
     static let path = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
-    init(_ c: GatewayConfiguration.Tracing, group: any EventLoopGroup) {
+    /// Throws when the TLS context for an `https://` collector cannot be made (never falls back
+    /// to cleartext: `tracing.headers` may carry a key).
+    init(_ c: GatewayConfiguration.Tracing, group: any EventLoopGroup) throws {
         endpoint = c.endpoint
         let secure = c.endpoint.lowercased().hasPrefix("https://")
         let authority = c.endpoint.dropFirst(secure ? 8 : 7).prefix { $0 != "/" }
@@ -47,7 +49,7 @@ final class OTLPGRPCExporter: SpanExporter {
         if secure {
             var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
             tlsConfiguration.applicationProtocols = ["h2"]
-            tls = try? NIOSSLContext(configuration: tlsConfiguration)
+            tls = try NIOSSLContext(configuration: tlsConfiguration)
         } else {
             tls = nil
         }
@@ -60,11 +62,17 @@ final class OTLPGRPCExporter: SpanExporter {
         let (channel, multiplexer) = try await connect()
         do {
             try await call(request, on: multiplexer, eventLoop: channel.eventLoop)
+        } catch let error as SpanExportError where error.answered {
+            throw error
         } catch {
-            // A connection that failed a call is not trusted with the next.
+            // A connection that failed a call without an answer is not trusted with the next.
             drop(channel)
             throw error
         }
+    }
+
+    func abandon() {
+        connection.withLockedValue { $0 }?.channel.close(promise: nil)
     }
 
     func shutdown() async {
@@ -114,7 +122,8 @@ final class OTLPGRPCExporter: SpanExporter {
     private func call(_ message: [UInt8], on multiplexer: NIOHTTP2Handler.StreamMultiplexer, eventLoop: any EventLoop) async throws {
         let answer = eventLoop.makePromise(of: Void.self)
         var head = HTTPRequestHead(version: .http1_1, method: .POST, uri: Self.path)
-        head.headers.add(name: "host", value: port == (tls == nil ? 80 : 443) ? host : "\(host):\(port)")
+        let name = host.contains(":") ? "[\(host)]" : host
+        head.headers.add(name: "host", value: port == (tls == nil ? 80 : 443) ? name : "\(name):\(port)")
         head.headers.add(name: "content-type", value: "application/grpc")
         head.headers.add(name: "te", value: "trailers")
         head.headers.add(name: "grpc-timeout", value: "\(max(1, timeout.nanoseconds / 1_000_000))m")
@@ -155,7 +164,7 @@ private final class GRPCAnswer: ChannelInboundHandler {
         switch unwrapInboundIn(data) {
         case .head(let head):
             guard head.status == .ok else {
-                answer.fail(SpanExportError("the collector answered HTTP \(head.status.code)"))
+                answer.fail(SpanExportError("the collector answered HTTP \(head.status.code)", answered: true))
                 return
             }
             note(head.headers)
@@ -165,7 +174,8 @@ private final class GRPCAnswer: ChannelInboundHandler {
             if let trailers { note(trailers) }
             switch status {
             case "0": answer.succeed()
-            case let status?: answer.fail(SpanExportError("the collector answered grpc-status \(status)\(message.map { ": \($0)" } ?? "")"))
+            case let status?:
+                answer.fail(SpanExportError("the collector answered grpc-status \(status)\(message.map { ": \($0.prefix(200))" } ?? "")", answered: true))
             case nil: answer.fail(SpanExportError("the collector's answer has no grpc-status"))
             }
             context.close(promise: nil)

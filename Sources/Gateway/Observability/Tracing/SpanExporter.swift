@@ -10,11 +10,19 @@ protocol SpanExporter: Sendable {
     /// Sends one request; throws when the collector did not accept it.
     func export(_ request: [UInt8]) async throws
     func shutdown() async
+    /// Closes what the exporter holds without waiting (a process that never ran).
+    func abandon()
 }
 
 struct SpanExportError: Error, CustomStringConvertible {
     let description: String
-    init(_ description: String) { self.description = description }
+    /// The collector answered (an error status): the connection is fine for the next export.
+    var answered = false
+
+    init(_ description: String, answered: Bool = false) {
+        self.description = description
+        self.answered = answered
+    }
 }
 
 /// OTLP/HTTP with protobuf bodies (`tracing.protocol: http/protobuf`): one POST per batch to
@@ -44,9 +52,10 @@ final class OTLPHTTPExporter: SpanExporter {
         let response = try await client.execute(post, timeout: timeout)
         _ = try? await response.body.collect(upTo: 64 * 1024)
         guard (200..<300).contains(response.status.code) else {
-            throw SpanExportError("the collector answered \(response.status.code)")
+            throw SpanExportError("the collector answered \(response.status.code)", answered: true)
         }
     }
 
     func shutdown() async { try? await client.shutdown() }
+    func abandon() { try? client.syncShutdown() }
 }
