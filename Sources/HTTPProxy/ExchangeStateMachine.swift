@@ -361,7 +361,7 @@ struct ExchangeStateMachine {
         }
         switch result {
         case .success(let connection):
-            if let trace = log.trace { trace.spans.connected = now().uptimeNanoseconds }
+            log.trace?.spans.connected = now().uptimeNanoseconds
             // The request's end is among what goes out now: the upstream's time to answer starts.
             state = .forwarding(forward, connection, .awaited(deadline: body.ended ? now() + responseTimeout : nil))
             return .startForwarding(connection, head: forward.head, chunked: body.framing == .chunked, body: waiting)
