@@ -208,6 +208,21 @@ struct TracingTests {
                 "the queue is still exported at shutdown (here to a collector that is not there)")
     }
 
+    @Test("a nested message's length: one byte up to 127, a longer varint after (the message moved along)", arguments: [0, 1, 125, 126, 127, 300, 20_000])
+    func nestedLength(_ size: Int) {
+        var w = ProtobufWriter()
+        w.message(3) { $0.string(1, String(repeating: "x", count: size)) }
+        w.varint(4, 1)
+        // Expected: tag 3/LEN, varint(inner length), then tag 1/LEN, varint(size), the bytes; then field 4.
+        func varint(_ v: Int) -> [UInt8] {
+            var v = UInt64(v), out: [UInt8] = []
+            while v >= 0x80 { out.append(UInt8(v & 0x7f) | 0x80); v >>= 7 }
+            return out + [UInt8(v)]
+        }
+        let inner = [0x0a] + varint(size) + [UInt8](repeating: UInt8(ascii: "x"), count: size)
+        #expect(w.bytes == [0x1a] + varint(inner.count) + inner + [0x20, 0x01])
+    }
+
     @Test("sample_ratio 0: nothing is recorded, yet the app still receives a context (not sampled)")
     func unsampled() async throws {
         try await OTLPReceiver.with { collector in

@@ -34,21 +34,20 @@ struct SpanRecord: Sendable {
 enum OTLPEncoding {
     /// One request: the resource (`service.name`, …), one scope, the spans.
     static func exportRequest(_ spans: some Collection<SpanRecord>, resource: [(String, SpanRecord.Value)], scope: (name: String, version: String)) -> [UInt8] {
-        var scopeSpans = ProtobufWriter()
-        scopeSpans.message(1) { s in
-            s.string(1, scope.name)
-            s.string(2, scope.version)
-        }
-        for span in spans { scopeSpans.message(2) { write(span, into: &$0) } }
-
-        var resourceSpans = ProtobufWriter()
-        resourceSpans.message(1) { r in
-            for (key, value) in resource { r.message(1) { keyValue(key, value, into: &$0) } }
-        }
-        resourceSpans.bytes(2, scopeSpans.bytes)
-
         var request = ProtobufWriter()
-        request.bytes(1, resourceSpans.bytes)
+        request.reserve(spans.count * 320 + 256)
+        request.message(1) { resourceSpans in
+            resourceSpans.message(1) { r in
+                for (key, value) in resource { r.message(1) { keyValue(key, value, into: &$0) } }
+            }
+            resourceSpans.message(2) { scopeSpans in
+                scopeSpans.message(1) { s in
+                    s.string(1, scope.name)
+                    s.string(2, scope.version)
+                }
+                for span in spans { scopeSpans.message(2) { write(span, into: &$0) } }
+            }
+        }
         return request.bytes
     }
 
@@ -88,10 +87,13 @@ enum OTLPEncoding {
     }
 }
 
-/// Protobuf's wire format, for messages written once: fields in order, a nested message
-/// written apart and then length-prefixed.
+/// Protobuf's wire format, for messages written once: fields in order into one buffer. A nested
+/// message is written in place after a one-byte length, moved along when its length needs more
+/// bytes (rare: a span, not its many small attributes).
 struct ProtobufWriter {
     private(set) var bytes: [UInt8] = []
+
+    mutating func reserve(_ capacity: Int) { bytes.reserveCapacity(capacity) }
 
     private mutating func tag(_ field: UInt64, _ wireType: UInt64) { rawVarint(field << 3 | wireType) }
 
@@ -127,11 +129,29 @@ struct ProtobufWriter {
         for word in words { withUnsafeBytes(of: word.bigEndian) { bytes.append(contentsOf: $0) } }
     }
 
-    mutating func string(_ field: UInt64, _ value: String) { bytes(field, Array(value.utf8)) }
+    mutating func string(_ field: UInt64, _ value: String) {
+        tag(field, 2)
+        rawVarint(UInt64(value.utf8.count))
+        bytes.append(contentsOf: value.utf8)
+    }
 
     mutating func message(_ field: UInt64, _ body: (inout ProtobufWriter) -> Void) {
-        var nested = ProtobufWriter()
-        body(&nested)
-        bytes(field, nested.bytes)
+        tag(field, 2)
+        let lengthAt = bytes.count
+        bytes.append(0)
+        body(&self)
+        let length = bytes.count - lengthAt - 1
+        guard length >= 0x80 else {
+            bytes[lengthAt] = UInt8(length)
+            return
+        }
+        var prefix: [UInt8] = []
+        var v = UInt64(length)
+        while v >= 0x80 {
+            prefix.append(UInt8(truncatingIfNeeded: v) | 0x80)
+            v >>= 7
+        }
+        prefix.append(UInt8(v))
+        bytes.replaceSubrange(lengthAt..<(lengthAt + 1), with: prefix)
     }
 }
