@@ -41,9 +41,9 @@ struct StoreFixture {
     /// The store's own connection, for reading what it wrote.
     let client: (any RedisCommands)?
     let prefix: String
-    /// The cluster's client runs on a loop of its own: on the process's shared loops, under a
-    /// clean clone's make test, 200 concurrent writers once took over 60 s (their sessions
-    /// expired before they were read back).
+    /// Redis and cluster clients run on a loop of their own: on the process's shared loops,
+    /// under a clean clone's make test, 200 concurrent writers took over 60 s (their sessions
+    /// expired before they were read back) — the cluster's once, then Redis's (2026-11-27).
     var ownLoops: MultiThreadedEventLoopGroup? = nil
 
     /// Runs `body` with a fresh store of `kind`, closed before this returns or rethrows.
@@ -58,11 +58,13 @@ struct StoreFixture {
             return StoreFixture(store: MemorySessionStore(), loop: group.next(), redis: nil, client: nil, prefix: "")
         case .redis:
             let redis = try TestRedis.start()
+            let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
             // Seconds of command timeout: the suites run in parallel on 2 cores.
             let client = try RedisClient(configuration: .init(host: redis.host, port: redis.port, database: redis.database, commandTimeout: .seconds(3)),
-                                         group: group, logger: Logger(label: "test"))
+                                         group: loops, logger: Logger(label: "test"))
             let prefix = TestRedis.uniquePrefix()
-            return StoreFixture(store: RedisSessionStore(client: client, keyPrefix: prefix), loop: group.next(), redis: redis, client: client, prefix: prefix)
+            return StoreFixture(store: RedisSessionStore(client: client, keyPrefix: prefix), loop: loops.next(), redis: redis, client: client, prefix: prefix,
+                                ownLoops: loops)
         case .cluster:
             let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
             let client = try await SharedCluster.client(group: loops)
