@@ -26,6 +26,8 @@ final class OTLPReceiver: Sendable {
         let resource: [String: Value]
         let via: String
         let headers: [String: String]
+        /// gRPC: the exporter's address and port (one per connection).
+        let peer: String?
 
         enum Value: Decodable, Equatable, Sendable {
             case string(String), int(Int64), bool(Bool)
@@ -67,13 +69,14 @@ final class OTLPReceiver: Sendable {
     }
 
     /// The spans of `traceID` once `count` have arrived (the gateway exports each second).
+    /// (Fewer, once `limit` passed: the caller's expectations say what is missing.)
     func spans(of traceID: String, count: Int, within limit: Duration = .seconds(15)) async throws -> [Span] {
-        let deadline = ContinuousClock.now + limit
-        while true {
-            let found = try await spans().filter { $0.trace_id == traceID }
-            if found.count >= count || ContinuousClock.now > deadline { return found }
-            try await Task.sleep(for: .milliseconds(100))
+        var found: [Span] = []
+        _ = try? await eventually("\(count) spans of \(traceID)", within: limit) {
+            found = try await spans().filter { $0.trace_id == traceID }
+            return found.count >= count
         }
+        return found
     }
 
     /// Answers exports with HTTP `status` (gRPC: UNAVAILABLE) until told 0.
@@ -86,5 +89,15 @@ final class OTLPReceiver: Sendable {
     struct Failure: Error, CustomStringConvertible {
         let description: String
         init(_ description: String) { self.description = description }
+    }
+}
+
+/// Checks `condition` every 100 ms until it holds (the gateway exports each second); throws
+/// once `limit` passed.
+func eventually(_ what: String, within limit: Duration = .seconds(15), _ condition: () async throws -> Bool) async throws {
+    let deadline = ContinuousClock.now + limit
+    while try await !condition() {
+        guard ContinuousClock.now < deadline else { throw OTLPReceiver.Failure("timed out waiting until \(what)") }
+        try await Task.sleep(for: .milliseconds(100))
     }
 }

@@ -113,7 +113,7 @@ struct TracingTests {
         }
     }
 
-    @Test("over OTLP/gRPC, with the user's sub when tracing.include_user is on")
+    @Test("over OTLP/gRPC, with the user's sub when tracing.include_user is on; an error status is counted, and the connection kept")
     func grpcExport() async throws {
         try await OTLPReceiver.with { collector in
             try await SignInHarness.with(configure: { $0.tracing = Self.tracing(collector.grpcEndpoint, protocol: .grpc, includeUser: true) }) { h in
@@ -128,6 +128,19 @@ struct TracingTests {
                 let server = try #require(spans.first { $0.kind == "SPAN_KIND_SERVER" })
                 #expect(server.via == "grpc" && server.headers["authorization"] == "Bearer collector-key")
                 #expect(server.attributes["enduser.id"] == .string(user))
+
+                // The collector answers UNAVAILABLE: a failed export, on a connection that answered.
+                try await collector.fail(status: 503)
+                _ = try await browser.request("/api/grpc-refused")
+                let admin = "http://127.0.0.1:\(h.service.adminAddress!.port!)/metrics"
+                try await eventually("the refused export counted") {
+                    try await browser.request(admin).body.contains("sessiongate_tracing_exports_failed_total 1\n")
+                }
+                try await collector.fail(status: 0)
+                let again = try await browser.request("/api/grpc-again")
+                let next = try #require(again.body.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                let later = try await collector.spans(of: String(next.split(separator: "-")[1]), count: 4)
+                #expect(later.count == 4 && later.allSatisfy { $0.peer == server.peer }, "the same connection: \(server.peer ?? "-")")
             }
         }
     }
@@ -162,7 +175,7 @@ struct TracingTests {
         }
     }
 
-    @Test("the binary: the access log names each request's trace, and spans still queued at SIGTERM are exported before it exits")
+    @Test("the binary: the access log names each request's trace; sample_ratio reloads; spans still queued at SIGTERM are exported before it exits")
     func processAccessLogAndShutdown() async throws {
         try await OTLPReceiver.with { collector in
             try await TestUpstream.with { upstream in
@@ -180,6 +193,16 @@ struct TracingTests {
                 let line = try #require(await gateway.waitForLine(containing: "\"path\":\"/echo/traced\""))
                 let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
                 #expect(json["trace_id"] as? String == traceID, "\(line)")
+
+                // sample_ratio reloads (the only tracing key that does): new traces go unrecorded.
+                #expect(try await gateway.reload(yaml: yaml + "  sample_ratio: 0\n")?.contains("configuration reloaded") == true)
+                let unsampled = try await blocking {
+                    let c = try RawClient(port: ports.proxy)
+                    try c.send("GET /echo/unsampled HTTP/1.1\r\nHost: a\r\n\r\n")
+                    return try c.readResponse()
+                }
+                let header = try #require(unsampled.text.split(separator: "\n").first { $0.lowercased().hasPrefix("traceparent: ") })
+                #expect(header.hasSuffix("-00"), "\(header)")
                 // Stopped at once: the spans wait for the next export (each second) or the drain's flush.
                 await gateway.stopAndWait()
                 #expect(try await collector.spans().filter { $0.trace_id == traceID }.count == 4, "exported before the process ended")
@@ -249,7 +272,7 @@ struct TracingTests {
                 let admin = "http://127.0.0.1:\(h.service.adminAddress!.port!)/metrics"
                 for _ in 0..<3 { #expect(try await browser.request("/public/x").status == 200) }
                 // Three requests, four spans each, all in exports the collector refused.
-                try await Self.eventually("every span counted as dropped") {
+                try await eventually("every span counted as dropped") {
                     try await browser.request(admin).body.contains(#"sessiongate_tracing_spans_dropped_total{reason="export_failed"} 12"#)
                 }
                 let metrics = try await browser.request(admin).body
@@ -274,14 +297,5 @@ struct TracingTests {
             return found != nil
         }
         return try #require(found)
-    }
-
-    /// Checks `condition` every 100 ms until it holds (the gateway exports each second).
-    static func eventually(_ what: String, within limit: Duration = .seconds(15), _ condition: () async throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + limit
-        while try await !condition() {
-            guard ContinuousClock.now < deadline else { throw OTLPReceiver.Failure("timed out waiting until \(what)") }
-            try await Task.sleep(for: .milliseconds(100))
-        }
     }
 }

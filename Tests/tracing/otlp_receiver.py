@@ -9,7 +9,8 @@ served back as JSON.
 
 Each span: trace_id, span_id, parent_span_id (hex, "" for none), trace_state, name, kind
 (SPAN_KIND_*), start/end (Unix ns), attributes {key: value}, events [name], status (STATUS_CODE_*),
-status_message, resource {key: value}, scope, via ("http" | "grpc"), headers (the export's).
+status_message, resource {key: value}, scope, via ("http" | "grpc"), headers (the export's), peer (gRPC:
+the exporter's address and port, which names its connection).
 """
 import json
 import os
@@ -33,7 +34,7 @@ def value(any_value):
     return getattr(any_value, kind) if kind else None
 
 
-def record(request, via, headers):
+def record(request, via, headers, peer=None):
     with lock:
         for resource_spans in request.resource_spans:
             resource = {kv.key: value(kv.value) for kv in resource_spans.resource.attributes}
@@ -47,7 +48,7 @@ def record(request, via, headers):
                         "attributes": {kv.key: value(kv.value) for kv in span.attributes},
                         "events": [event.name for event in span.events],
                         "status": trace_pb2.Status.StatusCode.Name(span.status.code), "status_message": span.status.message,
-                        "resource": resource, "scope": scope_spans.scope.name, "via": via, "headers": headers,
+                        "resource": resource, "scope": scope_spans.scope.name, "via": via, "headers": headers, "peer": peer,
                     })
 
 
@@ -91,7 +92,7 @@ class GRPCReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
         if failing["status"]:
             context.abort(grpc.StatusCode.UNAVAILABLE, "told to fail")
-        record(request, "grpc", {k: v for k, v in context.invocation_metadata()})
+        record(request, "grpc", {k: v for k, v in context.invocation_metadata()}, context.peer())
         return trace_service_pb2.ExportTraceServiceResponse()
 
 

@@ -130,28 +130,21 @@ final class AppEvents: Sendable {
         return await TraceScope.root(tracer, "event.deliver", kind: .client,
                                      [("sessiongate.event.type", .string(type)), ("sessiongate.event.attempt", .int(Int64(job.attempts + 1)))]) {
             var request = HTTPClientRequest(url: url)
+            request.method = .POST
+            request.headers.add(name: "content-type", value: "application/json")
+            request.headers.add(name: "user-agent", value: "sessiongate-events")
+            request.headers.add(name: "x-sessiongate-event", value: type)
             if let context = TraceScope.current?.context { request.headers.add(name: "traceparent", value: context.traceparent) }
-            let result = await deliver(request, url: url, type: type, jws: jws, job: job, http: http, timeout: timeout, logger: logger)
-            return (result, result == .done ? nil : "not delivered: retried later")
+            request.body = .bytes(ByteBuffer(string: #"{"payload":""# + jws + #""}"#))
+            do {
+                let response = try await http.execute(request, timeout: timeout)
+                _ = try? await response.body.collect(upTo: 64 * 1024)
+                if (200..<300).contains(response.status.code) { return (.done, nil) }
+                logger.warning("the app refused an event: retried later", metadata: ["type": "\(type)", "status": .stringConvertible(response.status.code), "attempt": .stringConvertible(job.attempts + 1)])
+            } catch {
+                logger.warning("an event could not reach the app: retried later", metadata: ["type": "\(type)", "error": "\(error)", "attempt": .stringConvertible(job.attempts + 1)])
+            }
+            return (.retry, "not delivered: retried later")
         }
-    }
-
-    private static func deliver(_ prepared: HTTPClientRequest, url: String, type: String, jws: String, job: OutboxJob, http: HTTPClient,
-                                timeout: TimeAmount, logger: Logger) async -> Outbox.Result {
-        var request = prepared
-        request.method = .POST
-        request.headers.add(name: "content-type", value: "application/json")
-        request.headers.add(name: "user-agent", value: "sessiongate-events")
-        request.headers.add(name: "x-sessiongate-event", value: type)
-        request.body = .bytes(ByteBuffer(string: #"{"payload":""# + jws + #""}"#))
-        do {
-            let response = try await http.execute(request, timeout: timeout)
-            _ = try? await response.body.collect(upTo: 64 * 1024)
-            if (200..<300).contains(response.status.code) { return .done }
-            logger.warning("the app refused an event: retried later", metadata: ["type": "\(type)", "status": .stringConvertible(response.status.code), "attempt": .stringConvertible(job.attempts + 1)])
-        } catch {
-            logger.warning("an event could not reach the app: retried later", metadata: ["type": "\(type)", "error": "\(error)", "attempt": .stringConvertible(job.attempts + 1)])
-        }
-        return .retry
     }
 }

@@ -95,7 +95,8 @@ enum GatewayComposition {
             throw error
         }
 
-        let store = GatewayStore(backend?.store ?? MemorySessionStore(now: now), timeout: TimeAmount(c.store.timeout), metrics: metrics)
+        let store = GatewayStore(backend?.store ?? MemorySessionStore(now: now), timeout: TimeAmount(c.store.timeout), metrics: metrics,
+                                 traced: tracer != nil)
         let fleet = FleetPublisher(backend: backend, logger: logger)
         let backgroundLoop = group.next()
         // An attempt's claim outlives its slowest call (Apple's or the app's), with margin.

@@ -11,17 +11,20 @@ struct GatewayStore: SessionStore {
     let base: any SessionStore
     let timeout: TimeAmount
     private let latency: [StoreOperation: DurationHistogram]
+    /// `tracing` is on: operations look for the trace they run in. Off, not even that.
+    private let traced: Bool
 
-    init(_ base: any SessionStore, timeout: TimeAmount, metrics: GatewayMetrics) {
+    init(_ base: any SessionStore, timeout: TimeAmount, metrics: GatewayMetrics, traced: Bool = false) {
         self.base = base
         self.timeout = timeout
+        self.traced = traced
         latency = Dictionary(uniqueKeysWithValues: StoreOperation.allCases.map { ($0, metrics.storeLatency($0)) })
     }
 
     /// Async work in a trace (`TraceScope`) records a span per operation; the admission path,
     /// on an event loop, makes its own (`OpenSpan.store`).
     private func run<T: Sendable>(_ operation: StoreOperation, on loop: any EventLoop, _ future: EventLoopFuture<T>) -> EventLoopFuture<T> {
-        if let scope = TraceScope.current { OpenSpan.store(operation, tracer: scope.tracer, parent: scope.context)?.end(with: future) }
+        if traced, let scope = TraceScope.current { OpenSpan.store(operation, tracer: scope.tracer, parent: scope.context)?.end(with: future) }
         let start = NIODeadline.now()
         let histogram = latency[operation]
         future.whenComplete { _ in histogram?.recordNanoseconds(Int64(NIODeadline.now().uptimeNanoseconds - start.uptimeNanoseconds)) }

@@ -116,12 +116,6 @@ struct ProtobufWriter {
         withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
     }
 
-    mutating func bytes(_ field: UInt64, _ value: [UInt8]) {
-        tag(field, 2)
-        rawVarint(UInt64(value.count))
-        bytes.append(contentsOf: value)
-    }
-
     /// 64-bit words as bytes, most significant first (trace and span ids).
     mutating func bytes(_ field: UInt64, bigEndian words: [UInt64]) {
         tag(field, 2)

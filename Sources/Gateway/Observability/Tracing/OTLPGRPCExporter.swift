@@ -101,7 +101,7 @@ final class OTLPGRPCExporter: SpanExporter {
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
                         if let tls {
-                            try sync.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: IPAddress.isLiteral(host) ? nil : host))
+                            try sync.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: IPAddress.parse(host) == nil ? host : nil))  // no SNI for an address
                         }
                         // Nothing is served on streams the collector opens.
                         multiplexer.succeed(try sync.configureHTTP2Pipeline(
@@ -196,9 +196,4 @@ private final class GRPCAnswer: ChannelInboundHandler {
         answer.fail(error)
         context.close(promise: nil)
     }
-}
-
-extension IPAddress {
-    /// An IPv4 or IPv6 literal (no SNI is sent for those).
-    static func isLiteral(_ host: String) -> Bool { IPAddress.parse(host) != nil }
 }
