@@ -47,7 +47,7 @@ tls_gateway() {  # [public]
   gateway a $SG_A $ADMIN_A 1h "" "  tls: { certificate_file: \"$CERT_DIR/cert.pem\", private_key_file: \"$CERT_DIR/key.pem\" }" "$public"
 }
 
-gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines] [extra route lines]
+gateway() {  # name port admin cache_ttl [extra apple: lines] [extra server: lines] [extra route lines]; GATEWAY_UPSTREAM: another app
   cat > "$WORK/$1.yaml" <<CONF
 server:
   listen: "127.0.0.1:$2"
@@ -69,7 +69,7 @@ $STORE_YAML
   local_cache_ttl: "$4"
 routes:
   - name: bench
-    upstream: "http://127.0.0.1:$UPSTREAM"
+    upstream: "${GATEWAY_UPSTREAM:-http://127.0.0.1:$UPSTREAM}"
     auth: required
     unauthenticated: deny
 ${7:-}

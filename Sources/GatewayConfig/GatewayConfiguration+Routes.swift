@@ -6,6 +6,7 @@ extension GatewayConfiguration.Route {
         case upstreamCAFile = "upstream_ca_file", upstreamServerName = "upstream_server_name"
         case upstreamInsecureSkipVerify = "upstream_insecure_skip_verify", requireLink = "require_link"
         case upstreamReuse = "upstream_reuse", maxInFlight = "max_in_flight", preflight
+        case upstreamMaxConnections = "upstream_max_connections"
 
         /// The keys that mean something only to an https:// upstream.
         static let tlsOnly: [Key] = [.upstreamCAFile, .upstreamServerName, .upstreamInsecureSkipVerify]

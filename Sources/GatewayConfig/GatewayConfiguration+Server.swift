@@ -127,11 +127,13 @@ extension GatewayConfiguration.Limits {
     enum Key: String, ConfigKey {
         case maxHeaderBytes = "max_header_bytes", maxHeaderCount = "max_header_count", maxBodyBytes = "max_body_bytes"
         case maxConnections = "max_connections", maxConnectionsPerClient = "max_connections_per_client"
+        case maxIdleUpstreamConnections = "max_idle_upstream_connections"
     }
 
     mutating func read(_ l: ConfigReader.Section<Key>, _ r: ConfigReader) {
         if let v = r.int(l, .maxConnections, range: 0...10_000_000) { maxConnections = v }
         if let v = r.int(l, .maxConnectionsPerClient, range: 0...10_000_000) { maxConnectionsPerClient = v }
+        if let v = r.int(l, .maxIdleUpstreamConnections, range: 0...1_000_000) { maxIdleUpstreamConnections = v }
         if let v = r.int(l, .maxBodyBytes, range: 0...Int(Int64.max)) { maxBodyBytes = v }
         if let v = r.int(l, .maxHeaderBytes, range: 1024...(1 << 20)) { maxHeaderBytes = v }
         if let v = r.int(l, .maxHeaderCount, range: 8...1000) { maxHeaderCount = v }

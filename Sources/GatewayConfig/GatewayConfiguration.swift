@@ -148,6 +148,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Open client connections per client address (the forwarded one behind
         /// `server.trusted_proxies`, else the peer's); beyond it: 503, closed. 0: no cap.
         public var maxConnectionsPerClient = 0
+        /// Idle upstream connections kept per instance, all upstreams and users together (split
+        /// across the event loops); beyond it the least recently used closes.
+        public var maxIdleUpstreamConnections = 512
         public init() {}
     }
 
@@ -340,6 +343,10 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Requests of this route admitted and not yet answered, per instance; beyond it: 503
         /// with `Retry-After` at once. 0: no bound.
         public var maxInFlight = 0
+        /// Connections to the upstream per instance, in use and idle (0: no bound); a request
+        /// over it takes an idle connection's place or waits up to `upstream_connect`, then 503.
+        public var upstreamMaxConnections = Route.defaultUpstreamMaxConnections
+        public static let defaultUpstreamMaxConnections = 1024
         /// CORS preflights on a guarded route.
         public var preflight: Preflight = .authenticate
 
@@ -384,6 +391,12 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Any request may take any idle connection (nginx, HAProxy, Envoy): fewer connections,
         /// and an app's framing mistake can show one user another's page.
         case shared
+        /// Any request without a body may take any idle connection, and every response must
+        /// echo the request's `X-Request-Id` — the gateway's own, unpredictable, for each request
+        /// — or it is refused (502) and its connection closed: late bytes of one response can
+        /// never pass as another's. Requests with a body get a connection of their own, as in
+        /// `principal`.
+        case echo
         /// A new connection for every request, closed after it.
         case none
     }

@@ -51,6 +51,7 @@ public enum ReloadRules {
         .on("server.limits.max_connections") { $0.server.limits.maxConnections },
         .on("server.limits.max_connections_per_client") { $0.server.limits.maxConnectionsPerClient },
         .on("server.limits.max_header_count") { $0.server.limits.maxHeaderCount },
+        .on("server.limits.max_idle_upstream_connections") { $0.server.limits.maxIdleUpstreamConnections },
         .on("apple") { $0.apple == nil },
         .on("apple.team_id") { $0.apple?.teamID },
         .on("apple.client_ids") { $0.apple?.clientIDs },

@@ -37,6 +37,7 @@ struct RouteReader {
         let requireLink = requireLink(auth: auth)
         let reuse = r.enumeration(s, .upstreamReuse, as: GatewayConfiguration.UpstreamReuse.self) ?? .principal
         let maxInFlight = r.int(s, .maxInFlight, range: 0...10_000_000) ?? 0
+        let maxConnections = r.int(s, .upstreamMaxConnections, range: 0...1_000_000) ?? Route.defaultUpstreamMaxConnections
         let preflight = r.enumeration(s, .preflight, as: GatewayConfiguration.Preflight.self) ?? .authenticate
         if preflight == .pass, auth == .public { r.report(s, .preflight, "has no effect on a public route (it forwards every request)") }
         let skipVerify = skipVerify()
@@ -54,6 +55,7 @@ struct RouteReader {
         route.requireLink = requireLink
         route.upstreamReuse = reuse
         route.maxInFlight = maxInFlight
+        route.upstreamMaxConnections = maxConnections
         route.preflight = preflight
         return route
     }

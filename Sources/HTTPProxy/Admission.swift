@@ -43,6 +43,12 @@ enum Admission {
         case admitted(Admitted)
         case refused(Refusal)
 
+        /// The request goes to an `upstream_reuse: echo` route (its `X-Request-Id` is the gateway's).
+        var echoesRequestID: Bool {
+            if case .admitted(let admitted) = self { return admitted.route.upstreamReuse == .echo }
+            return false
+        }
+
         /// The request as the header rules read it, when they could.
         var inbound: InboundRequest? {
             switch self {

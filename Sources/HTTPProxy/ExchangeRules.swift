@@ -33,6 +33,10 @@ enum ExchangeRules {
     /// Whom the upstream connection of a forwarded request serves (`routes[].upstream_reuse`);
     /// nil: this request only — a fresh connection, sent `Connection: close`, closed after.
     ///
+    /// `echo`: any bodyless request's (every response must echo its own `X-Request-Id`, so
+    /// late bytes never pass as another request's response); one with a body gets a connection
+    /// of its own, as in `principal`, for the same reason.
+    ///
     /// `principal`: the admitted user, or an anonymous request's client connection, so that
     /// bytes an app sends late reach no other client. Two requests get a connection of their own
     /// even so: one with a body (an app that answers without reading it — CL.0 — would read the
@@ -44,11 +48,18 @@ enum ExchangeRules {
         switch reuse {
         case .none: return nil
         case .shared: return .anyone
+        case .echo: return hasBody ? nil : .echoing
         case .principal:
             if hasBody { return nil }
             if let user { return .user(user) }
             return viaTrustedProxy ? nil : .client(client)
         }
+    }
+
+    /// Whether an `echo` route's response (or interim response) is the one to this request: it
+    /// carries exactly one `X-Request-Id`, the request's own.
+    static func echoes(_ head: WireHead, requestID: String) -> Bool {
+        head.hasOneField("x-request-id", equalTo: requestID)
     }
 
     /// Whether a request whose upstream connection closed before any response byte may be sent

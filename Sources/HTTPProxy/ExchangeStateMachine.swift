@@ -366,6 +366,12 @@ struct ExchangeStateMachine {
             state = .forwarding(forward, connection, .awaited(deadline: body.ended ? now() + responseTimeout : nil))
             return .startForwarding(connection, head: forward.head, chunked: body.framing == .chunked, body: waiting)
         case .failure(let error):
+            if error is UpstreamBusy {
+                var response = LocalResponse.error(.serviceUnavailable,
+                                                   "route \(forward.route.name) has all of its upstream_max_connections in use; retry shortly")
+                response.headers.append(("retry-after", "1"))
+                return respond(response, failure: .connectionsExhausted)
+            }
             if let channelError = error as? ChannelError, case .connectTimeout = channelError {
                 return respond(.error(.gatewayTimeout, "upstream did not accept the connection in time"), failure: .connectTimeout)
             } else if error is UpstreamTLSFailure {
@@ -418,10 +424,18 @@ struct ExchangeStateMachine {
         guard ExchangeRules.relaysStatus(status) else {
             return respond(.error(.badGateway, "upstream answered with an invalid status"), failure: .invalidResponse)
         }
+        let echoed = upstream.principal != .echoing || ExchangeRules.echoes(wire, requestID: log.requestID)
         if status < 200 {
-            // Interim responses are not for HTTP/1.0 clients (RFC 9110 §15.2).
-            guard log.version.major >= 2 || log.version.minor >= 1 else { return .none }
+            // Interim responses are not for HTTP/1.0 clients (RFC 9110 §15.2), nor relayed
+            // on an `echo` connection unless they are this request's.
+            guard log.version.major >= 2 || log.version.minor >= 1, echoed else { return .none }
             return .interim(status: status)
+        }
+        guard echoed else {
+            // Not this request's answer — late bytes of an earlier one, or an app that does not
+            // echo: never relayed, and the connection closes (`respond` closes it).
+            return respond(.error(.badGateway, "upstream response did not echo the request's X-Request-Id (upstream_reuse: echo)"),
+                           failure: .echoMismatch)
         }
         let head = ResponseHead(wire)
         log.status = status
@@ -550,7 +564,8 @@ struct ExchangeLog {
     mutating func note(_ outcome: Admission.Outcome, head: WireHead, userAgent wanted: Bool, tracing: TraceSampler?, next: () -> UInt64) {
         if case .refused(let refusal) = outcome, let path = refusal.path { self.path = path }
         guard let inbound = outcome.inbound else { return }
-        if let id = inbound.requestID { requestID = id }
+        // An `echo` route's app must echo an id no response could have known: the gateway's own.
+        if let id = inbound.requestID, !outcome.echoesRequestID { requestID = id }
         if wanted { userAgent = head.firstValue(named: "user-agent") }
         if let tracing, case .admitted = outcome {
             trace = ExchangeTrace(.start(inbound, sampler: tracing, at: start, next: next))

@@ -286,7 +286,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             if pooled, let principal, let connection = environment.connector.takeIdle(route.upstream, for: principal) {
                 return connected(.success(connection))
             }
-            environment.connector.connect(route.upstream, for: principal, on: context.eventLoop) { result in
+            environment.connector.connect(route.upstream, for: principal, limit: route.upstreamMaxConnections, on: context.eventLoop) { result in
                 guard self.context != nil else {
                     if case .success(let connection) = result { connection.close() }
                     return
@@ -330,7 +330,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         case .finish(_, let upstream, let reuse):
             // Recorded first: the stream's end closes its channel at once.
             if case .exchange(let x) = state { end(x, aborted: false) }
-            if reuse { environment.connector.release(upstream, keeping: environment.settings.maxConcurrentStreams) } else { upstream.close() }
+            if reuse { environment.connector.release(upstream) } else { upstream.close() }
             context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
         case .abort(let upstream, let failure):
             upstream?.close()

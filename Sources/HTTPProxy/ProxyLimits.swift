@@ -11,8 +11,12 @@ public struct ProxyLimits: Sendable, Equatable {
     /// Open client connections per peer address; beyond it: 503, closed. A connection from a
     /// trusted proxy carries many clients and counts only against `maxConnections`. 0: no cap.
     public var maxConnectionsPerClient: Int
+    /// Idle upstream connections kept on this server, split across its event loops.
+    public var maxIdleUpstreamConnections: Int
 
-    public init(maxHeaderBytes: Int = 16 * 1024, maxHeaderCount: Int = 100, maxConnections: Int = 0, maxConnectionsPerClient: Int = 0) {
+    public init(maxHeaderBytes: Int = 16 * 1024, maxHeaderCount: Int = 100, maxConnections: Int = 0, maxConnectionsPerClient: Int = 0,
+                maxIdleUpstreamConnections: Int = 512) {
+        self.maxIdleUpstreamConnections = maxIdleUpstreamConnections
         self.maxHeaderBytes = maxHeaderBytes
         self.maxHeaderCount = maxHeaderCount
         self.maxConnections = maxConnections

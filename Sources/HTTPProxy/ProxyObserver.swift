@@ -15,6 +15,12 @@ public enum UpstreamErrorKind: String, Sendable, CaseIterable {
     case tlsHandshake = "tls_handshake"
     /// Not sent: the route had `max_in_flight` requests in flight already (503 + `Retry-After`).
     case maxInFlight = "max_in_flight"
+    /// Not sent: every connection of the upstream's budget (`upstream_max_connections`) stayed
+    /// in use for `upstream_connect` (503 + `Retry-After`).
+    case connectionsExhausted = "connections_exhausted"
+    /// The app's response did not echo the request's `X-Request-Id` on an `echo` route: 502,
+    /// the connection closed.
+    case echoMismatch = "echo_mismatch"
 }
 
 /// One completed (or abandoned) exchange, for the access log and metrics.
@@ -60,7 +66,8 @@ public protocol ProxyObserver: Sendable {
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String)
     func clientConnectionOpened()
     func clientConnectionClosed()
-    func upstreamConnectionOpened()
+    /// A new connection to `upstream` is up (`sessiongate_upstream_connects_total`).
+    func upstreamConnectionOpened(_ upstream: UpstreamAddress)
     func upstreamConnectionClosed()
     /// A client's TLS handshake on the public listener did not complete.
     func tlsHandshakeFailed(_ reason: TLSHandshakeFailure)
@@ -80,6 +87,6 @@ public struct SilentProxyObserver: ProxyObserver {
     public func upstreamFailed(_ kind: UpstreamErrorKind, route: String) {}
     public func clientConnectionOpened() {}
     public func clientConnectionClosed() {}
-    public func upstreamConnectionOpened() {}
+    public func upstreamConnectionOpened(_ upstream: UpstreamAddress) {}
     public func upstreamConnectionClosed() {}
 }

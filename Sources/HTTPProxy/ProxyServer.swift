@@ -147,10 +147,13 @@ public final class ProxyServer: Sendable {
         self.http2Streams = http2Streams
         self.shared = ProxyShared(snapshot: routing, configuration: configuration, observer: observer)
         var pools: [ObjectIdentifier: NIOLoopBoundBox<UpstreamPool>] = [:]
-        for loop in group.makeIterator() {
+        let loops = Array(group.makeIterator())
+        var limits = UpstreamPoolLimits(loops: loops.count)
+        limits.idleTotal = limits.share(configuration.limits.maxIdleUpstreamConnections)
+        for loop in loops {
             pools[ObjectIdentifier(loop)] = NIOLoopBoundBox.makeBoxSendingValue(
                 UpstreamPool(eventLoop: loop, connectTimeout: configuration.timeouts.upstreamConnect,
-                             idleTimeout: configuration.timeouts.idle, observer: observer, logger: logger),
+                             idleTimeout: configuration.timeouts.idle, limits: limits, observer: observer, logger: logger),
                 eventLoop: loop)
         }
         self.pools = pools

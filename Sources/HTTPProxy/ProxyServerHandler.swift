@@ -243,7 +243,7 @@ final class ProxyServerHandler: ChannelDuplexHandler, RemovableChannelHandler, U
             if pooled, let principal, let connection = connector.takeIdle(route.upstream, for: principal) {
                 return run(machine.connected(.success(connection), for: exchange, now: now))
             }
-            connector.connect(route.upstream, for: principal, on: context.eventLoop) { result in
+            connector.connect(route.upstream, for: principal, limit: route.upstreamMaxConnections, on: context.eventLoop) { result in
                 guard self.context != nil else {
                     if case .success(let connection) = result { connection.close() }
                     return

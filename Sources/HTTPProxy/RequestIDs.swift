@@ -1,10 +1,11 @@
 /// The `X-Request-Id` of requests that come without one, and the ids of the spans and traces
-/// the gateway starts: xorshift64*, seeded per connection — unique enough to correlate log
-/// lines and spans, and cheap.
+/// the gateway starts: a counter seeded per connection, through SipHash under the process's
+/// random key (Swift's `Hasher`) — cheap, and unpredictable from the ids seen before, which an
+/// `echo` route relies on (a response can echo only the id of the request it answers).
 struct RequestIDs {
     private var state: UInt64
 
-    init(seed: UInt64) { state = seed | 1 }
+    init(seed: UInt64) { state = seed }
 
     /// 16 lower-case hex digits, written in place (`String(_:radix:)` and padding cost ~3 % of a
     /// proxied request).
@@ -12,9 +13,10 @@ struct RequestIDs {
 
     /// The next 64 bits, never 0 (a span id).
     mutating func nextValue() -> UInt64 {
-        state ^= state >> 12
-        state ^= state << 25
-        state ^= state >> 27
-        return state &* 2_685_821_657_736_338_717
+        state &+= 1
+        var hasher = Hasher()
+        hasher.combine(state)
+        let value = UInt64(bitPattern: Int64(hasher.finalize()))
+        return value == 0 ? 1 : value
     }
 }

@@ -104,11 +104,14 @@ public final class ProxyRoute: Sendable {
     /// Forwarded requests not yet answered, per instance, beyond which the next is refused 503
     /// at once (0: no bound).
     public let maxInFlight: Int
+    /// Connections to `upstream` per instance, in use and idle (0: no bound).
+    public let upstreamMaxConnections: Int
     private let inFlight = Atomic<Int>(0)
 
     public init(name: String, host: String? = nil, pathPrefix: String = "/", upstream: UpstreamAddress, requestGuard: any RequestGuard = PublicGuard(),
                 maxBodyBytes: Int = 0, allowTrace: Bool = false, stripPrefix: Bool = false, upstreamHost: String? = nil,
-                upstreamReuse: GatewayConfiguration.UpstreamReuse = .principal, maxInFlight: Int = 0) {
+                upstreamReuse: GatewayConfiguration.UpstreamReuse = .principal, maxInFlight: Int = 0,
+                upstreamMaxConnections: Int = 0) {
         self.name = name
         self.host = host
         self.pathPrefix = pathPrefix
@@ -120,6 +123,7 @@ public final class ProxyRoute: Sendable {
         self.upstreamHost = upstreamHost
         self.upstreamReuse = upstreamReuse
         self.maxInFlight = maxInFlight
+        self.upstreamMaxConnections = upstreamMaxConnections
     }
 
     /// Takes one of the route's `maxInFlight` places; false when all are taken. Every place

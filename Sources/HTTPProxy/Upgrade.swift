@@ -12,6 +12,9 @@ enum Upgrade {
     static func splice(client context: ChannelHandlerContext, upstream connection: UpstreamConnection, upstreamChannel: any Channel,
                        clientBytes: ByteBuffer, clientInputClosed: Bool, tunnel: TunnelLease?) {
         connection.owner = nil
+        // A tunnel's close must not drop what one side sent last (a WebSocket close frame).
+        UpstreamConnection.setAbortiveClose(upstreamChannel, false)
+        connection.pool?.tunnelled(connection, upstreamChannel)
         connection.pool = nil
         let (clientGlue, upstreamGlue) = GlueHandler.pair()
         do {

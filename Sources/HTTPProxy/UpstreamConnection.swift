@@ -33,9 +33,24 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     /// Served at least one exchange before (a reused connection may have been closed by the
     /// upstream in the meantime: the retry rule depends on it).
     var reused = false
-    /// Set while idle in the pool (and only then), with the pool's stamp of that release.
-    var idleSince: NIODeadline? = nil
-    var idleStamp: UInt64 = 0
+    /// Where it stands in its pool's budget (`UpstreamPool`).
+    enum PoolState: Equatable {
+        case connecting, inUse
+        /// Kept idle since then, with the pool's stamp of that release.
+        case idle(since: NIODeadline, stamp: UInt64)
+        /// Out of the budget (closed, or a tunnel's).
+        case gone
+    }
+    var poolState = PoolState.connecting
+    var idleSince: NIODeadline? {
+        if case .idle(let since, _) = poolState { return since }
+        return nil
+    }
+    /// Still idle since the release that gave it `stamp`.
+    func isIdle(stamp: UInt64) -> Bool {
+        if case .idle(_, let current) = poolState { return current == stamp }
+        return false
+    }
     /// False once what the app sent left the connection's framing in doubt (bytes behind a
     /// complete response, a bodyless response announcing a body): it serves no further request.
     var reusable: Bool { !bytesBehindResponse && !reader.framingInDoubt }
@@ -82,7 +97,7 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         isActive = false
-        pool?.remove(self)
+        pool?.closed(self)
         // A body read until close ends here; any other body or head was cut short. A body cut
         // short is the connection's failure (reset during the response), a head cut short is
         // not a response.
@@ -107,7 +122,7 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     /// owner learns why, and it closes.
     private func fail(context: ChannelHandlerContext, _ error: any Error) {
         isActive = false
-        pool?.remove(self)
+        pool?.closed(self)
         let owner = self.owner
         self.owner = nil
         owner?.upstreamClosed(error)
@@ -166,5 +181,11 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
         isActive = false
         owner = nil
         context?.close(promise: nil)
+    }
+
+    /// Whether closing `channel` resets it (`SO_LINGER` 0: no `TIME_WAIT`, unsent bytes dropped)
+    /// rather than ending it with a FIN.
+    static func setAbortiveClose(_ channel: any Channel, _ abortive: Bool) {
+        _ = (channel as? any SocketOptionProvider)?.setSoLinger(NIOLinger(l_onoff: abortive ? 1 : 0, l_linger: 0))
     }
 }

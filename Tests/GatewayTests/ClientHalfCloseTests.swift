@@ -15,7 +15,7 @@ final class RecordedExchanges: ProxyObserver {
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String) {}
     func clientConnectionOpened() {}
     func clientConnectionClosed() {}
-    func upstreamConnectionOpened() {}
+    func upstreamConnectionOpened(_ upstream: UpstreamAddress) {}
     func upstreamConnectionClosed() {}
 }
 

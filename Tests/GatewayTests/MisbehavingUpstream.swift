@@ -17,6 +17,8 @@ import TestSupport
 /// | anything else | `200`, body `line=<request line>;user=<X-Auth-User>` | nothing |
 ///
 /// It honours `Connection: close` as such apps do: it answers, closes, and reads nothing more.
+/// Every answer, the late ones too, echoes the `X-Request-Id` of the request it was made for
+/// (as `upstream_reuse: echo` asks), except under `/no-echo`.
 ///
 /// "Late" is deterministic: the leftover bytes are written on the connection right before the
 /// answer to its next request, that is once the connection has been taken for another request,
@@ -27,7 +29,15 @@ final class MisbehavingUpstream: Sendable {
 
     let channel: any Channel
     private let log: NIOLockedValueBox<[(line: String, user: String?)]>
+    private let accepted: NIOLockedValueBox<Int>
     var port: Int { channel.localAddress!.port! }
+
+    /// Connections the app accepted.
+    var connections: Int { accepted.withLockedValue { $0 } }
+
+    /// The `X-Request-Id` of every request the app parsed, in order (nil: none).
+    var requestIDs: [String?] { ids.withLockedValue { $0 } }
+    private let ids: NIOLockedValueBox<[String?]>
 
     /// Every request the app parsed: its request line and the `X-Auth-User` it carried.
     var requests: [(line: String, user: String?)] { log.withLockedValue { $0 } }
@@ -39,18 +49,24 @@ final class MisbehavingUpstream: Sendable {
 
     private static func start(group: any EventLoopGroup) async throws -> MisbehavingUpstream {
         let log = NIOLockedValueBox<[(line: String, user: String?)]>([])
+        let accepted = NIOLockedValueBox(0)
+        let ids = NIOLockedValueBox<[String?]>([])
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Handler(log: log)) }
+                accepted.withLockedValue { $0 += 1 }
+                return channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Handler(log: log, ids: ids)) }
             }
             .bind(host: "127.0.0.1", port: 0).get()
-        return MisbehavingUpstream(channel: channel, log: log)
+        return MisbehavingUpstream(channel: channel, log: log, accepted: accepted, ids: ids)
     }
 
-    private init(channel: any Channel, log: NIOLockedValueBox<[(line: String, user: String?)]>) {
+    private init(channel: any Channel, log: NIOLockedValueBox<[(line: String, user: String?)]>, accepted: NIOLockedValueBox<Int>,
+                 ids: NIOLockedValueBox<[String?]>) {
         self.channel = channel
         self.log = log
+        self.accepted = accepted
+        self.ids = ids
     }
 
     func close() async { try? await channel.close() }
@@ -59,13 +75,17 @@ final class MisbehavingUpstream: Sendable {
         typealias InboundIn = ByteBuffer
         typealias OutboundOut = ByteBuffer
         let log: NIOLockedValueBox<[(line: String, user: String?)]>
+        let ids: NIOLockedValueBox<[String?]>
         var received: [UInt8] = []
         /// What the last answer left to send late.
         var leftover = ""
         /// A request said `Connection: close`: answered, then nothing more is read.
         var closing = false
 
-        init(log: NIOLockedValueBox<[(line: String, user: String?)]>) { self.log = log }
+        init(log: NIOLockedValueBox<[(line: String, user: String?)]>, ids: NIOLockedValueBox<[String?]>) {
+            self.log = log
+            self.ids = ids
+        }
 
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
             guard !closing else { return }
@@ -89,12 +109,14 @@ final class MisbehavingUpstream: Sendable {
             let requestLine = lines[0]
             var length = 0
             var user: String? = nil
+            var requestID: String? = nil
             for line in lines.dropFirst() {
                 guard let colon = line.firstIndex(of: ":") else { continue }
                 let name = line[..<colon].lowercased()
                 let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
                 if name == "content-length" { length = Int(value) ?? 0 }
                 if name == "x-auth-user" { user = value }
+                if name == "x-request-id" { requestID = value }
                 if name == "connection", value.lowercased() == "close" { closing = true }
             }
             let parts = requestLine.split(separator: " ")
@@ -105,6 +127,23 @@ final class MisbehavingUpstream: Sendable {
             guard received.count >= headEnd + 4 + consumed else { return nil }
             received.removeFirst(headEnd + 4 + consumed)
             log.withLockedValue { $0.append((requestLine, user)) }
+            ids.withLockedValue { $0.append(requestID) }
+            // Every answer (the late one too) names the request it was made for.
+            let echo = requestID.map { path.hasPrefix("/no-echo") ? "" : "X-Request-Id: \($0)\r\n" } ?? ""
+            let answer = respond(method, path, user: user, requestLine: requestLine)
+            return (Self.inserting(echo, into: answer.now), Self.inserting(echo, into: answer.late))
+        }
+
+        /// `field` as the first field line of every response head in `text`.
+        static func inserting(_ field: String, into text: String) -> String {
+            guard !field.isEmpty else { return text }
+            return text.replacingOccurrences(of: "HTTP/1.1 ", with: "\u{0}").components(separatedBy: "\u{0}").enumerated().map { index, part in
+                guard index > 0, let lineEnd = part.range(of: "\r\n") else { return part }
+                return "HTTP/1.1 " + part[..<lineEnd.upperBound] + field + part[lineEnd.upperBound...]
+            }.joined()
+        }
+
+        private func respond(_ method: String, _ path: String, user: String?, requestLine: String) -> (now: String, late: String) {
             let secret = MisbehavingUpstream.secret
             switch (method, path) {
             case (_, "/late-extra"): return ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", secret)

@@ -24,7 +24,7 @@ struct OverloadTests {
         func clientConnectionRefused(_ reason: ConnectionRefusal) { counts.withLockedValue { $0.refused.append(reason) } }
         func clientConnectionOpened() {}
         func clientConnectionClosed() {}
-        func upstreamConnectionOpened() {}
+        func upstreamConnectionOpened(_ upstream: UpstreamAddress) {}
         func upstreamConnectionClosed() {}
     }
 

@@ -28,13 +28,14 @@ struct ProxyHarness {
         upstreamTLS: Bool = false,
         group: MultiThreadedEventLoopGroup = .singleton,
         observer: any ProxyObserver = SilentProxyObserver(),
+        logger: Logger = Logger(label: "test"),
         routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])? = nil,
         _ body: (ProxyHarness) async throws -> Result
     ) async throws -> Result {
         let harness = try await start(
             timeouts: timeouts, limits: limits, trustedProxies: trustedProxies, upstreamPort: upstreamPort, upstreamHost: upstreamHost,
             extraAddressesFirst: extraAddressesFirst, guard: requestGuard, maxBodyBytes: maxBodyBytes, hiddenCookies: hiddenCookies, origins: origins,
-            upstreamTLS: upstreamTLS, group: group, observer: observer, routes: makeRoutes)
+            upstreamTLS: upstreamTLS, group: group, observer: observer, logger: logger, routes: makeRoutes)
         return try await withTeardown(harness, stop: { await $0.stop() }, body)
     }
 
@@ -52,6 +53,7 @@ struct ProxyHarness {
         upstreamTLS: Bool,
         group: MultiThreadedEventLoopGroup,
         observer: any ProxyObserver,
+        logger: Logger,
         routes makeRoutes: (@Sendable (UpstreamAddress) -> [ProxyRoute])?
     ) async throws -> ProxyHarness {
         // The upstream on the proxy's loops: a test that gives the proxy loops of its own gives
@@ -69,7 +71,7 @@ struct ProxyHarness {
                                        hiddenCookies: hiddenCookies, origins: origins)
         let proxy = ProxyServer(
             configuration: ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), timeouts: timeouts, limits: limits),
-            routing: snapshot, group: group, observer: observer, logger: Logger(label: "test"))
+            routing: snapshot, group: group, observer: observer, logger: logger)
         try await proxy.start()
         return ProxyHarness(proxy: proxy, upstream: upstream)
     }

@@ -92,6 +92,70 @@ struct UpstreamIsolationTests {
         #expect(outcome.adminLines == ["GET /b HTTP/1.1"], "the app ran only admin's own request as admin")
     }
 
+    /// `echo` shares connections across users, so a late response can land on the next user's
+    /// request — where it does not carry that request's `X-Request-Id`, and is refused.
+    @Test("echo: the second user gets their own answer or a 502, never a byte of the first's, and the app never runs a forged request", arguments: shapes)
+    func echo(_ shape: Shape) async throws {
+        let outcome = try await Self.run(shape, reuse: .echo)
+        let second = try #require(outcome.second)
+        #expect(!second.text.contains("alice"))
+        if second.status == 200 {
+            #expect(second.text == "line=GET /b HTTP/1.1;user=admin")
+        } else {
+            #expect(second.status == 502 && shape.leaksWhenShared, "refused only where shared would have leaked: \(second.status)")
+            #expect(second.text.contains("X-Request-Id"))
+        }
+        #expect(outcome.adminLines == ["GET /b HTTP/1.1"], "the app ran only admin's own request as admin")
+    }
+
+    @Test("echo: many users' requests through one front-proxy connection share one upstream connection; each carries the gateway's own fresh id, not the proxy's")
+    func echoSharesThroughAProxy() async throws {
+        try await withEventLoops(1) { group in
+            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
+                try await ProxyHarness.with(trustedProxies: [CIDR.parse("127.0.0.1/32")!], upstreamPort: app.port, group: group, routes: { address in
+                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: .echo)]
+                }) { h in
+                    let port = h.port
+                    let answers = try await blocking { () -> [RawClient.Response] in
+                        let front = try RawClient(port: port, timeoutSeconds: 5)
+                        return try (0..<20).map { i in
+                            try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: user\(i)\r\nX-Request-Id: lb-\(i)\r\n\r\n")
+                            return try front.readResponse()
+                        }
+                    }
+                    #expect(answers.enumerated().allSatisfy { i, answer in answer.status == 200 && answer.text == "line=GET /b HTTP/1.1;user=user\(i)" })
+                    #expect(app.connections == 1, "one upstream connection for twenty users")
+                    let ids = app.requestIDs.compactMap { $0 }
+                    #expect(ids.count == 20 && Set(ids).count == 20, "a fresh id per request")
+                    #expect(!ids.contains { $0.hasPrefix("lb-") }, "never the proxy's (predictable) id")
+                    #expect(answers.map { $0.header("x-request-id") } == ids, "the client sees the id the app echoed")
+                }
+            }
+        }
+    }
+
+    @Test("echo: an app that does not echo X-Request-Id is refused 502, its connection closed, for every request")
+    func echoRefusesSilentApps() async throws {
+        try await withEventLoops(1) { group in
+            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
+                try await ProxyHarness.with(upstreamPort: app.port, group: group, routes: { address in
+                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: .echo)]
+                }) { h in
+                    let port = h.port
+                    let statuses = try await blocking { () -> [Int] in
+                        let client = try RawClient(port: port, timeoutSeconds: 5)
+                        return try (0..<3).map { _ in
+                            try client.send("GET /no-echo HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n")
+                            return try client.readResponse().status
+                        }
+                    }
+                    #expect(statuses == [502, 502, 502])
+                    #expect(app.connections == 3, "each refused response's connection was closed")
+                }
+            }
+        }
+    }
+
     @Test("none: every request has a connection of its own", arguments: shapes)
     func none(_ shape: Shape) async throws {
         let outcome = try await Self.run(shape, reuse: .none)
@@ -132,7 +196,7 @@ struct UpstreamIsolationTests {
         #expect(leaked == shape.leaksWhenShared)
     }
 
-    @Test("a body spelling out a whole request never runs, in principal and none modes", arguments: [GatewayConfiguration.UpstreamReuse.principal, .none])
+    @Test("a body spelling out a whole request never runs, in principal, echo and none modes", arguments: [GatewayConfiguration.UpstreamReuse.principal, .echo, .none])
     func forgedRequestInABody(reuse: GatewayConfiguration.UpstreamReuse) async throws {
         let outcome = try await Self.run(Self.shapes.last!, reuse: reuse)
         #expect(!outcome.adminLines.contains { $0.contains("/forged") })

@@ -31,14 +31,16 @@ final class EmbeddedConnector: UpstreamConnector {
         return idle.remove(at: index)
     }
 
-    func connect(_ address: UpstreamAddress, for principal: UpstreamPrincipal?) -> EventLoopFuture<NIOLoopBound<UpstreamConnection>> {
-        let promise = loop.makePromise(of: NIOLoopBound<UpstreamConnection>.self)
+    func connect(_ address: UpstreamAddress, for principal: UpstreamPrincipal?, limit: Int, on loop: any EventLoop,
+                 _ done: @escaping (Result<UpstreamConnection, any Error>) -> Void) {
+        let promise = self.loop.makePromise(of: NIOLoopBound<UpstreamConnection>.self)
+        let bound = NIOLoopBound(done, eventLoop: loop)
+        promise.futureResult.whenComplete { result in bound.value(result.map { $0.value }) }
         if manual {
             pending.append(promise)
         } else {
             promise.succeed(open(for: principal))
         }
-        return promise.futureResult
     }
 
     func newClient() -> UInt64 {
@@ -63,7 +65,7 @@ final class EmbeddedConnector: UpstreamConnector {
         return NIOLoopBound(connection, eventLoop: loop)
     }
 
-    func release(_ connection: UpstreamConnection, keeping: Int) {
+    func release(_ connection: UpstreamConnection) {
         guard connection.isActive, connection.reusable, connection.principal != nil else { return connection.close() }
         connection.owner = nil
         connection.reused = true
@@ -79,7 +81,7 @@ final class RecordingObserver: ProxyObserver, @unchecked Sendable {
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String) { failures.append(kind) }
     func clientConnectionOpened() {}
     func clientConnectionClosed() {}
-    func upstreamConnectionOpened() {}
+    func upstreamConnectionOpened(_ upstream: UpstreamAddress) {}
     func upstreamConnectionClosed() {}
 }
 

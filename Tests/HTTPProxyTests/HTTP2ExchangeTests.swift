@@ -93,7 +93,7 @@ struct HTTP2ExchangeTests {
         func upstreamFailed(_ kind: UpstreamErrorKind, route: String) {}
         func clientConnectionOpened() {}
         func clientConnectionClosed() {}
-        func upstreamConnectionOpened() {}
+        func upstreamConnectionOpened(_ upstream: UpstreamAddress) {}
         func upstreamConnectionClosed() {}
     }
 

@@ -14,7 +14,8 @@ extension GatewayService {
                             idle: .init(c.server.timeouts.idle), requestBody: .init(c.server.timeouts.requestBody),
                             requestHead: .init(c.server.timeouts.requestHead)),
             limits: ProxyLimits(maxHeaderBytes: c.server.limits.maxHeaderBytes, maxHeaderCount: c.server.limits.maxHeaderCount,
-                                maxConnections: c.server.limits.maxConnections, maxConnectionsPerClient: c.server.limits.maxConnectionsPerClient))
+                                maxConnections: c.server.limits.maxConnections, maxConnectionsPerClient: c.server.limits.maxConnectionsPerClient,
+                                maxIdleUpstreamConnections: c.server.limits.maxIdleUpstreamConnections))
         configuration.http2 = HTTP2Settings(
             overTLS: c.server.tls?.alpn.contains(.h2) == true,
             cleartext: c.server.http2Cleartext,
@@ -38,7 +39,7 @@ extension GatewayService {
                               requestGuard: SessionGuard(auth: auth, route: route),
                               maxBodyBytes: route.maxBodyBytes ?? c.server.limits.maxBodyBytes, allowTrace: route.allowTrace,
                               stripPrefix: route.stripPrefix, upstreamHost: route.upstreamHost, upstreamReuse: route.upstreamReuse,
-                              maxInFlight: route.maxInFlight)
+                              maxInFlight: route.maxInFlight, upstreamMaxConnections: route.upstreamMaxConnections)
         }
         // The endpoints answer locally; their upstream address is never dialled.
         let endpoints = AuthEndpointGuard(auth: auth, origins: origins(c), trustedProxies: c.server.trustedProxies)

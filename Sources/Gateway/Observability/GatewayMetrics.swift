@@ -136,7 +136,8 @@ public final class GatewayMetrics: Sendable {
     static let logDropsHelp = "Log lines dropped because the log reader fell behind, by stream."
 
     /// Every route's families at 0 (at start and after a reload adds routes).
-    func prime(routes: [String]) {
+    func prime(routes: [String], upstreams: [String] = []) {
+        for upstream in upstreams { _ = upstreamConnects(upstream) }
         for route in routes {
             _ = routeMetrics(route)
             for kind in UpstreamErrorKind.allCases { _ = upstreamErrorCounter(route: route, kind: kind) }
@@ -337,6 +338,14 @@ public final class GatewayMetrics: Sendable {
         let index = status >= 100 && status < 600 ? status / 100 - 1 : 5
         metrics.byClass[index].increment()
         metrics.latency.recordNanoseconds(durationNanoseconds)
+    }
+
+    /// `sessiongate_upstream_connects_total{upstream}`: its rate is the connects per second an
+    /// upstream sees (churn: a healthy pool keeps it near 0 under steady traffic).
+    func recordUpstreamConnect(_ upstream: String) { upstreamConnects(upstream).increment() }
+
+    private func upstreamConnects(_ upstream: String) -> Prometheus.Counter {
+        counter("upstream_connects", help: "Connections opened to each upstream.", labels: [("upstream", upstream)])
     }
 
     func recordUpstreamError(route: String, kind: UpstreamErrorKind) {

@@ -19,7 +19,10 @@ struct GatewayObserver: ProxyObserver {
     func upstreamFailed(_ kind: UpstreamErrorKind, route: String) { metrics.recordUpstreamError(route: route, kind: kind) }
     func clientConnectionOpened() { metrics.clientConnections.increment() }
     func clientConnectionClosed() { metrics.clientConnections.decrement() }
-    func upstreamConnectionOpened() { metrics.upstreamConnections.increment() }
+    func upstreamConnectionOpened(_ upstream: UpstreamAddress) {
+        metrics.upstreamConnections.increment()
+        metrics.recordUpstreamConnect(upstream.description)
+    }
     func upstreamConnectionClosed() { metrics.upstreamConnections.decrement() }
     func tlsHandshakeFailed(_ reason: TLSHandshakeFailure) { metrics.recordTLSHandshakeFailure(reason) }
     func clientConnectionRefused(_ reason: ConnectionRefusal) { metrics.recordConnectionRefused(reason) }

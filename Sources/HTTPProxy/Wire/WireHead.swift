@@ -79,6 +79,20 @@ struct WireHead: Sendable {
         }
     }
 
+    /// Whether exactly one field is named `lower`, and its value is `value` byte for byte.
+    func hasOneField(_ lower: StaticString, equalTo value: String) -> Bool {
+        var found = false
+        for field in fields where nameIs(field, lower) {
+            guard !found, Int(field.valueLength) == value.utf8.count else { return false }
+            let equal = bytes.withUnsafeReadableBytes { raw in
+                value.utf8.elementsEqual(UnsafeRawBufferPointer(rebasing: raw[Int(field.valueStart)..<Int(field.valueStart + field.valueLength)]))
+            }
+            guard equal else { return false }
+            found = true
+        }
+        return found
+    }
+
     /// The value of the first field named `lower` (lower case).
     func firstValue(named lower: String) -> String? {
         fields.first { nameEquals($0, lower) }.map { value($0) }

@@ -1,0 +1,30 @@
+"""Reads bench/shapes.sh's wrk outputs: medians per scenario, the ratio to nginx measured the same
+way, errors and the TIME_WAIT peak."""
+import statistics
+import sys
+
+import wrkparse
+
+work, reps = sys.argv[1], int(sys.argv[2])
+ROWS = [("nginx-6", "nginx-6", reps, "—"), ("one-user-6", "nginx-6", reps, "≥ 0.85×"),
+        ("nginx-50", "nginx-50", reps, "—"), ("one-user-50", "nginx-50", reps, "≥ 0.85×"),
+        ("nginx-lb", "nginx-lb", 1, "—"), ("lb", "nginx-lb", 1, "0 errors, TIME_WAIT ≪ port range"),
+        ("lb-echo", "nginx-lb", 1, "≥ 0.7×, 0 errors")]
+
+medians = {}
+for name, _, n, _ in ROWS:
+    runs = []
+    for r in range(1, n + 1):
+        w = wrkparse.parse(f"{work}/wrk-{name}-{r}.txt")
+        after, before = map(float, open(f"{work}/cpu-{name}-{r}.txt").read().split())
+        peak = int(open(f"{work}/tw-{name}-{r}.txt").read().strip() or 0)
+        runs.append((w["rps"], w["p99"], (after - before) / max(w["total"], 1) * 1e6, w["non2xx"], w["socket_errors"], peak, w["total"]))
+    medians[name] = tuple(statistics.median(run[i] for run in runs) for i in range(3)) + tuple(sum(run[i] for run in runs) for i in (3, 4, 6)) \
+        + (max(run[5] for run in runs),)
+
+print("| scenario | req/s (median) | p99 ms | CPU µs/req | requests | non-2xx | socket errors | TIME_WAIT peak | vs nginx | target |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for name, base, _, target in ROWS:
+    rps, p99, cpu, non2xx, errors, total, peak = medians[name]
+    ratio = "—" if name == base else f"{rps / medians[base][0]:.2f}×"
+    print(f"| {name} | {rps:,.0f} | {p99:.2f} | {cpu:.1f} | {total:,} | {non2xx:,} | {errors:,} | {peak:,} | {ratio} | {target} |")
