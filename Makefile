@@ -2,7 +2,7 @@
 SWIFT ?= swift
 # Debian packages each target needs, installed on first use by scripts/ensure-packages.sh.
 TEST_PACKAGES  := libhiredis-dev redis-server pkg-config nginx caddy systemd chromium chromium-driver fonts-liberation python3 python3-venv python3-h2 nghttp2-client curl openssl umoci
-BENCH_PACKAGES := nginx wrk python3 redis-server nghttp2-client
+BENCH_PACKAGES := nginx wrk python3 redis-server nghttp2-client iproute2 curl
 
 .PHONY: all build test demo bench release image fuzz clean
 
@@ -57,6 +57,7 @@ demo:
 	.build/debug/sessiongate demo --config conf/demo.yaml
 
 ## make bench: release build; the public data path, then 10,000 and 100,000 authenticated sessions, the same on a Redis Cluster, re-validation, TLS termination, HTTP/2 (h2load), tracing off/1 %/100 %,
+## one user on 6 and 50 connections and the load-balancer shape (an app across a veth pair, 5 minutes each mode),
 ## each beside nginx proxy_pass measured in the same run (bench/RESULTS.md).
 bench:
 	scripts/ensure-packages.sh $(BENCH_PACKAGES) libhiredis-dev pkg-config
@@ -70,6 +71,7 @@ bench:
 	bench/tls.sh
 	bench/h2.sh
 	bench/tracing.sh
+	bench/shapes.sh
 
 ## make fuzz: the wire engine's request and response parsing against NIO's llhttp decoder, open-ended: a million
 ## cases per random seed, seed after seed, until Ctrl-C or a disagreement (printed with its seed

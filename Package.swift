@@ -126,6 +126,9 @@ let package = Package(
             ]
         ),
         .target(name: "TestSupport", path: "Tests/TestSupport"),
+        // Heap allocations counted per thread (malloc and its siblings replaced in the test
+        // executable): the allocation tests' thresholds.
+        .target(name: "AllocationCounter", path: "Tests/AllocationCounter"),
         .testTarget(name: "GatewayConfigTests", dependencies: ["GatewayConfig"]),
         .testTarget(
             name: "RedisTests",
@@ -166,7 +169,7 @@ let package = Package(
         .testTarget(
             name: "HTTPProxyTests",
             dependencies: [
-                "HTTPProxy", "GatewayConfig", "TestSupport",
+                "HTTPProxy", "GatewayConfig", "TestSupport", "AllocationCounter",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP2", package: "swift-nio-http2"),
                 .product(name: "NIOHPACK", package: "swift-nio-http2"),

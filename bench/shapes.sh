@@ -5,11 +5,13 @@
 #   one-user-6    one signed-in user on 6 connections (a browser's HTTP/1.1 connections to a host)
 #   one-user-50   one signed-in user on 50 connections (an API client, a sync job)
 #   lb, lb-echo   behind a load balancer: every request another of SESSIONS sessions (USERS users),
-#                 the app on another host — a network namespace over a veth pair (198.18.0.0/30),
+#                 the app on another host — a network namespace over a veth pair (198.18.0.0/29),
 #                 so loopback's TIME_WAIT reuse hides nothing — for LB_DURATION; lb is the default
 #                 (upstream_reuse: principal), lb-echo is upstream_reuse: echo (the app echoes
 #                 X-Request-Id, one nginx line). Errors, socket errors and the most TIME_WAIT
-#                 sockets towards the app (on the gateway's side) seen during the run are counted.
+#                 sockets towards the app (on the gateway's side) seen during the run are counted:
+#                 the gateways reach the app at APP_IP, nginx at NGINX_APP_IP, so that nginx's own
+#                 (it closes an upstream connection after its keepalive_requests, 1,000) are apart.
 #
 # Browser-like traffic (one session per connection) is bench/auth.sh's browser rows.
 # Environment: DURATION (per one-user run, 10s), REPS (3), LB_DURATION (300s), SESSIONS (10000),
@@ -23,10 +25,10 @@ SESSIONS=${SESSIONS:-10000}
 USERS=${USERS:-10000}
 WORK_NAME=shapes
 NS=sg-bench-app
-HOST_IP=198.18.0.1; APP_IP=198.18.0.2; APP_PORT=18280; APP_ECHO_PORT=18281; NGINX_LB=18282
+HOST_IP=198.18.0.1; APP_IP=198.18.0.2; NGINX_APP_IP=198.18.0.3; APP_PORT=18280; APP_ECHO_PORT=18281; NGINX_LB=18282
 SG_L=18283; ADMIN_L=18284; SG_M=18285; ADMIN_M=18286
 # nginx on this host: proxy_pass to the app across the veth pair, kept alive, as the baseline.
-NGINX_EXTRA="upstream netapp { server $APP_IP:$APP_PORT; keepalive 256; }
+NGINX_EXTRA="upstream netapp { server $NGINX_APP_IP:$APP_PORT; keepalive 256; }
   server { listen 127.0.0.1:$NGINX_LB; location / { proxy_pass http://netapp; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
 source bench/lib.sh
 
@@ -42,9 +44,10 @@ netns_cleanup() {
 trap netns_cleanup EXIT
 ip link add sg-bench0 type veth peer name sg-bench1
 ip link set sg-bench1 netns "$NS"
-ip addr add "$HOST_IP/30" dev sg-bench0
+ip addr add "$HOST_IP/29" dev sg-bench0
 ip link set sg-bench0 up
-ip netns exec "$NS" ip addr add "$APP_IP/30" dev sg-bench1
+ip netns exec "$NS" ip addr add "$APP_IP/29" dev sg-bench1
+ip netns exec "$NS" ip addr add "$NGINX_APP_IP/29" dev sg-bench1
 ip netns exec "$NS" ip link set sg-bench1 up
 ip netns exec "$NS" ip link set lo up
 cat > "$WORK/app-nginx.conf" <<CONF
@@ -56,12 +59,12 @@ events { worker_connections 16384; }
 http {
   access_log off;
   keepalive_requests 1000000;
-  server { listen $APP_IP:$APP_PORT reuseport; location / { return 200 "$(printf '%0100d' 0)"; } }
+  server { listen $APP_PORT reuseport; location / { return 200 "$(printf '%0100d' 0)"; } }
   server { listen $APP_IP:$APP_ECHO_PORT; location / { add_header X-Request-Id \$http_x_request_id always; return 200 "$(printf '%0100d' 0)"; } }
 }
 CONF
 ip netns exec "$NS" nginx -c "$WORK/app-nginx.conf" -p "$WORK"
-for _ in $(seq 50); do curl -sf "http://$APP_IP:$APP_PORT/" > /dev/null && break; sleep 0.1; done
+for _ in $(seq 50); do curl -sf "http://$APP_IP:$APP_PORT/" > /dev/null && curl -sf "http://$NGINX_APP_IP:$APP_PORT/" > /dev/null && break; sleep 0.1; done
 
 # A: the one-user shapes (loopback app); L and M: the load-balancer shapes (the app across the veth).
 gateway a $SG_A $ADMIN_A 1h
@@ -77,10 +80,10 @@ head -1 "$WORK/cookies.txt" > "$WORK/one.txt"
 
 # TIME_WAIT sockets towards the app, on this host (the gateway's and nginx's side), sampled
 # each second while a run lasts: the most seen.
-time_wait_peak() {  # pid-of-wrk
+time_wait_peak() {  # pid-of-wrk address-of-the-app
   local peak=0 n
   while kill -0 "$1" 2>/dev/null; do
-    n=$(ss -Htan state time-wait dst "$APP_IP" | wc -l)
+    n=$(ss -Htan state time-wait dst "$2" | wc -l)
     [ "$n" -gt "$peak" ] && peak=$n
     sleep 1
   done
@@ -88,20 +91,20 @@ time_wait_peak() {  # pid-of-wrk
 }
 
 run() {  # scenario rep duration
-  local url pid cookies="$WORK/cookies.txt" c=50 threads=2
+  local url pid cookies="$WORK/cookies.txt" c=50 threads=2 app=$APP_IP
   case $1 in
     nginx-6)       url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER; cookies="$WORK/one.txt"; c=6 ;;
     one-user-6)    url="http://127.0.0.1:$SG_A/"; pid=$PID_A; cookies="$WORK/one.txt"; c=6 ;;
     nginx-50)      url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER; cookies="$WORK/one.txt" ;;
     one-user-50)   url="http://127.0.0.1:$SG_A/"; pid=$PID_A; cookies="$WORK/one.txt" ;;
-    nginx-lb)      url="http://127.0.0.1:$NGINX_LB/"; pid=$NGINX_WORKER ;;
+    nginx-lb)      url="http://127.0.0.1:$NGINX_LB/"; pid=$NGINX_WORKER; app=$NGINX_APP_IP ;;
     lb)            url="http://127.0.0.1:$SG_L/"; pid=$PID_L ;;
     lb-echo)       url="http://127.0.0.1:$SG_M/"; pid=$PID_M ;;
   esac
   local before; before=$(cpu "$pid")
   COOKIES="$cookies" wrk -t"$threads" -c"$c" -d"$3" --latency -s bench/rotate.lua "$url" > "$WORK/wrk-$1-$2.txt" &
   local wrk_pid=$!
-  time_wait_peak $wrk_pid > "$WORK/tw-$1-$2.txt"
+  time_wait_peak $wrk_pid "$app" > "$WORK/tw-$1-$2.txt"
   wait $wrk_pid
   echo "$(cpu "$pid") $before" > "$WORK/cpu-$1-$2.txt"
 }
@@ -116,4 +119,4 @@ for s in $LB; do run "$s" 1 "$LB_DURATION"; done
 python3 bench/summarize_shapes.py "$WORK" "$REPS" | tee "$WORK/table.md"
 record "traffic shapes: one user on 6 and 50 connections, behind a load balancer" \
   "\`make bench\` → \`bench/shapes.sh\` (DURATION=$DURATION, REPS=$REPS, LB_DURATION=$LB_DURATION, SESSIONS=$SESSIONS, USERS=$USERS), $(nproc) cores shared by wrk, nginx, Redis, the app and sessiongate; 100-byte responses. one-user: one session cookie on every connection, app on loopback. lb: every request another session, the app's nginx in a network namespace across a veth pair; lb = upstream_reuse principal (the default), lb-echo = upstream_reuse echo; nginx is \`proxy_pass\` with \`keepalive 256\` to the same app." \
-  "TIME_WAIT: the most sockets in TIME_WAIT towards the app on the gateway's host, sampled each second of the run (the ephemeral port range is $(sysctl -n net.ipv4.ip_local_port_range | tr '\t' '-'))."
+  "TIME_WAIT: the most sockets in TIME_WAIT towards the app on the gateway's host, sampled each second of the run, towards the address each proxy dials (nginx's are its own: it closes an upstream connection after 1,000 requests); the ephemeral port range is $(sysctl -n net.ipv4.ip_local_port_range | tr '\t' '-')."

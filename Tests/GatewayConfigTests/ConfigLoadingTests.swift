@@ -129,6 +129,8 @@ struct ConfigLoadingTests {
         BadCase(name: "CA file for an http:// upstream", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_ca_file: /ca.pem\n", path: "routes[0].upstream_ca_file", line: 4, column: 23, message: "only to an https:// upstream"),
         BadCase(name: "skip-verify beside a CA file", yaml: "routes:\n  - name: a\n    upstream: \"https://x\"\n    upstream_ca_file: /ca.pem\n    upstream_insecure_skip_verify: true\n", path: "routes[0].upstream_insecure_skip_verify", line: 5, column: 36, message: "contradicts"),
         BadCase(name: "bad upstream_reuse", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_reuse: pooled\n", path: "routes[0].upstream_reuse", line: 4, column: 21, message: "principal | shared | echo | none"),
+        BadCase(name: "negative upstream_max_connections", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    upstream_max_connections: -1\n", path: "routes[0].upstream_max_connections", line: 4, column: 31, message: "must be between 0 and"),
+        BadCase(name: "idle upstream connections not a number", yaml: "server:\n  limits:\n    max_idle_upstream_connections: many\n" + minimal, path: "server.limits.max_idle_upstream_connections", line: 3, column: 36, message: "expected a whole number"),
         BadCase(name: "negative max_in_flight", yaml: "routes:\n  - name: a\n    upstream: \"http://x:1\"\n    max_in_flight: -1\n", path: "routes[0].max_in_flight", line: 4, column: 20, message: "must be between 0 and"),
         BadCase(name: "negative connection cap", yaml: "server:\n  limits:\n    max_connections_per_client: -5\n" + minimal, path: "server.limits.max_connections_per_client", line: 3, column: 33, message: "must be between 0 and"),
         BadCase(name: "bad request_head", yaml: "server:\n  timeouts:\n    request_head: soon\n" + minimal, path: "server.timeouts.request_head", line: 3, column: 19, message: "not a duration"),
@@ -159,7 +161,7 @@ struct ConfigLoadingTests {
         let yaml = """
             server:
               timeouts: { request_head: 5s }
-              limits: { max_connections: 10000, max_connections_per_client: 64 }
+              limits: { max_connections: 10000, max_connections_per_client: 64, max_idle_upstream_connections: 64 }
             routes:
               - name: a
                 upstream: "http://127.0.0.1:1"
@@ -170,19 +172,29 @@ struct ConfigLoadingTests {
                 auth: public
                 upstream_reuse: shared
                 max_in_flight: 200
+                upstream_max_connections: 16
               - name: c
                 path_prefix: /c
                 upstream: "http://127.0.0.1:3"
                 auth: public
                 upstream_reuse: none
+              - name: d
+                path_prefix: /d
+                upstream: "http://127.0.0.1:4"
+                auth: public
+                upstream_reuse: echo
+                upstream_max_connections: 0
             """
         let c = try #require(GatewayConfiguration.parse(yaml: yaml).configuration)
         #expect(c.server.timeouts.requestHead == .seconds(5))
         #expect(GatewayConfiguration().server.timeouts.requestHead == .seconds(30))
         #expect(c.server.limits.maxConnections == 10000)
         #expect(c.server.limits.maxConnectionsPerClient == 64)
-        #expect(c.routes.map(\.upstreamReuse) == [.principal, .shared, .none])
-        #expect(c.routes.map(\.maxInFlight) == [0, 200, 0])
+        #expect(c.routes.map(\.upstreamReuse) == [.principal, .shared, .none, .echo])
+        #expect(c.routes.map(\.maxInFlight) == [0, 200, 0, 0])
+        #expect(c.routes.map(\.upstreamMaxConnections) == [1024, 16, 1024, 0], "1,024 by default; 0: no bound")
+        #expect(c.server.limits.maxIdleUpstreamConnections == 64)
+        #expect(GatewayConfiguration().server.limits.maxIdleUpstreamConnections == 512)
     }
 
     @Test("HTTP/2: h2 and http/1.1 offered on TLS by default, h2c off, 100 streams, the head bound as header list, 200 resets")

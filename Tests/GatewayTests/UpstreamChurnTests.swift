@@ -77,51 +77,46 @@ struct UpstreamChurnTests {
         }
     }
 
-    @Test("over its upstream_max_connections a request waits for a connection to come free, and gets it")
-    func waitsForAFreeConnection() async throws {
+    /// A proxy (one event loop) whose route may hold one connection to its app, taken by a
+    /// request of `holdMilliseconds`; then another client asks for `GET /echo`. What each got.
+    static func secondRequestWhileHeld(holdMilliseconds: Int, connectTimeout: TimeAmount, observer: Counts = Counts()) async throws
+        -> (holder: Int, second: RawClient.Response)
+    {
         try await withEventLoops(1) { loops in
-            try await ProxyHarness.with(group: loops, routes: { address in
+            let timeouts = ProxyConfiguration.Timeouts(upstreamConnect: connectTimeout, upstreamResponse: .seconds(5), idle: .seconds(10))
+            return try await ProxyHarness.with(timeouts: timeouts, group: loops, observer: observer, routes: { address in
                 [ProxyRoute(name: "app", upstream: address, upstreamReuse: .shared, upstreamMaxConnections: 1)]
             }) { h in
                 let port = h.port
                 let holder = try RawClient(port: port, timeoutSeconds: 5)
-                await h.upstream.waitForArrival(of: "/slow") { try? holder.send("GET /slow?ms=300 HTTP/1.1\r\nHost: a\r\n\r\n") }
-                async let slow = blocking { try holder.readResponse().status }
-                let second = try await blocking { () -> Int in
+                await h.upstream.waitForArrival(of: "/slow") { try? holder.send("GET /slow?ms=\(holdMilliseconds) HTTP/1.1\r\nHost: a\r\n\r\n") }
+                async let held = blocking { try holder.readResponse().status }
+                let second = try await blocking { () -> RawClient.Response in
                     let client = try RawClient(port: port, timeoutSeconds: 5)
                     try client.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
-                    return try client.readResponse().status
+                    return try client.readResponse()
                 }
-                #expect(try await slow == 200)
-                #expect(second == 200)
+                return (try await held, second)
             }
         }
+    }
+
+    @Test("over its upstream_max_connections a request waits for a connection to come free, and gets it")
+    func waitsForAFreeConnection() async throws {
+        let (holder, second) = try await Self.secondRequestWhileHeld(holdMilliseconds: 300, connectTimeout: .seconds(2))
+        #expect(holder == 200)
+        #expect(second.status == 200)
     }
 
     @Test("a request that finds every connection of the budget in use for upstream_connect is answered 503 with Retry-After, and counted")
     func busyIs503() async throws {
         let counts = Counts()
-        try await withEventLoops(1) { loops in
-            let timeouts = ProxyConfiguration.Timeouts(upstreamConnect: .milliseconds(300), upstreamResponse: .seconds(5), idle: .seconds(10))
-            try await ProxyHarness.with(timeouts: timeouts, group: loops, observer: counts, routes: { address in
-                [ProxyRoute(name: "app", upstream: address, upstreamReuse: .shared, upstreamMaxConnections: 1)]
-            }) { h in
-                let port = h.port
-                let holder = try RawClient(port: port, timeoutSeconds: 5)
-                await h.upstream.waitForArrival(of: "/slow") { try? holder.send("GET /slow?ms=1500 HTTP/1.1\r\nHost: a\r\n\r\n") }
-                async let slow = blocking { try holder.readResponse().status }
-                let refused = try await blocking { () -> RawClient.Response in
-                    let client = try RawClient(port: port, timeoutSeconds: 5)
-                    try client.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
-                    return try client.readResponse()
-                }
-                #expect(refused.status == 503)
-                #expect(refused.header("retry-after") == "1")
-                #expect(refused.text.contains("upstream_max_connections"))
-                #expect(try await slow == 200, "the request holding the connection is unaffected")
-                #expect(counts.failures.withLockedValue { $0 } == ["app connections_exhausted"])
-            }
-        }
+        let (holder, refused) = try await Self.secondRequestWhileHeld(holdMilliseconds: 1500, connectTimeout: .milliseconds(300), observer: counts)
+        #expect(refused.status == 503)
+        #expect(refused.header("retry-after") == "1")
+        #expect(refused.text.contains("upstream_max_connections"))
+        #expect(holder == 200, "the request holding the connection is unaffected")
+        #expect(counts.failures.withLockedValue { $0 } == ["app connections_exhausted"])
     }
 
     @Test("connect failures are logged once a second per upstream, naming it and the errno, and each is counted on its route")
