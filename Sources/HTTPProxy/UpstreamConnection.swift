@@ -42,6 +42,8 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
         case gone
     }
     var poolState = PoolState.connecting
+    /// Its upstream's bookkeeping in the pool (set with `pool`).
+    var poolUpstream: UpstreamPool.Upstream? = nil
     var idleSince: NIODeadline? {
         if case .idle(let since, _) = poolState { return since }
         return nil

@@ -88,6 +88,28 @@ final class UpstreamPool: UpstreamConnector {
         var lastPeak = 0
         var budget: Int { max(peak, lastPeak) }
         var isDormant: Bool { idle.isEmpty && inUse == 0 && peak == 0 && lastPeak == 0 }
+
+        /// One more in use (taken, or being opened).
+        mutating func took() {
+            inUse += 1
+            if inUse > peak { peak = inUse }
+        }
+
+        /// The most recently released idle connection, taken (in use from now on).
+        mutating func takeIdle() -> UpstreamConnection? {
+            guard let connection = idle.popLast() else { return nil }
+            took()
+            return connection
+        }
+
+        /// `connection` back from use: kept idle (true) while fewer than `budget` are, at most
+        /// `shared` when it is given (the shared principals' budget is the upstream's).
+        mutating func giveBack(_ connection: UpstreamConnection, sharedBudget: Int?) -> Bool {
+            inUse -= 1
+            guard idle.count < (sharedBudget ?? budget) else { return false }
+            idle.append(connection)
+            return true
+        }
     }
 
     /// A request waiting for a place in its upstream's budget.
@@ -162,14 +184,14 @@ final class UpstreamPool: UpstreamConnector {
         // An emptied entry stays (with its list's storage) for the principal's next release:
         // a user's requests take and give back the same connection. The sweep drops dormant ones.
         guard let upstream = upstreams[address] else { return nil }
-        while let connection = upstream.principals[principal]?.idle.popLast() {
+        while let connection = upstream.principals[principal]?.takeIdle() {
             idleCount -= 1
             connection.poolState = .inUse
             guard connection.isActive else {
+                markReleased(principal, upstream)
                 retire(connection, upstream)
                 continue
             }
-            markInUse(principal, upstream)
             return connection
         }
         return nil
@@ -177,10 +199,8 @@ final class UpstreamPool: UpstreamConnector {
 
     private func markInUse(_ principal: UpstreamPrincipal?, _ upstream: Upstream) {
         guard let principal else { return }
-        if upstream.principals[principal] == nil, case .client(let id) = principal { clientUpstreams[id, default: []].append(upstream) }
-        upstream.principals[principal, default: Principal()].inUse += 1
-        let entry = upstream.principals[principal]!
-        if entry.inUse > entry.peak { upstream.principals[principal]!.peak = entry.inUse }
+        if case .client(let id) = principal, upstream.principals[principal] == nil { clientUpstreams[id, default: []].append(upstream) }
+        upstream.principals[principal, default: Principal()].took()
     }
 
     func connect(_ address: UpstreamAddress, for principal: UpstreamPrincipal?, limit: Int, on loop: any EventLoop,
@@ -212,6 +232,7 @@ final class UpstreamPool: UpstreamConnector {
             switch result {
             case .success(let connection):
                 connection.value.pool = pool
+                connection.value.poolUpstream = upstream
                 connection.value.poolState = .inUse
                 done(.success(connection.value))
             case .failure(let error):
@@ -336,6 +357,7 @@ final class UpstreamPool: UpstreamConnector {
         upstream.open += 1
         markInUse(connection.principal, upstream)
         connection.pool = self
+        connection.poolUpstream = upstream
         connection.poolState = .inUse
     }
 
@@ -344,39 +366,25 @@ final class UpstreamPool: UpstreamConnector {
     /// Returns a connection after a complete exchange: handed to the first waiting request, kept
     /// for its principal while it may serve another request and there is room, otherwise closed.
     func release(_ connection: UpstreamConnection) {
-        guard connection.poolState == .inUse, let upstream = upstreams[connection.address] else { return connection.close() }
-        markReleased(connection.principal, upstream)
-        guard connection.isActive, connection.reusable, let principal = connection.principal else {
-            retire(connection, upstream)
-            return serveWaiter(upstream)
+        guard connection.poolState == .inUse, let upstream = connection.poolUpstream else { return connection.close() }
+        guard connection.isActive, connection.reusable, let principal = connection.principal, upstream.waiters.isEmpty else {
+            return releaseSlowly(connection, upstream)
         }
         connection.owner = nil
         connection.reused = true
-        if let first = upstream.waiters.first {
-            if first.principal == principal {
-                _ = upstream.waiters.removeFirst()
-                markInUse(principal, upstream)
-                return first.done(.success(connection))
-            }
-            // Another principal waits: this place is theirs.
-            retire(connection, upstream)
-            return serveWaiter(upstream)
-        }
-        let entry = upstream.principals[principal, default: Principal()]
-        let budget = principal == .anyone || principal == .echoing ? max(upstream.limit, limits.idleTotal) : entry.budget
-        guard entry.idle.count < budget else {
+        let shared = principal == .anyone || principal == .echoing ? max(upstream.limit, limits.idleTotal) : nil
+        guard upstream.principals[principal]?.giveBack(connection, sharedBudget: shared) == true else {
             retire(connection, upstream)
             return
         }
         stamps &+= 1
         connection.poolState = .idle(since: eventLoop.now, stamp: stamps)
-        upstream.principals[principal, default: Principal()].idle.append(connection)
         idleCount += 1
         released.append((connection, stamps))
         while idleCount > limits.idleTotal, let oldest = released.popFirst() {
             guard oldest.connection.isIdle(stamp: oldest.stamp) else { continue }
             remove(oldest.connection)
-            retire(oldest.connection, upstreams[oldest.connection.address])
+            retire(oldest.connection, oldest.connection.poolUpstream)
         }
         // Entries of connections taken since accumulate; drop them once they outnumber the rest.
         if released.count > 2 * limits.idleTotal + 64 {
@@ -385,14 +393,32 @@ final class UpstreamPool: UpstreamConnector {
         scheduleSweep()
     }
 
+    /// A connection back that is not kept (no longer reusable) or that a waiting request
+    /// takes: handed to the first waiting request when it is the same principal's, else closed
+    /// and its place given to the first waiting request.
+    private func releaseSlowly(_ connection: UpstreamConnection, _ upstream: Upstream) {
+        markReleased(connection.principal, upstream)
+        if connection.isActive, connection.reusable, let principal = connection.principal, let first = upstream.waiters.first,
+           first.principal == principal
+        {
+            connection.owner = nil
+            connection.reused = true
+            _ = upstream.waiters.removeFirst()
+            markInUse(principal, upstream)
+            return first.done(.success(connection))
+        }
+        retire(connection, upstream)
+        serveWaiter(upstream)
+    }
+
     private func markReleased(_ principal: UpstreamPrincipal?, _ upstream: Upstream) {
-        guard let principal, upstream.principals[principal] != nil else { return }
-        upstream.principals[principal]!.inUse -= 1
+        guard let principal else { return }
+        upstream.principals[principal]?.inUse -= 1
     }
 
     /// The least recently released idle connection to `upstream` (to give way to a new one).
     private func leastRecentlyIdle(of upstream: Upstream) -> UpstreamConnection? {
-        for entry in released where entry.connection.isIdle(stamp: entry.stamp) && entry.connection.address == upstream.address {
+        for entry in released where entry.connection.isIdle(stamp: entry.stamp) && entry.connection.poolUpstream === upstream {
             return entry.connection
         }
         return nil
@@ -409,7 +435,7 @@ final class UpstreamPool: UpstreamConnector {
 
     /// An idle connection leaves its principal's list (it closed, or is being evicted).
     func remove(_ connection: UpstreamConnection) {
-        guard case .idle = connection.poolState, let principal = connection.principal, let upstream = upstreams[connection.address],
+        guard case .idle = connection.poolState, let principal = connection.principal, let upstream = connection.poolUpstream,
               let index = upstream.principals[principal]?.idle.firstIndex(where: { $0 === connection })
         else { return }
         upstream.principals[principal]!.idle.remove(at: index)
@@ -420,7 +446,7 @@ final class UpstreamPool: UpstreamConnector {
     /// A connection of this pool closed (the app closed it, or it failed): out of the budget,
     /// and a waiting request gets its place.
     func closed(_ connection: UpstreamConnection) {
-        guard connection.poolState != .gone, let upstream = upstreams[connection.address] else { return }
+        guard connection.poolState != .gone, let upstream = connection.poolUpstream else { return }
         if case .idle = connection.poolState {
             remove(connection)
         } else {
@@ -434,7 +460,7 @@ final class UpstreamPool: UpstreamConnector {
     /// The connection became a WebSocket tunnel: it leaves the exchange's principal but keeps
     /// its place in the budget until the tunnel closes.
     func tunnelled(_ connection: UpstreamConnection, _ channel: any Channel) {
-        guard connection.poolState == .inUse, let upstream = upstreams[connection.address] else { return }
+        guard connection.poolState == .inUse, let upstream = connection.poolUpstream else { return }
         markReleased(connection.principal, upstream)
         connection.poolState = .gone
         let bound = NIOLoopBound((pool: self, upstream: upstream), eventLoop: eventLoop)
