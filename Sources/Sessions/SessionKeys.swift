@@ -24,6 +24,8 @@ public struct SessionKeys: Sendable {
     /// two SHA-256 updates, no key setup.
     private let innerPrefix: SHA256
     private let outerPrefix: SHA256
+    /// The handles of cookies seen lately (a cookie's handle is fixed for the keys' life).
+    private let memo = HandleMemo()
 
     /// Bytes of a session id.
     public static let idLength = 32
@@ -92,8 +94,14 @@ public struct SessionKeys: Sendable {
 
     /// The session a cookie (or bearer token) names, when its tag is ours; `nil` for anything
     /// else (wrong length, bad encoding, forged tag, a user that is not valid text). Costs one
-    /// HMAC; touches no store.
+    /// HMAC the first time a cookie is seen, a hash and a comparison after (`HandleMemo`);
+    /// touches no store.
     public func handle(forCookie value: Substring) -> SessionHandle? {
+        memo.handle(for: value) { verifiedHandle(forCookie: value) }
+    }
+
+    /// `handle(forCookie:)` without the memo: the base64, the HMAC and the SHA-256 every time.
+    func verifiedHandle(forCookie value: Substring) -> SessionHandle? {
         let utf8 = value.utf8
         let signed: Substring
         var sub: [UInt8]? = nil

@@ -66,6 +66,45 @@ struct SessionKeysTests {
         #expect(other.handle(forCookie: Substring(cookie)) == nil)
     }
 
+    @Test("a cookie seen before is answered from the memo exactly as verified; a cookie one character off never gets its handle")
+    func memoizedHandles() throws {
+        let (cookie, handle) = keys.newSession(for: "user.memo")
+        #expect(keys.handle(forCookie: Substring(cookie)) == handle)
+        #expect(keys.handle(forCookie: Substring(cookie)) == handle, "again, from the memo")
+        var bytes = Array(cookie.utf8)
+        for i in 0..<bytes.count {
+            let original = bytes[i]
+            bytes[i] = original == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+            #expect(keys.handle(forCookie: Substring(String(decoding: bytes, as: UTF8.self))) == nil, "position \(i)")
+            bytes[i] = original
+        }
+        #expect(keys.handle(forCookie: Substring(cookie.dropLast())) == nil)
+        #expect(keys.handle(forCookie: Substring(cookie + "A")) == nil)
+        // More cookies than the memo has slots: each still names its own session.
+        let many = (0..<20_000).map { _ in keys.newSession(for: "u\(Int.random(in: 0..<100))") }
+        for (cookie, handle) in many { #expect(keys.handle(forCookie: Substring(cookie)) == handle) }
+        for (cookie, handle) in many.shuffled().prefix(2_000) {
+            #expect(keys.handle(forCookie: Substring(cookie)) == handle)
+            #expect(keys.verifiedHandle(forCookie: Substring(cookie)) == handle)
+        }
+    }
+
+    @Test("the memo asks once per cookie, keeps only handles, and compares whole values")
+    func handleMemo() {
+        let memo = HandleMemo()
+        let (cookie, handle) = keys.newSession(for: "u")
+        var computed = 0
+        #expect(memo.handle(for: Substring(cookie)) { computed += 1; return handle } == handle)
+        #expect(memo.handle(for: Substring(cookie)) { computed += 1; return nil } == handle, "remembered")
+        #expect(computed == 1)
+        #expect(memo.handle(for: "forged") { computed += 1; return nil } == nil)
+        #expect(memo.handle(for: "forged") { computed += 1; return nil } == nil)
+        #expect(computed == 3, "a refusal is not remembered")
+        #expect(HandleMemo.equalInConstantTime("abc", "abc"))
+        #expect(!HandleMemo.equalInConstantTime("abc", "abd"))
+        #expect(!HandleMemo.equalInConstantTime("abc", "abcd"))
+    }
+
     @Test func refreshTokensAreSealedToTheirSession() {
         let (_, a) = keys.newSession(for: "u")
         let (_, b) = keys.newSession(for: "u")

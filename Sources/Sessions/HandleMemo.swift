@@ -1,0 +1,58 @@
+import NIOConcurrencyHelpers
+
+/// What `SessionKeys.handle(forCookie:)` answered for the cookies seen lately. A cookie names
+/// the same session for the life of the keys, so a cookie seen again skips its base64, HMAC and
+/// SHA-256 (measured: 8 % of a cached request's CPU, one user on 50 connections).
+///
+/// Direct-mapped and bounded: each cookie has one slot (its hash under the process's random
+/// key), and a newer cookie takes an older one's. A hit compares the whole stored cookie with
+/// the one presented, in constant time, so no other value gets a slot's handle however it
+/// hashes, and the comparison says nothing of how close a guess came. Only cookies whose tag
+/// verified are kept: forged ones cost their HMAC every time, as before.
+final class HandleMemo: Sendable {
+    struct Slot {
+        let cookie: String
+        let handle: SessionHandle
+    }
+
+    private static let stripeCount = 16
+    private static let slotsPerStripe = 512
+    private let stripes: [NIOLockedValueBox<[Slot?]>]
+
+    init() {
+        stripes = (0..<Self.stripeCount).map { _ in NIOLockedValueBox([Slot?](repeating: nil, count: Self.slotsPerStripe)) }
+    }
+
+    /// The handle remembered for `cookie`, else `compute`'s, remembered when it is one.
+    func handle(for cookie: Substring, _ compute: () -> SessionHandle?) -> SessionHandle? {
+        let hash = Self.hash(cookie)
+        let stripe = stripes[hash & (Self.stripeCount - 1)]
+        let index = (hash >> 4) & (Self.slotsPerStripe - 1)
+        if let slot = stripe.withLockedValue({ $0[index] }), Self.equalInConstantTime(slot.cookie, cookie) {
+            return slot.handle
+        }
+        guard let handle = compute() else { return nil }
+        let slot = Slot(cookie: String(cookie), handle: handle)
+        stripe.withLockedValue { $0[index] = slot }
+        return handle
+    }
+
+    private static func hash(_ cookie: Substring) -> Int {
+        var hasher = Hasher()
+        if cookie.utf8.withContiguousStorageIfAvailable({ hasher.combine(bytes: UnsafeRawBufferPointer($0)) }) == nil {
+            // Not contiguous (not a native string): the same bytes, hashed the same way.
+            var copy = String(cookie)
+            copy.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        }
+        return hasher.finalize() & Int.max
+    }
+
+    /// Every byte compared whatever the first difference (the length is not secret: every
+    /// cookie of a kind has the same).
+    static func equalInConstantTime(_ stored: String, _ presented: Substring) -> Bool {
+        guard stored.utf8.count == presented.utf8.count else { return false }
+        var difference: UInt8 = 0
+        for (a, b) in zip(stored.utf8, presented.utf8) { difference |= a ^ b }
+        return difference == 0
+    }
+}
