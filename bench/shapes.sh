@@ -15,7 +15,9 @@
 #
 # Browser-like traffic (one session per connection) is bench/auth.sh's browser rows.
 # Environment: DURATION (per one-user run, 10s), REPS (3), LB_DURATION (300s), SESSIONS (10000),
-# USERS (10000), BENCH_NOTE. Needs root (ip netns).
+# USERS (10000), BENCH_NOTE, ONLY=one-user (the one-user rows alone: an A/B of the cached path,
+# with BIN=), BIN_B=path/to/other/sessiongate (the one-user rows again on that build, interleaved
+# in the same run: one-user-6-b, one-user-50-b). Needs root (ip netns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -26,7 +28,7 @@ USERS=${USERS:-10000}
 WORK_NAME=shapes
 NS=sg-bench-app
 HOST_IP=198.18.0.1; APP_IP=198.18.0.2; NGINX_APP_IP=198.18.0.3; APP_PORT=18280; APP_ECHO_PORT=18281; NGINX_LB=18282
-SG_L=18283; ADMIN_L=18284; SG_M=18285; ADMIN_M=18286
+SG_L=18283; ADMIN_L=18284; SG_M=18285; ADMIN_M=18286; SG_A2=18287; ADMIN_A2=18288
 # nginx on this host: proxy_pass to the app across the veth pair, kept alive, as the baseline.
 NGINX_EXTRA="upstream netapp { server $NGINX_APP_IP:$APP_PORT; keepalive 256; }
   server { listen 127.0.0.1:$NGINX_LB; location / { proxy_pass http://netapp; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
@@ -71,6 +73,7 @@ gateway a $SG_A $ADMIN_A 1h
 gateway b $SG_B $ADMIN_B 0s "  exchanges_per_minute: 0"
 GATEWAY_UPSTREAM="http://$APP_IP:$APP_PORT" gateway l $SG_L $ADMIN_L 1h "" "  trusted_proxies: [\"127.0.0.1/32\"]"
 GATEWAY_UPSTREAM="http://$APP_IP:$APP_ECHO_PORT" gateway m $SG_M $ADMIN_M 1h "" "  trusted_proxies: [\"127.0.0.1/32\"]" "    upstream_reuse: echo"
+if [ -n "${BIN_B:-}" ]; then BIN=$BIN_B gateway a2 $SG_A2 $ADMIN_A2 1h; PID_A2=$(cat "$WORK/a2.pid"); fi
 PID_A=$(cat "$WORK/a.pid"); PID_L=$(cat "$WORK/l.pid"); PID_M=$(cat "$WORK/m.pid")
 NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)
 
@@ -97,6 +100,8 @@ run() {  # scenario rep duration
     one-user-6)    url="http://127.0.0.1:$SG_A/"; pid=$PID_A; cookies="$WORK/one.txt"; c=6 ;;
     nginx-50)      url="http://127.0.0.1:$NGINX/"; pid=$NGINX_WORKER; cookies="$WORK/one.txt" ;;
     one-user-50)   url="http://127.0.0.1:$SG_A/"; pid=$PID_A; cookies="$WORK/one.txt" ;;
+    one-user-6-b)  url="http://127.0.0.1:$SG_A2/"; pid=$PID_A2; cookies="$WORK/one.txt"; c=6 ;;
+    one-user-50-b) url="http://127.0.0.1:$SG_A2/"; pid=$PID_A2; cookies="$WORK/one.txt" ;;
     nginx-lb)      url="http://127.0.0.1:$NGINX_LB/"; pid=$NGINX_WORKER; app=$NGINX_APP_IP ;;
     lb)            url="http://127.0.0.1:$SG_L/"; pid=$PID_L ;;
     lb-echo)       url="http://127.0.0.1:$SG_M/"; pid=$PID_M ;;
@@ -110,13 +115,15 @@ run() {  # scenario rep duration
 }
 
 ONE_USER="nginx-6 one-user-6 nginx-50 one-user-50"
+[ -n "${BIN_B:-}" ] && ONE_USER="nginx-6 one-user-6 one-user-6-b nginx-50 one-user-50 one-user-50-b"
 LB="nginx-lb lb lb-echo"
+[ "${ONLY:-}" = one-user ] && LB=""
 for s in $ONE_USER; do run "$s" warm 3s; done
 # Every session once at least, on both gateways (each request another session: ~1 s at 10,000/s).
 for s in $LB; do run "$s" warm 10s; done
 for rep in $(seq "$REPS"); do for s in $ONE_USER; do run "$s" "$rep" "$DURATION"; done; done
 for s in $LB; do run "$s" 1 "$LB_DURATION"; done
-python3 bench/summarize_shapes.py "$WORK" "$REPS" | tee "$WORK/table.md"
+python3 bench/summarize_shapes.py "$WORK" "$REPS" "$ONE_USER $LB" | tee "$WORK/table.md"
 record "traffic shapes: one user on 6 and 50 connections, behind a load balancer" \
   "\`make bench\` → \`bench/shapes.sh\` (DURATION=$DURATION, REPS=$REPS, LB_DURATION=$LB_DURATION, SESSIONS=$SESSIONS, USERS=$USERS), $(nproc) cores shared by wrk, nginx, Redis, the app and sessiongate; 100-byte responses. one-user: one session cookie on every connection, app on loopback. lb: every request another session, the app's nginx in a network namespace across a veth pair; lb = upstream_reuse principal (the default), lb-echo = upstream_reuse echo; nginx is \`proxy_pass\` with \`keepalive 256\` to the same app." \
   "TIME_WAIT: the most sockets in TIME_WAIT towards the app on the gateway's host, sampled each second of the run, towards the address each proxy dials (nginx's are its own: it closes an upstream connection after 1,000 requests); the ephemeral port range is $(sysctl -n net.ipv4.ip_local_port_range | tr '\t' '-')."
