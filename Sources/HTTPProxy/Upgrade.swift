@@ -14,7 +14,7 @@ enum Upgrade {
         connection.owner = nil
         // A tunnel's close must not drop what one side sent last (a WebSocket close frame).
         UpstreamConnection.setAbortiveClose(upstreamChannel, false)
-        connection.pool?.tunnelled(connection, upstreamChannel)
+        connection.pool?.tunnelled(connection)
         connection.pool = nil
         let (clientGlue, upstreamGlue) = GlueHandler.pair()
         do {

@@ -123,7 +123,7 @@ final class UpstreamPool: UpstreamConnector {
     final class Upstream {
         let address: UpstreamAddress
         var principals: [UpstreamPrincipal: Principal] = [:]
-        /// Connecting, in use, idle (and tunnels): what the budget counts.
+        /// Connecting, in use, idle: what the budget counts.
         var open = 0
         var limit = 0
         var waiters = CircularBuffer<Waiter>()
@@ -457,17 +457,14 @@ final class UpstreamPool: UpstreamConnector {
         serveWaiter(upstream)
     }
 
-    /// The connection became a WebSocket tunnel: it leaves the exchange's principal but keeps
-    /// its place in the budget until the tunnel closes.
-    func tunnelled(_ connection: UpstreamConnection, _ channel: any Channel) {
+    /// The connection became a WebSocket tunnel: it leaves the pool and the budget (a tunnel
+    /// may stay open for hours; the budget bounds the connections requests take turns on).
+    func tunnelled(_ connection: UpstreamConnection) {
         guard connection.poolState == .inUse, let upstream = connection.poolUpstream else { return }
         markReleased(connection.principal, upstream)
         connection.poolState = .gone
-        let bound = NIOLoopBound((pool: self, upstream: upstream), eventLoop: eventLoop)
-        channel.closeFuture.whenComplete { _ in
-            bound.value.upstream.open -= 1
-            bound.value.pool.serveWaiter(bound.value.upstream)
-        }
+        upstream.open -= 1
+        serveWaiter(upstream)
     }
 
     /// A place in `upstream`'s budget came free: the first waiting request connects.

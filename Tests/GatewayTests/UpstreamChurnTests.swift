@@ -119,6 +119,30 @@ struct UpstreamChurnTests {
         #expect(counts.failures.withLockedValue { $0 } == ["app connections_exhausted"])
     }
 
+    @Test("an open WebSocket tunnel leaves the budget: with upstream_max_connections 1, a request still gets a connection beside it")
+    func tunnelsLeaveTheBudget() async throws {
+        try await withEventLoops(1) { loops in
+            let timeouts = ProxyConfiguration.Timeouts(upstreamConnect: .milliseconds(500), upstreamResponse: .seconds(5), idle: .seconds(10))
+            try await ProxyHarness.with(timeouts: timeouts, group: loops, routes: { address in
+                [ProxyRoute(name: "app", upstream: address, upstreamMaxConnections: 1)]
+            }) { h in
+                let port = h.port
+                let (upgraded, echoed, second) = try await blocking { () -> (Int, String, Int) in
+                    let tunnel = try RawClient(port: port, timeoutSeconds: 5)
+                    try tunnel.send("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                    let upgraded = try tunnel.readResponse().status
+                    try tunnel.send("ping")
+                    let echoed = String(decoding: try tunnel.read(count: 4), as: UTF8.self)
+                    let client = try RawClient(port: port, timeoutSeconds: 5)
+                    try client.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
+                    return (upgraded, echoed, try client.readResponse().status)
+                }
+                #expect(upgraded == 101 && echoed == "ping", "the tunnel is open")
+                #expect(second == 200, "not 503: the tunnel holds no place in the budget")
+            }
+        }
+    }
+
     @Test("connect failures are logged once a second per upstream, naming it and the errno, and each is counted on its route")
     func connectFailuresLogged() async throws {
         let counts = Counts()

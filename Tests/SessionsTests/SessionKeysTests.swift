@@ -46,15 +46,21 @@ struct SessionKeysTests {
         #expect(keys.handle(forCookie: Substring(Base64URL.encode(id + Array(keys.tag(id, sub: badUser))) + "." + Base64URL.encode(badUser))) == nil)
     }
 
+    /// `cookie` with one character changed, at each position in turn.
+    static func oneCharacterOff(_ cookie: String) -> [(Int, String)] {
+        let bytes = Array(cookie.utf8)
+        return bytes.indices.map { i in
+            var changed = bytes
+            changed[i] = bytes[i] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+            return (i, String(decoding: changed, as: UTF8.self))
+        }
+    }
+
     @Test func forgedCookiesAreRejected() throws {
         let (cookie, _) = keys.newSession(for: "user.a")
-        var bytes = Array(cookie.utf8)
-        // Every single-character change, in the id, the tag and the user.
-        for i in stride(from: 0, to: bytes.count, by: 3) {
-            let original = bytes[i]
-            bytes[i] = original == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
-            #expect(keys.handle(forCookie: Substring(String(decoding: bytes, as: UTF8.self))) == nil, "position \(i)")
-            bytes[i] = original
+        // Single-character changes, in the id, the tag and the user.
+        for (i, changed) in Self.oneCharacterOff(cookie) where i % 3 == 0 {
+            #expect(keys.handle(forCookie: Substring(changed)) == nil, "position \(i)")
         }
         #expect(keys.handle(forCookie: Substring(cookie.dropLast())) == nil)
         #expect(keys.handle(forCookie: Substring(cookie + "A")) == nil)
@@ -71,12 +77,8 @@ struct SessionKeysTests {
         let (cookie, handle) = keys.newSession(for: "user.memo")
         #expect(keys.handle(forCookie: Substring(cookie)) == handle)
         #expect(keys.handle(forCookie: Substring(cookie)) == handle, "again, from the memo")
-        var bytes = Array(cookie.utf8)
-        for i in 0..<bytes.count {
-            let original = bytes[i]
-            bytes[i] = original == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
-            #expect(keys.handle(forCookie: Substring(String(decoding: bytes, as: UTF8.self))) == nil, "position \(i)")
-            bytes[i] = original
+        for (i, changed) in Self.oneCharacterOff(cookie) {
+            #expect(keys.handle(forCookie: Substring(changed)) == nil, "position \(i)")
         }
         #expect(keys.handle(forCookie: Substring(cookie.dropLast())) == nil)
         #expect(keys.handle(forCookie: Substring(cookie + "A")) == nil)
