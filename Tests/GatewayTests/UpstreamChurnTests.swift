@@ -103,7 +103,7 @@ struct UpstreamChurnTests {
 
     @Test("over its upstream_max_connections a request waits for a connection to come free, and gets it")
     func waitsForAFreeConnection() async throws {
-        let (holder, second) = try await Self.secondRequestWhileHeld(holdMilliseconds: 300, connectTimeout: .seconds(2))
+        let (holder, second) = try await Self.secondRequestWhileHeld(holdMilliseconds: 300, connectTimeout: .seconds(10))
         #expect(holder == 200)
         #expect(second.status == 200)
     }
