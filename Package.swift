@@ -184,7 +184,7 @@ let package = Package(
         .testTarget(
             name: "GatewayTests",
             dependencies: [
-                "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleID", "AppleIDSimulator", "Redis",
+                "Gateway", "GatewayConfig", "HTTPProxy", "TestSupport", "Sessions", "AppleID", "AppleIDSimulator", "Redis", "AllocationCounter",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
