@@ -16,7 +16,7 @@
 # Browser-like traffic (one session per connection) is bench/auth.sh's browser rows.
 # Environment: DURATION (per one-user run, 10s), REPS (3), LB_DURATION (300s), SESSIONS (10000),
 # USERS (10000), BENCH_NOTE, ONLY=one-user (the one-user rows alone: an A/B of the cached path,
-# with BIN=), BIN_B=path/to/other/sessiongate (the one-user rows again on that build, interleaved
+# with BIN=) or ONLY=lb, BIN_B=path/to/other/sessiongate (the one-user rows again on that build, interleaved
 # in the same run: one-user-6-b, one-user-50-b). Needs root (ip netns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,7 +118,9 @@ ONE_USER="nginx-6 one-user-6 nginx-50 one-user-50"
 [ -n "${BIN_B:-}" ] && ONE_USER="nginx-6 one-user-6 one-user-6-b nginx-50 one-user-50 one-user-50-b"
 LB="nginx-lb lb lb-echo"
 [ "${ONLY:-}" = one-user ] && LB=""
+[ "${ONLY:-}" = lb ] && ONE_USER=""
 for s in $ONE_USER; do run "$s" warm 3s; done
+[ -n "$ONE_USER" ] || REPS=0
 # Every session once at least, on both gateways (each request another session: ~1 s at 10,000/s).
 for s in $LB; do run "$s" warm 10s; done
 for rep in $(seq "$REPS"); do for s in $ONE_USER; do run "$s" "$rep" "$DURATION"; done; done
