@@ -126,6 +126,14 @@ for s in $LB; do run "$s" warm 10s; done
 for rep in $(seq "$REPS"); do for s in $ONE_USER; do run "$s" "$rep" "$DURATION"; done; done
 for s in $LB; do run "$s" 1 "$LB_DURATION"; done
 python3 bench/summarize_shapes.py "$WORK" "$REPS" "$ONE_USER $LB" | tee "$WORK/table.md"
+# wrk prints "Socket errors" only when there were some: keep those outputs (the work directory goes
+# at exit), with the app's listen-queue overflows, to tell a gateway fault from the app's backlog.
+if grep -l "Socket errors" "$WORK"/wrk-*.txt > /dev/null 2>&1; then
+  keep=$(mktemp -d /tmp/sessiongate-shapes-errors.XXXXXX)
+  cp "$WORK"/wrk-*.txt "$keep"/
+  ip netns exec "$NS" nstat -az TcpExtListenOverflows TcpExtListenDrops > "$keep/app-nstat.txt" 2>&1 || true
+  echo "socket errors: wrk outputs and the app's listen-queue counters kept in $keep"
+fi
 record "traffic shapes: one user on 6 and 50 connections, behind a load balancer" \
   "\`make bench\` → \`bench/shapes.sh\` (DURATION=$DURATION, REPS=$REPS, LB_DURATION=$LB_DURATION, SESSIONS=$SESSIONS, USERS=$USERS), $(nproc) cores shared by wrk, nginx, Redis, the app and sessiongate; 100-byte responses. one-user: one session cookie on every connection, app on loopback. lb: every request another session, the app's nginx in a network namespace across a veth pair; lb = upstream_reuse principal (the default), lb-echo = upstream_reuse echo; nginx is \`proxy_pass\` with \`keepalive 256\` to the same app." \
   "TIME_WAIT: the most sockets in TIME_WAIT towards the app on the gateway's host, sampled each second of the run, towards the address each proxy dials (nginx's are its own: it closes an upstream connection after 1,000 requests); the ephemeral port range is $(sysctl -n net.ipv4.ip_local_port_range | tr '\t' '-')."
