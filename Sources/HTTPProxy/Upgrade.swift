@@ -15,7 +15,6 @@ enum Upgrade {
         // A tunnel's close must not drop what one side sent last (a WebSocket close frame).
         UpstreamConnection.setAbortiveClose(upstreamChannel, false)
         connection.pool?.tunnelled(connection)
-        connection.pool = nil
         let (clientGlue, upstreamGlue) = GlueHandler.pair()
         do {
             let up = upstreamChannel.pipeline.syncOperations

@@ -42,8 +42,10 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
         case gone
     }
     var poolState = PoolState.connecting
-    /// Its upstream's bookkeeping in the pool (set with `pool`).
+    /// Its upstream's bookkeeping in its pool, once the pool counts it (nil: a connection no
+    /// pool knows of, or a tunnel's).
     var poolUpstream: UpstreamPool.Upstream? = nil
+    var pool: UpstreamPool? { poolUpstream?.pool }
     var idleSince: NIODeadline? {
         if case .idle(let since, _) = poolState { return since }
         return nil
@@ -57,7 +59,6 @@ final class UpstreamConnection: ChannelDuplexHandler, RemovableChannelHandler {
     /// complete response, a bodyless response announcing a body): it serves no further request.
     var reusable: Bool { !bytesBehindResponse && !reader.framingInDoubt }
     private var bytesBehindResponse = false
-    weak var pool: UpstreamPool?
     var owner: (any UpstreamConnectionOwner)? {
         didSet { if owner != nil, readPending { readPending = false; context?.read() } }
     }

@@ -121,6 +121,8 @@ final class UpstreamPool: UpstreamConnector {
 
     /// One upstream's connections on this loop.
     final class Upstream {
+        /// The pool lives as long as its event loop; its upstreams are never dropped.
+        unowned let pool: UpstreamPool
         let address: UpstreamAddress
         var principals: [UpstreamPrincipal: Principal] = [:]
         /// Connecting, in use, idle: what the budget counts.
@@ -132,7 +134,10 @@ final class UpstreamPool: UpstreamConnector {
         var unloggedFailures = 0
         var lastFailureLogged: NIODeadline? = nil
 
-        init(address: UpstreamAddress) { self.address = address }
+        init(pool: UpstreamPool, address: UpstreamAddress) {
+            self.pool = pool
+            self.address = address
+        }
     }
 
     let eventLoop: any EventLoop
@@ -169,7 +174,7 @@ final class UpstreamPool: UpstreamConnector {
 
     private func upstream(_ address: UpstreamAddress) -> Upstream {
         if let known = upstreams[address] { return known }
-        let new = Upstream(address: address)
+        let new = Upstream(pool: self, address: address)
         upstreams[address] = new
         return new
     }
@@ -231,7 +236,6 @@ final class UpstreamPool: UpstreamConnector {
             let (pool, upstream, done) = bound.value
             switch result {
             case .success(let connection):
-                connection.value.pool = pool
                 connection.value.poolUpstream = upstream
                 connection.value.poolState = .inUse
                 done(.success(connection.value))
@@ -356,7 +360,6 @@ final class UpstreamPool: UpstreamConnector {
         let upstream = self.upstream(connection.address)
         upstream.open += 1
         markInUse(connection.principal, upstream)
-        connection.pool = self
         connection.poolUpstream = upstream
         connection.poolState = .inUse
     }
@@ -372,7 +375,8 @@ final class UpstreamPool: UpstreamConnector {
         }
         connection.owner = nil
         connection.reused = true
-        let shared = principal == .anyone || principal == .echoing ? max(upstream.limit, limits.idleTotal) : nil
+        // The shared principals keep what the idle total allows (the upstream's budget bounds the rest).
+        let shared = principal == .anyone || principal == .echoing ? limits.idleTotal : nil
         guard upstream.principals[principal]?.giveBack(connection, sharedBudget: shared) == true else {
             retire(connection, upstream)
             return
@@ -463,6 +467,7 @@ final class UpstreamPool: UpstreamConnector {
         guard connection.poolState == .inUse, let upstream = connection.poolUpstream else { return }
         markReleased(connection.principal, upstream)
         connection.poolState = .gone
+        connection.poolUpstream = nil
         upstream.open -= 1
         serveWaiter(upstream)
     }

@@ -192,6 +192,7 @@ struct GatewayProcessTests {
                 #expect(metrics.text.contains("sessiongate_request_duration_seconds_count{route=\"app\"} 1"))
                 #expect(metrics.text.contains("sessiongate_client_connections"))
                 #expect(metrics.text.contains("sessiongate_upstream_connections"))
+                #expect(metrics.text.contains("sessiongate_upstream_connects_total{upstream=\"127.0.0.1:\(upstream.port)\"} 1"), "one request, one connect")
                 let line = try #require(await gateway.waitForLine(containing: "\"path\":\"/echo/x\""))
                 let json = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
                 #expect(json["status"] as? Int == 200, "a JSON number: \(line)")

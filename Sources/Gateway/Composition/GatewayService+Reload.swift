@@ -95,7 +95,7 @@ extension GatewayService {
             return report(.invalid)
         }
         guard !dryRun else { return report(.applied) }
-        metrics.prime(routes: next.routes.map(\.name), upstreams: next.routes.map { UpstreamAddress(host: $0.upstream.host, port: $0.upstream.port).description })
+        metrics.prime(routes: next.routes.map(\.name), upstreams: Self.upstreamLabels(next))
         running.withLockedValue { $0 = (next, auth) }
         proxy.replaceRouting(routing)
         if let tracing = next.tracing { core.tracer?.setSampleRatio(tracing.sampleRatio) }

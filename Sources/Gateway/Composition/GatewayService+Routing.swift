@@ -24,6 +24,11 @@ extension GatewayService {
         return configuration
     }
 
+    /// Each route's upstream as `sessiongate_upstream_connects_total` labels it (`host:port`).
+    static func upstreamLabels(_ c: GatewayConfiguration) -> [String] {
+        c.routes.map { UpstreamAddress(host: $0.upstream.host, port: $0.upstream.port).description }
+    }
+
     /// Routes as the proxy sees them, upstream names resolved, each with its session guard; the
     /// auth endpoints (`server.auth_prefix`) come first for every host.
     static func routing(_ c: GatewayConfiguration, _ auth: Authenticator) throws -> RoutingSnapshot {

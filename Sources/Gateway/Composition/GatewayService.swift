@@ -81,7 +81,7 @@ public final class GatewayService: Service, Sendable {
             parts.abandon()
             throw error
         }
-        metrics.prime(routes: configuration.routes.map(\.name) + ["auth"], upstreams: configuration.routes.map { UpstreamAddress(host: $0.upstream.host, port: $0.upstream.port).description })
+        metrics.prime(routes: configuration.routes.map(\.name) + ["auth"], upstreams: Self.upstreamLabels(configuration))
         if let apple = parts.core.apple {
             metrics.addCollector { [metrics] in
                 for id in apple.clientIDs {
