@@ -12,6 +12,7 @@ import TestSupport
 /// | `HEAD /head` | `200`, `Content-Length: 20` | that many body bytes, `secret` inside them, sent late |
 /// | `/no-content` | `204` announcing `Content-Length` | a body (`secret`), sent late |
 /// | `/not-modified` | `304` announcing `Content-Length` | a body (`secret`), sent late |
+/// | `/early-hints` | `103` (not echoing), then `200` `hints` | nothing |
 /// | `/over-long` | `200`, `Content-Length: 2`, then more bytes in the same write | `secret` right behind it |
 /// | `/static/…` | `200` without reading the request's body (CL.0) | the body, read as the next request's start |
 /// | anything else | `200`, body `line=<request line>;user=<X-Auth-User>` | nothing |
@@ -134,11 +135,13 @@ final class MisbehavingUpstream: Sendable {
             return (Self.inserting(echo, into: answer.now), Self.inserting(echo, into: answer.late))
         }
 
-        /// `field` as the first field line of every response head in `text`.
+        /// `field` as the first field line of every final response head in `text` (an interim,
+        /// 1xx, head goes as written: apps echo on the final response).
         static func inserting(_ field: String, into text: String) -> String {
             guard !field.isEmpty else { return text }
             return text.replacingOccurrences(of: "HTTP/1.1 ", with: "\u{0}").components(separatedBy: "\u{0}").enumerated().map { index, part in
-                guard index > 0, let lineEnd = part.range(of: "\r\n") else { return part }
+                guard index > 0 else { return part }
+                guard !part.hasPrefix("1"), let lineEnd = part.range(of: "\r\n") else { return "HTTP/1.1 " + part }
                 return "HTTP/1.1 " + part[..<lineEnd.upperBound] + field + part[lineEnd.upperBound...]
             }.joined()
         }
@@ -150,6 +153,8 @@ final class MisbehavingUpstream: Sendable {
             case ("HEAD", "/head"): return ("HTTP/1.1 200 OK\r\nContent-Length: \(secret.utf8.count)\r\n\r\n", secret)
             case (_, "/no-content"): return ("HTTP/1.1 204 No Content\r\nContent-Length: \(secret.utf8.count)\r\n\r\n", secret)
             case (_, "/not-modified"): return ("HTTP/1.1 304 Not Modified\r\nContent-Length: \(secret.utf8.count)\r\n\r\n", secret)
+            case (_, "/early-hints"):
+                return ("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhints", "")
             case (_, "/over-long"): return ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + secret, "")
             case (_, let p) where p.hasPrefix("/static/"): return ("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstatic", "")
             default:

@@ -156,6 +156,26 @@ struct UpstreamIsolationTests {
         }
     }
 
+    @Test("echo: an interim response that does not echo the request's id is dropped, the final one relayed; other modes relay it", arguments: [GatewayConfiguration.UpstreamReuse.echo, .principal])
+    func echoDropsUnechoedInterims(reuse: GatewayConfiguration.UpstreamReuse) async throws {
+        try await withEventLoops(1) { group in
+            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
+                try await ProxyHarness.with(upstreamPort: app.port, group: group, routes: { address in
+                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)]
+                }) { h in
+                    let port = h.port
+                    let response = try await blocking { () -> RawClient.Response in
+                        let client = try RawClient(port: port, timeoutSeconds: 5)
+                        try client.send("GET /early-hints HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n")
+                        return try client.readResponse()
+                    }
+                    #expect(response.status == 200 && response.text == "hints")
+                    #expect(response.interim == (reuse == .echo ? [] : [103]))
+                }
+            }
+        }
+    }
+
     @Test("none: every request has a connection of its own", arguments: shapes)
     func none(_ shape: Shape) async throws {
         let outcome = try await Self.run(shape, reuse: .none)
