@@ -59,26 +59,34 @@ struct UpstreamIsolationTests {
         let adminLines: [String]
     }
 
+    /// A proxy on one event loop (so its one pool) in front of a `MisbehavingUpstream`, with one
+    /// route of `reuse` whose guard is `HeaderGuard`; `trustingLoopback`: the clients are a
+    /// trusted front proxy. `body` gets the proxy's port and the app.
+    static func withProxy<T: Sendable>(reuse: GatewayConfiguration.UpstreamReuse, trustingLoopback: Bool = false,
+                                       _ body: (Int, MisbehavingUpstream) async throws -> T) async throws -> T {
+        try await withEventLoops(1) { group in
+            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
+                try await ProxyHarness.with(trustedProxies: trustingLoopback ? [CIDR.parse("127.0.0.1/32")!] : [], upstreamPort: app.port, group: group,
+                                            routes: { address in [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)] }) { h in
+                    try await body(h.port, app)
+                }
+            }
+        }
+    }
+
     /// alice (or an anonymous client) sends `shape.first` on one connection and reads its answer;
     /// then admin sends `GET /b` on another connection of the same event loop.
     static func run(_ shape: Shape, reuse: GatewayConfiguration.UpstreamReuse) async throws -> Outcome {
-        try await withEventLoops(1) { group in
-            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
-                try await ProxyHarness.with(upstreamPort: app.port, group: group, routes: { address in
-                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)]
-                }) { h in
-                    let port = h.port
-                    let second = try await blocking { () -> RawClient.Response? in
-                        let first = try RawClient(port: port, timeoutSeconds: 5)
-                        try first.send(shape.first)
-                        _ = try first.readResponse(head: shape.firstIsHead)
-                        let admin = try RawClient(port: port, timeoutSeconds: 5)
-                        try admin.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: admin\r\n\r\n")
-                        return try? admin.readResponse()
-                    }
-                    return Outcome(second: second, adminLines: app.requests.filter { $0.user == "admin" }.map { $0.line })
-                }
+        try await Self.withProxy(reuse: reuse) { port, app in
+            let second = try await blocking { () -> RawClient.Response? in
+                let first = try RawClient(port: port, timeoutSeconds: 5)
+                try first.send(shape.first)
+                _ = try first.readResponse(head: shape.firstIsHead)
+                let admin = try RawClient(port: port, timeoutSeconds: 5)
+                try admin.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: admin\r\n\r\n")
+                return try? admin.readResponse()
             }
+            return Outcome(second: second, adminLines: app.requests.filter { $0.user == "admin" }.map { $0.line })
         }
     }
 
@@ -110,69 +118,48 @@ struct UpstreamIsolationTests {
 
     @Test("echo: many users' requests through one front-proxy connection share one upstream connection; each carries the gateway's own fresh id, not the proxy's")
     func echoSharesThroughAProxy() async throws {
-        try await withEventLoops(1) { group in
-            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
-                try await ProxyHarness.with(trustedProxies: [CIDR.parse("127.0.0.1/32")!], upstreamPort: app.port, group: group, routes: { address in
-                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: .echo)]
-                }) { h in
-                    let port = h.port
-                    let answers = try await blocking { () -> [RawClient.Response] in
-                        let front = try RawClient(port: port, timeoutSeconds: 5)
-                        return try (0..<20).map { i in
-                            try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: user\(i)\r\nX-Request-Id: lb-\(i)\r\n\r\n")
-                            return try front.readResponse()
-                        }
-                    }
-                    #expect(answers.enumerated().allSatisfy { i, answer in answer.status == 200 && answer.text == "line=GET /b HTTP/1.1;user=user\(i)" })
-                    #expect(app.connections == 1, "one upstream connection for twenty users")
-                    let ids = app.requestIDs.compactMap { $0 }
-                    #expect(ids.count == 20 && Set(ids).count == 20, "a fresh id per request")
-                    #expect(!ids.contains { $0.hasPrefix("lb-") }, "never the proxy's (predictable) id")
-                    #expect(answers.map { $0.header("x-request-id") } == ids, "the client sees the id the app echoed")
+        try await Self.withProxy(reuse: .echo, trustingLoopback: true) { port, app in
+            let answers = try await blocking { () -> [RawClient.Response] in
+                let front = try RawClient(port: port, timeoutSeconds: 5)
+                return try (0..<20).map { i in
+                    try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Test-User: user\(i)\r\nX-Request-Id: lb-\(i)\r\n\r\n")
+                    return try front.readResponse()
                 }
             }
+            #expect(answers.enumerated().allSatisfy { i, answer in answer.status == 200 && answer.text == "line=GET /b HTTP/1.1;user=user\(i)" })
+            #expect(app.connections == 1, "one upstream connection for twenty users")
+            let ids = app.requestIDs.compactMap { $0 }
+            #expect(ids.count == 20 && Set(ids).count == 20, "a fresh id per request")
+            #expect(!ids.contains { $0.hasPrefix("lb-") }, "never the proxy's (predictable) id")
+            #expect(answers.map { $0.header("x-request-id") } == ids, "the client sees the id the app echoed")
         }
     }
 
     @Test("echo: an app that does not echo X-Request-Id is refused 502, its connection closed, for every request")
     func echoRefusesSilentApps() async throws {
-        try await withEventLoops(1) { group in
-            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
-                try await ProxyHarness.with(upstreamPort: app.port, group: group, routes: { address in
-                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: .echo)]
-                }) { h in
-                    let port = h.port
-                    let statuses = try await blocking { () -> [Int] in
-                        let client = try RawClient(port: port, timeoutSeconds: 5)
-                        return try (0..<3).map { _ in
-                            try client.send("GET /no-echo HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n")
-                            return try client.readResponse().status
-                        }
-                    }
-                    #expect(statuses == [502, 502, 502])
-                    #expect(app.connections == 3, "each refused response's connection was closed")
+        try await Self.withProxy(reuse: .echo) { port, app in
+            let statuses = try await blocking { () -> [Int] in
+                let client = try RawClient(port: port, timeoutSeconds: 5)
+                return try (0..<3).map { _ in
+                    try client.send("GET /no-echo HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n")
+                    return try client.readResponse().status
                 }
             }
+            #expect(statuses == [502, 502, 502])
+            #expect(app.connections == 3, "each refused response's connection was closed")
         }
     }
 
     @Test("echo: an interim response that does not echo the request's id is dropped, the final one relayed; other modes relay it", arguments: [GatewayConfiguration.UpstreamReuse.echo, .principal])
     func echoDropsUnechoedInterims(reuse: GatewayConfiguration.UpstreamReuse) async throws {
-        try await withEventLoops(1) { group in
-            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
-                try await ProxyHarness.with(upstreamPort: app.port, group: group, routes: { address in
-                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard(), upstreamReuse: reuse)]
-                }) { h in
-                    let port = h.port
-                    let response = try await blocking { () -> RawClient.Response in
-                        let client = try RawClient(port: port, timeoutSeconds: 5)
-                        try client.send("GET /early-hints HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n")
-                        return try client.readResponse()
-                    }
-                    #expect(response.status == 200 && response.text == "hints")
-                    #expect(response.interim == (reuse == .echo ? [] : [103]))
-                }
+        try await Self.withProxy(reuse: reuse) { port, app in
+            let response = try await blocking { () -> RawClient.Response in
+                let client = try RawClient(port: port, timeoutSeconds: 5)
+                try client.send("GET /early-hints HTTP/1.1\r\nHost: a\r\nX-Test-User: alice\r\n\r\n")
+                return try client.readResponse()
             }
+            #expect(response.status == 200 && response.text == "hints")
+            #expect(response.interim == (reuse == .echo ? [] : [103]))
         }
     }
 
@@ -185,23 +172,16 @@ struct UpstreamIsolationTests {
 
     @Test("principal: anonymous requests through a trusted proxy (whose connection carries many clients) each get a connection of their own")
     func anonymousThroughProxy() async throws {
-        try await withEventLoops(1) { group in
-            try await MisbehavingUpstream.with(group: MultiThreadedEventLoopGroup.singleton) { app in
-                try await ProxyHarness.with(trustedProxies: [CIDR.parse("127.0.0.1/32")!], upstreamPort: app.port, group: group, routes: { address in
-                    [ProxyRoute(name: "app", upstream: address, requestGuard: HeaderGuard())]
-                }) { h in
-                    let port = h.port
-                    let second = try await blocking { () -> RawClient.Response in
-                        // One front-proxy connection: anonymous user X's request, then anonymous user Y's.
-                        let front = try RawClient(port: port, timeoutSeconds: 5)
-                        try front.send("GET /late-extra HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n")
-                        _ = try front.readResponse()
-                        try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.2\r\n\r\n")
-                        return try front.readResponse()
-                    }
-                    #expect(second.text == "line=GET /b HTTP/1.1;user=-")
-                }
+        try await Self.withProxy(reuse: .principal, trustingLoopback: true) { port, app in
+            let second = try await blocking { () -> RawClient.Response in
+                // One front-proxy connection: anonymous user X's request, then anonymous user Y's.
+                let front = try RawClient(port: port, timeoutSeconds: 5)
+                try front.send("GET /late-extra HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.1\r\n\r\n")
+                _ = try front.readResponse()
+                try front.send("GET /b HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.2\r\n\r\n")
+                return try front.readResponse()
             }
+            #expect(second.text == "line=GET /b HTTP/1.1;user=-")
         }
     }
 
