@@ -16,7 +16,8 @@
 # Browser-like traffic (one session per connection) is bench/auth.sh's browser rows.
 # Environment: DURATION (per one-user run, 10s), REPS (3), LB_DURATION (300s), SESSIONS (10000),
 # USERS (10000), BENCH_NOTE, ONLY=one-user (the one-user rows alone: an A/B of the cached path,
-# with BIN=) or ONLY=lb, BIN_B=path/to/other/sessiongate (the one-user rows again on that build, interleaved
+# with BIN=) or ONLY=lb, PROFILE=<scenario> (perf samples of that scenario's measured run, the
+# top symbols printed; PERF_DATA=<file> keeps them), BIN_B=path/to/other/sessiongate (the one-user rows again on that build, interleaved
 # in the same run: one-user-6-b, one-user-50-b). Needs root (ip netns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -109,8 +110,13 @@ run() {  # scenario rep duration
   local before; before=$(cpu "$pid")
   COOKIES="$cookies" wrk -t"$threads" -c"$c" -d"$3" --latency -s bench/rotate.lua "$url" > "$WORK/wrk-$1-$2.txt" &
   local wrk_pid=$!
+  if [ "${PROFILE:-}" = "$1" ] && [ "$2" != warm ]; then
+    perf record -q -e cpu-clock:u -g -p "$pid" -o "$WORK/perf-$1.data" -- sleep "${3%s}" > /dev/null 2>&1 &
+    local perf_pid=$!
+  fi
   time_wait_peak $wrk_pid "$app" > "$WORK/tw-$1-$2.txt"
   wait $wrk_pid
+  [ -n "${perf_pid:-}" ] && { wait "$perf_pid" || true; }
   echo "$(cpu "$pid") $before" > "$WORK/cpu-$1-$2.txt"
 }
 
@@ -125,6 +131,10 @@ for s in $ONE_USER; do run "$s" warm 3s; done
 for s in $LB; do run "$s" warm 10s; done
 for rep in $(seq "$REPS"); do for s in $ONE_USER; do run "$s" "$rep" "$DURATION"; done; done
 for s in $LB; do run "$s" 1 "$LB_DURATION"; done
+if [ -n "${PROFILE:-}" ]; then
+  perf report -q -i "$WORK/perf-$PROFILE.data" --no-children --sort symbol --percent-limit 0.7 2>/dev/null | grep -E "^ +[0-9]" | head -"${TOP:-40}" | cut -c1-200
+  [ -n "${PERF_DATA:-}" ] && cp "$WORK/perf-$PROFILE.data" "$PERF_DATA"
+fi
 python3 bench/summarize_shapes.py "$WORK" "$REPS" "$ONE_USER $LB" | tee "$WORK/table.md"
 # wrk prints "Socket errors" only when there were some: keep those outputs (the work directory goes
 # at exit), with the app's listen-queue overflows, to tell a gateway fault from the app's backlog.

@@ -73,6 +73,9 @@ public struct GuardRequest: Sendable {
 public protocol HeaderValues {
     /// Calls `body` with the value of every field named `lower` (lower case), in order.
     func forEachValue(named lower: String, _ body: (String) -> Void)
+    /// `forEachValue` without making a `String` of each value: the bytes are valid during
+    /// `body` only.
+    func forEachValueBytes(named lower: String, _ body: (UnsafeRawBufferPointer) -> Void)
     /// False when no `Authorization: Bearer` field was sent (known from the proxy's one pass):
     /// nothing need look for one.
     var mayCarryBearer: Bool { get }
@@ -80,6 +83,13 @@ public protocol HeaderValues {
 
 extension HeaderValues {
     public var mayCarryBearer: Bool { true }
+
+    public func forEachValueBytes(named lower: String, _ body: (UnsafeRawBufferPointer) -> Void) {
+        forEachValue(named: lower) { value in
+            var value = value
+            value.withUTF8 { body(UnsafeRawBufferPointer($0)) }
+        }
+    }
 }
 
 extension HTTPHeaders: HeaderValues {
@@ -97,6 +107,18 @@ extension GuardRequest: HeaderValues {
             for field in wire.fields where wire.nameEquals(field, lower) { body(wire.value(field)) }
         } else {
             parsed?.headers.forEachValue(named: lower, body)
+        }
+    }
+
+    public func forEachValueBytes(named lower: String, _ body: (UnsafeRawBufferPointer) -> Void) {
+        guard let wire else {
+            parsed?.headers.forEachValueBytes(named: lower, body)
+            return
+        }
+        wire.bytes.withUnsafeReadableBytes { raw in
+            for field in wire.fields where wire.nameEquals(field, lower) {
+                body(UnsafeRawBufferPointer(rebasing: raw[Int(field.valueStart)..<Int(field.valueStart + field.valueLength)]))
+            }
         }
     }
 

@@ -78,30 +78,29 @@ public enum RedisArgument: Sendable, ExpressibleByStringLiteral {
     }
 }
 
-/// RESP framing by hiredis: `redisFormatCommandArgv` encodes, a `redisReader` decodes. The
-/// bytes move through SwiftNIO; hiredis never touches a socket.
+/// RESP framing: commands are written straight into the outgoing buffer (an array of bulk
+/// strings: no copy of an argument but the one into the buffer), and a `redisReader` decodes
+/// replies. The bytes move through SwiftNIO; hiredis never touches a socket.
 enum RESPCodec {
     /// Appends one command (binary safe) to `buffer`.
     static func encode(_ arguments: [RedisArgument], into buffer: inout ByteBuffer) {
-        let parts = arguments.map(\.utf8)
-        var pointers: [UnsafeMutablePointer<CChar>?] = parts.map { bytes in
-            let p = UnsafeMutablePointer<CChar>.allocate(capacity: max(bytes.count, 1))
-            bytes.withUnsafeBufferPointer { src in
-                src.withMemoryRebound(to: CChar.self) { if let base = $0.baseAddress { p.update(from: base, count: bytes.count) } }
+        buffer.writeInteger(UInt8(ascii: "*"))
+        buffer.writeString(String(arguments.count))
+        buffer.writeStaticString("\r\n")
+        for argument in arguments {
+            buffer.writeInteger(UInt8(ascii: "$"))
+            switch argument {
+            case .string(let s):
+                buffer.writeString(String(s.utf8.count))
+                buffer.writeStaticString("\r\n")
+                buffer.writeString(s)
+            case .bytes(let b):
+                buffer.writeString(String(b.count))
+                buffer.writeStaticString("\r\n")
+                buffer.writeBytes(b)
             }
-            return p
+            buffer.writeStaticString("\r\n")
         }
-        defer { pointers.forEach { $0?.deallocate() } }
-        var lengths = parts.map(\.count)
-        var target: UnsafeMutablePointer<CChar>? = nil
-        let length = pointers.withUnsafeMutableBufferPointer { argv in
-            argv.withMemoryRebound(to: UnsafePointer<CChar>?.self) { constArgv in
-                redisFormatCommandArgv(&target, Int32(parts.count), constArgv.baseAddress, &lengths)
-            }
-        }
-        guard length > 0, let target else { return }
-        defer { redisFreeCommand(target) }
-        buffer.writeBytes(UnsafeRawBufferPointer(start: target, count: Int(length)))
     }
 
     /// An incremental decoder around one `redisReader`.

@@ -1,18 +1,21 @@
 import NIOCore
 import NIOSSL
 
-/// One outstanding command; completed once, by its reply, its timeout or the connection's end.
+/// One outstanding command; completed once, by its reply, its deadline or the connection's end.
 final class PendingCommand {
     let promise: EventLoopPromise<RESPValue>
-    var timeout: Scheduled<Void>?
+    /// nil: no deadline (a subscriber's commands are answered by pushes).
+    let deadline: NIODeadline?
     private(set) var done = false
 
-    init(promise: EventLoopPromise<RESPValue>) { self.promise = promise }
+    init(promise: EventLoopPromise<RESPValue>, deadline: NIODeadline?) {
+        self.promise = promise
+        self.deadline = deadline
+    }
 
     func complete(_ result: Result<RESPValue, RedisError>) {
         guard !done else { return }
         done = true
-        timeout?.cancel()
         promise.completeWith(result.mapError { $0 as any Error })
     }
 }
@@ -20,6 +23,12 @@ final class PendingCommand {
 /// Moves RESP between a channel and its commands: commands are written as they come
 /// (pipelining) and replies complete them in order. With `onPush`, the connection is a
 /// subscriber and every reply is a pushed message instead.
+///
+/// Deadlines: one timer per connection, not one per command. It is armed for the earliest
+/// deadline when a command arrives and none is armed; when it fires it fails the commands whose
+/// deadline has passed (they keep their place, so that a late reply still finds its command)
+/// and re-arms for the earliest left. A healthy connection's timer fires about once per
+/// command timeout and finds nothing due.
 final class RedisConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
@@ -27,11 +36,16 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     private let decoder = RESPCodec.Decoder()
     private var pending = CircularBuffer<PendingCommand>()
     private var context: ChannelHandlerContext?
+    private var timer: Scheduled<Void>?
     var onPush: ((RESPValue) -> Void)?
 
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
     /// The context holds this handler: dropped here, or both outlive the connection.
-    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+        timer?.cancel()
+        timer = nil
+    }
 
     /// Writes one command; its reply completes `command`. Flushing is the caller's.
     func write(_ bytes: ByteBuffer, _ command: PendingCommand?) {
@@ -39,19 +53,40 @@ final class RedisConnectionHandler: ChannelInboundHandler {
             command?.complete(.failure(.unavailable))
             return
         }
-        if let command { pending.append(command) }
+        if let command {
+            pending.append(command)
+            if timer == nil, let deadline = command.deadline { arm(deadline, on: context.eventLoop) }
+        }
         context.write(wrapOutboundOut(bytes), promise: nil)
+    }
+
+    private func arm(_ deadline: NIODeadline, on loop: any EventLoop) {
+        let this = NIOLoopBound(self, eventLoop: loop)
+        timer = loop.scheduleTask(deadline: deadline) { this.value.deadlinePassed(on: loop) }
+    }
+
+    private func deadlinePassed(on loop: any EventLoop) {
+        timer = nil
+        let now = NIODeadline.now()
+        var next: NIODeadline? = nil
+        for command in pending where !command.done {
+            guard let deadline = command.deadline else { continue }
+            if deadline <= now {
+                command.complete(.failure(.timeout))
+            } else if next.map({ deadline < $0 }) ?? true {
+                next = deadline
+            }
+        }
+        if let next { arm(next, on: loop) }
     }
 
     func flush() { context?.flush() }
 
-    /// Encodes and writes one command with its own timeout; the reply completes the future.
+    /// Encodes and writes one command, due within `timeout`; the reply completes the future.
     func send(_ arguments: [RedisArgument], timeout: TimeAmount, on loop: any EventLoop, flush: Bool = true) -> EventLoopFuture<RESPValue> {
         var buffer = ByteBufferAllocator().buffer(capacity: 64)
         RESPCodec.encode(arguments, into: &buffer)
-        let command = PendingCommand(promise: loop.makePromise())
-        let bound = NIOLoopBound(command, eventLoop: loop)
-        command.timeout = loop.scheduleTask(in: timeout) { bound.value.complete(.failure(.timeout)) }
+        let command = PendingCommand(promise: loop.makePromise(), deadline: .now() + timeout)
         write(buffer, command)
         if flush { self.flush() }
         return command.promise.futureResult

@@ -23,36 +23,33 @@ final class HandleMemo: Sendable {
         stripes = (0..<Self.stripeCount).map { _ in NIOLockedValueBox([Slot?](repeating: nil, count: Self.slotsPerStripe)) }
     }
 
-    /// The handle remembered for `cookie`, else `compute`'s, remembered when it is one.
-    func handle(for cookie: Substring, _ compute: () -> SessionHandle?) -> SessionHandle? {
-        let hash = Self.hash(cookie)
+    /// The handle remembered for `cookie` (its bytes: a slice of a received head), else
+    /// `compute`'s, remembered when it is one.
+    func handle(for cookie: UnsafeRawBufferPointer, _ compute: () -> SessionHandle?) -> SessionHandle? {
+        var hasher = Hasher()
+        hasher.combine(bytes: cookie)
+        let hash = hasher.finalize() & Int.max
         let stripe = stripes[hash & (Self.stripeCount - 1)]
         let index = (hash >> 4) & (Self.slotsPerStripe - 1)
         if let slot = stripe.withLockedValue({ $0[index] }), Self.equalInConstantTime(slot.cookie, cookie) {
             return slot.handle
         }
         guard let handle = compute() else { return nil }
-        let slot = Slot(cookie: String(cookie), handle: handle)
+        let slot = Slot(cookie: String(decoding: cookie, as: UTF8.self), handle: handle)
         stripe.withLockedValue { $0[index] = slot }
         return handle
     }
 
-    private static func hash(_ cookie: Substring) -> Int {
-        var hasher = Hasher()
-        if cookie.utf8.withContiguousStorageIfAvailable({ hasher.combine(bytes: UnsafeRawBufferPointer($0)) }) == nil {
-            // Not contiguous (not a native string): the same bytes, hashed the same way.
-            var copy = String(cookie)
-            copy.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
-        }
-        return hasher.finalize() & Int.max
-    }
-
     /// Every byte compared whatever the first difference (the length is not secret: every
     /// cookie of a kind has the same).
-    static func equalInConstantTime(_ stored: String, _ presented: Substring) -> Bool {
-        guard stored.utf8.count == presented.utf8.count else { return false }
-        var difference: UInt8 = 0
-        for (a, b) in zip(stored.utf8, presented.utf8) { difference |= a ^ b }
-        return difference == 0
+    static func equalInConstantTime(_ stored: String, _ presented: UnsafeRawBufferPointer) -> Bool {
+        guard stored.utf8.count == presented.count else { return false }
+        func compare(_ kept: UnsafeBufferPointer<UInt8>) -> Bool {
+            var difference: UInt8 = 0
+            for i in 0..<kept.count { difference |= kept[i] ^ presented[i] }
+            return difference == 0
+        }
+        // A slot's cookie is a native string: contiguous.
+        return stored.utf8.withContiguousStorageIfAvailable(compare) ?? Array(stored.utf8).withUnsafeBufferPointer(compare)
     }
 }

@@ -25,7 +25,7 @@ public struct StoreCheckFailure: Error, Sendable, CustomStringConvertible {
 
 extension RedisSessionStore {
     /// Every Lua script the store runs.
-    static var scripts: [String] { [loadScript, claimAccountScript, deleteIfScript, markerScript] }
+    static var scripts: [RedisScript] { [loadScript, claimAccountScript, deleteIfScript, markerScript] }
 
     /// What `sessiongate check --online` proves about the store before any traffic: that this
     /// client reaches it as `serve` will, writes, reads and deletes a key under the key prefix
@@ -45,7 +45,7 @@ extension RedisSessionStore {
             step = .delete
             _ = try await redis.send(["DEL", .string(key)], on: loop).get()
             step = .scripts
-            for script in Self.scripts { _ = try await redis.send(["SCRIPT", "LOAD", .string(script)], on: loop).get() }
+            for script in Self.scripts { _ = try await redis.send(["SCRIPT", "LOAD", .string(script.source)], on: loop).get() }
         } catch {
             return StoreCheckFailure(step: step, error: error)
         }

@@ -72,6 +72,12 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
+    private func eval(_ script: RedisScript, keys: [RedisArgument], arguments: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
+        redis.eval(script, keys: keys, arguments: arguments, on: loop).flatMapErrorThrowing { error in
+            throw SessionStoreError("\(error)")
+        }
+    }
+
     /// Commands in one MULTI/EXEC, written back to back on the loop's connection (callers off
     /// the loop included); the EXEC reply's array.
     private func transaction(_ commands: [[RedisArgument]], on loop: any EventLoop) -> EventLoopFuture<[RESPValue]> {
@@ -109,21 +115,21 @@ public final class RedisSessionStore: SessionStore {
 
     /// `account:{id}` for ARGV[1] (the sub): answers the holder when another sub holds it,
     /// else takes it (ARGV[2] = a holder being replaced, "" for none) and answers nil.
-    static let claimAccountScript = """
+    static let claimAccountScript = RedisScript("""
         local holder = redis.call('GET', KEYS[1])
         if holder and holder ~= ARGV[1] and holder ~= ARGV[2] then return holder end
         redis.call('SET', KEYS[1], ARGV[1])
         return false
-        """
+        """)
 
     /// Deletes KEYS[1] when it holds ARGV[1].
-    static let deleteIfScript = """
+    static let deleteIfScript = RedisScript("""
         if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
         return 0
-        """
+        """)
 
     /// `revoked:{sub}` = max(itself, ARGV[1]), kept ARGV[2] ms.
-    static let markerScript = """
+    static let markerScript = RedisScript("""
         local current = tonumber(redis.call('GET', KEYS[1]) or '')
         if current == nil or tonumber(ARGV[1]) > current then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -131,15 +137,15 @@ public final class RedisSessionStore: SessionStore {
             redis.call('PEXPIRE', KEYS[1], ARGV[2])
         end
         return 1
-        """
+        """)
 
     /// What admission needs on a cache miss in one round trip to one node: KEYS = the session,
     /// its user's profile, revocation marker and link, all in the user's slot.
-    static let loadScript = """
+    static let loadScript = RedisScript("""
         local s = redis.call('HGETALL', KEYS[1])
         if #s == 0 then return {} end
         return {s, redis.call('HGETALL', KEYS[2]), redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
-        """
+        """)
 
     /// Set once Redis refused scripts (an ACL user without `+@scripting`): misses take two
     /// round trips from then on.
@@ -150,7 +156,7 @@ public final class RedisSessionStore: SessionStore {
     public func load(_ handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<StoredSession?> {
         guard let sub = handle.sub, !scriptsRefused.withLockedValue({ $0 }) else { return loadInTwo(handle, on: loop) }
         let keys: [RedisArgument] = [.string(sessionKey(handle)), .string(userKey(sub)), .string(revokedKey(sub)), .string(linkKey(sub))]
-        return redis.send(["EVAL", .string(Self.loadScript), "4"] + keys, on: loop).flatMap { reply in
+        return redis.eval(Self.loadScript, keys: keys, on: loop).flatMap { reply in
             guard let parts = reply.arrayValue else { return loop.makeFailedFuture(SessionStoreError("unexpected reply to the session script")) }
             guard let first = parts.first, let fields = HashReply(first), !fields.isEmpty else { return loop.makeSucceededFuture(nil) }
             guard parts.count == 4, var record = Self.session(handle, fields), record.sub == sub else {
@@ -238,7 +244,7 @@ public final class RedisSessionStore: SessionStore {
                 let superseded = created.contains { _, at in at.map { $0 > revokedAt } ?? false } || granted.values.contains { $0.grantedAt > revokedAt }
                 // Everything below is in the user's slot: one transaction. The later marker wins,
                 // atomically (two revocations racing must not move it back).
-                var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
+                var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript.source), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
                 let inSlot = doomed.filter { $0.handle.sub != nil }
                 if !inSlot.isEmpty { commands.append(["DEL"] + inSlot.map { .string(self.sessionKey($0.handle)) }) }
                 if !doomed.isEmpty { commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.member) }) }
@@ -305,7 +311,7 @@ public final class RedisSessionStore: SessionStore {
             if let conflict { return loop.makeSucceededFuture(.conflict(sub: conflict)) }
             return self.send(["SET", .string(self.linkKey(sub)), .string(account), "GET"], on: loop).flatMap { previous in
                 guard let previous = previous.string, previous != account else { return loop.makeSucceededFuture(.linked) }
-                return self.send(["EVAL", .string(Self.deleteIfScript), "1", .string(self.accountKey(previous)), .string(sub)], on: loop).map { _ in .linked }
+                return self.eval(Self.deleteIfScript, keys: [.string(self.accountKey(previous))], arguments: [.string(sub)], on: loop).map { _ in .linked }
             }
         }
     }
@@ -313,7 +319,7 @@ public final class RedisSessionStore: SessionStore {
     /// Takes `account:{account}` for `sub`; answers the sub holding it when that sub's link
     /// still names the account (a real conflict), else nil (taken, a stale holder replaced).
     private func claimAccount(_ account: String, for sub: String, replacing stale: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
-        send(["EVAL", .string(Self.claimAccountScript), "1", .string(accountKey(account)), .string(sub), .string(stale)], on: loop).flatMap { reply in
+        eval(Self.claimAccountScript, keys: [.string(accountKey(account))], arguments: [.string(sub), .string(stale)], on: loop).flatMap { reply in
             guard let holder = reply.string else { return loop.makeSucceededFuture(nil) }
             return self.send(["GET", .string(self.linkKey(holder))], on: loop).flatMap { linked in
                 // Once: a holder that appears meanwhile is a real one next time.
@@ -327,7 +333,7 @@ public final class RedisSessionStore: SessionStore {
     public func unlink(_ sub: String, on loop: any EventLoop) -> EventLoopFuture<String?> {
         send(["GETDEL", .string(linkKey(sub))], on: loop).flatMap { reply in
             guard let account = reply.string else { return loop.makeSucceededFuture(nil) }
-            return self.send(["EVAL", .string(Self.deleteIfScript), "1", .string(self.accountKey(account)), .string(sub)], on: loop).map { _ in account }
+            return self.eval(Self.deleteIfScript, keys: [.string(self.accountKey(account))], arguments: [.string(sub)], on: loop).map { _ in account }
         }
     }
 

@@ -97,7 +97,15 @@ public struct SessionKeys: Sendable {
     /// HMAC the first time a cookie is seen, a hash and a comparison after (`HandleMemo`);
     /// touches no store.
     public func handle(forCookie value: Substring) -> SessionHandle? {
-        memo.handle(for: value) { verifiedHandle(forCookie: value) }
+        var value = value
+        return value.withUTF8 { handle(forCookie: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// `handle(forCookie:)` for a cookie's bytes (a slice of a received head): a cookie seen
+    /// lately is never made a `String`.
+    public func handle(forCookie bytes: UnsafeRawBufferPointer) -> SessionHandle? {
+        // Only ASCII verifies: the text is the bytes (anything else decodes to U+FFFD, no base64).
+        memo.handle(for: bytes) { verifiedHandle(forCookie: Substring(String(decoding: bytes, as: UTF8.self))) }
     }
 
     /// `handle(forCookie:)` without the memo: the base64, the HMAC and the SHA-256 every time.

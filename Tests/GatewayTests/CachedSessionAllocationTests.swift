@@ -11,8 +11,9 @@ import Testing
 /// `AllocationTests`, with the same rule: above the threshold fails, well below it too.
 @Suite("Allocations per request: a cached session (counted on the gateway's loop)", .serialized)
 struct CachedSessionAllocationTests {
-    /// Measured 106.8 (the same in every run on a quiet box).
-    static let threshold = 107
+    /// Measured 105.8 (the same in every run on a quiet box; 106.8 before the cookie was read
+    /// from the head's bytes).
+    static let threshold = 106
 
     @Test("heap allocations per cached-session request stay at the committed count")
     func cachedSession() async throws {

@@ -89,6 +89,34 @@ struct RedisClientTests {
         for client in [db2, db0, wrong] { await client.close() }
     }
 
+    @Test("a script runs by its SHA-1; a server without it (new, or its scripts flushed) is sent the text once")
+    func scriptsBySHA() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let redis = try Self.client(server.port)
+        let script = RedisScript("return {KEYS[1], ARGV[1]}")
+        #expect(script.sha1 == "d006f1a90249474274c76f5be725b8f5804a346b")
+        let loaded = try await redis.send(["SCRIPT", "LOAD", .string(script.source)]).string
+        #expect(loaded == script.sha1, "Redis names the script as we do")
+        _ = try await redis.send(["SCRIPT", "FLUSH"])
+        func calls(_ command: String) async throws -> Int {
+            let stats = try await redis.send(["INFO", "commandstats"]).string ?? ""
+            guard let line = stats.split(separator: "\r\n").first(where: { $0.hasPrefix("cmdstat_\(command):calls=") }) else { return 0 }
+            return Int(line.dropFirst("cmdstat_\(command):calls=".count).prefix { $0.isNumber }) ?? -1
+        }
+        let expected: RESPValue = .array([.bulkString(Array("k".utf8)), .bulkString(Array("v".utf8))])
+        for _ in 0..<3 { #expect(try await redis.eval(script, keys: ["k"], arguments: ["v"], on: MultiThreadedEventLoopGroup.singleton.next()).get() == expected) }
+        #expect(try await calls("eval") == 1, "the text once, after the first NOSCRIPT")
+        #expect(try await calls("evalsha") == 3)
+        _ = try await redis.send(["SCRIPT", "FLUSH"])
+        #expect(try await redis.eval(script, keys: ["k"], arguments: ["v"], on: MultiThreadedEventLoopGroup.singleton.next()).get() == expected)
+        #expect(try await calls("eval") == 2, "flushed: the text once more")
+        await #expect(throws: RedisError.self) {
+            try await redis.eval(RedisScript("return redis.call('SET', KEYS[1])"), keys: ["k"], on: MultiThreadedEventLoopGroup.singleton.next()).get()
+        }
+        await redis.close()
+    }
+
     @Test("a slow command times out within the command timeout; the connection keeps working")
     func timeout() async throws {
         let server = try RedisServerProcess()

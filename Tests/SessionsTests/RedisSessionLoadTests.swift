@@ -52,9 +52,10 @@ struct RedisSessionLoadTests {
                 let session = try #require(loaded)
                 #expect(session.user.name == "Grace Hopper" && session.user.email == "grace@example.com")
                 #expect(session.revokedAt != nil)
-                // Two loads (one found, one unknown): two commands from the gateway, whatever the
-                // script did inside.
-                #expect(calls["eval"] == 2, "\(calls)")
+                // Two loads (one found, one unknown): one command each, whatever the script did
+                // inside: the script by its SHA-1, its text once (the server had not seen it).
+                #expect(calls["evalsha"] == 2, "\(calls)")
+                #expect(calls["eval"] == 1, "\(calls)")
             }
         }
     }

@@ -15,6 +15,40 @@ extension Authenticator {
         case value(Substring)
     }
 
+    /// The session a request's credential names (signature valid), live or not.
+    enum Presented {
+        case none
+        /// Forged, malformed, or ambiguous (`Credential.ambiguous`).
+        case invalid
+        case session(SessionHandle)
+    }
+
+    /// `credential`, then the handle it names. Without a bearer (the proxy's pass saw none: a
+    /// browser), the cookie is read from the header's bytes, and only a cookie not seen lately
+    /// becomes a `String` (`SessionKeys.handle(forCookie:)`).
+    func presented(_ headers: some HeaderValues) -> Presented {
+        guard !headers.mayCarryBearer else {
+            switch credential(headers) {
+            case .none: return .none
+            case .ambiguous: return .invalid
+            case .value(let value): return core.keys.handle(forCookie: value).map(Presented.session) ?? .invalid
+            }
+        }
+        var count = 0
+        var handle: SessionHandle? = nil
+        headers.forEachValueBytes(named: "cookie") { value in
+            Self.forEachCookie(named: cookieMarkerBytes, in: value) { cookie in
+                count += 1
+                if count == 1 { handle = core.keys.handle(forCookie: cookie) }
+            }
+        }
+        switch count {
+        case 0: return .none
+        case 1: return handle.map(Presented.session) ?? .invalid
+        default: return .invalid  // sent twice (`Credential.ambiguous`)
+        }
+    }
+
     /// `Authorization: Bearer` or the session cookie; both only if they carry the same token (a
     /// native app may send its cookie jar too). The token is a slice of its field's value; the
     /// `Authorization` fields are not even looked at when the proxy saw no bearer.
@@ -65,21 +99,35 @@ extension Authenticator {
 
     /// Calls `body` with the value of every `name=value` pair in a `Cookie` header whose name
     /// is `marker` minus its `=`. Scans bytes; the values are slices of `header`.
-    static func forEachCookie(named marker: String, in header: String, _ body: (Substring) -> Void) {
-        let bytes = header.utf8
-        let markerBytes = marker.utf8
-        var i = bytes.startIndex
-        while i < bytes.endIndex {
+    static func forEachCookie(named marker: [UInt8], in header: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) -> Void) {
+        var i = 0
+        let end = header.count
+        while i < end {
             // Skip the separator's spaces, then compare the name.
-            while i < bytes.endIndex, bytes[i] == UInt8(ascii: " ") || bytes[i] == UInt8(ascii: "\t") { i = bytes.index(after: i) }
+            while i < end, header[i] == UInt8(ascii: " ") || header[i] == UInt8(ascii: "\t") { i += 1 }
             let pairStart = i
-            var end = i
-            while end < bytes.endIndex, bytes[end] != UInt8(ascii: ";") { end = bytes.index(after: end) }
-            if bytes[pairStart..<end].starts(with: markerBytes) {
-                let valueStart = bytes.index(pairStart, offsetBy: markerBytes.count)
-                body(Substring(bytes[valueStart..<end]))
+            while i < end, header[i] != UInt8(ascii: ";") { i += 1 }
+            var named = i - pairStart >= marker.count
+            var k = 0
+            while named, k < marker.count {
+                named = header[pairStart + k] == marker[k]
+                k += 1
             }
-            i = end < bytes.endIndex ? bytes.index(after: end) : end
+            if named { body(UnsafeRawBufferPointer(rebasing: header[(pairStart + marker.count)..<i])) }
+            i += 1
+        }
+    }
+
+    /// `forEachCookie` over a `String`: the values are slices of `header`.
+    static func forEachCookie(named marker: String, in header: String, _ body: (Substring) -> Void) {
+        var contiguous = header
+        let utf8 = header.utf8
+        contiguous.withUTF8 { all in
+            let base = UnsafeRawBufferPointer(all)
+            forEachCookie(named: Array(marker.utf8), in: base) { value in
+                let start = utf8.index(utf8.startIndex, offsetBy: value.baseAddress.map { $0 - base.baseAddress! } ?? 0)
+                body(Substring(utf8[start..<utf8.index(start, offsetBy: value.count)]))
+            }
         }
     }
 

@@ -61,6 +61,7 @@ final class Authenticator: Sendable {
     let cookieName: String
     /// `cookieName=`, for scanning `Cookie` headers.
     let cookieMarker: String
+    let cookieMarkerBytes: [UInt8]
     /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
     let loginCookieName: String
     let prefix: String
@@ -101,6 +102,7 @@ final class Authenticator: Sendable {
         names = c.identity.headers
         cookieName = c.session.cookieName
         cookieMarker = c.session.cookieName + "="
+        cookieMarkerBytes = Array(cookieMarker.utf8)
         loginCookieName = c.session.cookieName + "-login"
         prefix = c.server.authPrefix
         self.publicURL = publicURL
@@ -142,13 +144,12 @@ final class Authenticator: Sendable {
     /// timeouts → revocation. Synchronous on a cache hit. `trace`: the request's admission span,
     /// the parent of a store read and a re-validation.
     func lookup(_ headers: some HeaderValues, trace: TraceContext? = nil, on loop: any EventLoop) -> Lookup {
-        let value: Substring
-        switch credential(headers) {
+        let handle: SessionHandle
+        switch presented(headers) {
         case .none: return .now(.anonymous)
-        case .ambiguous: return .now(.invalid)
-        case .value(let v): value = v
+        case .invalid: return .now(.invalid)
+        case .session(let h): handle = h
         }
-        guard let handle = core.keys.handle(forCookie: value) else { return .now(.invalid) }
         let t = core.now()
         if let cached = core.cache.get(handle) {
             core.metrics.cacheHits.increment()

@@ -158,8 +158,8 @@ struct AuthEndpointGuard: RequestGuard {
 
     /// The session a request presents (cookie or bearer, signature valid), live or not.
     func presentedSession(_ head: HTTPRequestHead) -> SessionHandle? {
-        guard case .value(let value) = auth.credential(head.headers) else { return nil }
-        return core.keys.handle(forCookie: value)
+        guard case .session(let handle) = auth.presented(head.headers) else { return nil }
+        return handle
     }
 
     /// - Parameter now: Unix ms; a transferred user's `former_sub` is given during the transfer

@@ -1,0 +1,32 @@
+import Crypto
+import NIOCore
+
+/// A Lua script run by its SHA-1 (`EVALSHA`): Redis takes it from its script cache instead of
+/// receiving, hashing and looking up the whole text on every call. A server that does not have
+/// it yet (a new, restarted, flushed or failed-over one) answers `NOSCRIPT`; the call is then
+/// sent once with the text (`EVAL`), which caches it there. So scripts need no loading at
+/// connect, and a cluster's nodes each learn the ones their slots use.
+public struct RedisScript: Sendable {
+    public let source: String
+    /// Lower-case hex, as Redis names scripts.
+    public let sha1: String
+
+    public init(_ source: String) {
+        self.source = source
+        sha1 = Insecure.SHA1.hash(data: Array(source.utf8)).map { byte in
+            let hex = Array("0123456789abcdef".utf8)
+            return String(decoding: [hex[Int(byte >> 4)], hex[Int(byte & 0x0f)]], as: UTF8.self)
+        }.joined()
+    }
+}
+
+extension RedisCommands {
+    /// Runs `script` with `keys` and `arguments` (`EVALSHA`, then `EVAL` on `NOSCRIPT`).
+    public func eval(_ script: RedisScript, keys: [RedisArgument], arguments: [RedisArgument] = [], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
+        let tail = [RedisArgument(Int64(keys.count))] + keys + arguments
+        return send(["EVALSHA", .string(script.sha1)] + tail, on: loop).flatMapError { error in
+            guard case .server(let message) = error as? RedisError, message.hasPrefix("NOSCRIPT") else { return loop.makeFailedFuture(error) }
+            return self.send(["EVAL", .string(script.source)] + tail, on: loop)
+        }
+    }
+}
