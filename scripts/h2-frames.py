@@ -18,6 +18,7 @@ server sends meanwhile, so a flood never dead-locks against the server's answers
     {"frame": "ping"}
     {"frame": "window_update", "stream": 0, "increment": 1}
     {"sleep": 0.2}                                 pause
+    {"shutdown": "write"}                          send FIN (the client will send nothing more)
     {"wait_for": "HEADERS stream=1"}               read until a line starting so has come (or the timeout)
 
 Any frame object may carry "repeat": N (sent N times; with "stream_step": 2 the stream id grows
@@ -183,6 +184,9 @@ def main():
     args = parser.parse_args()
 
     sock = socket.create_connection((args.host, args.port), timeout=30)
+    # Frames go out as written: a HEADERS frame sent after a wait_for is not held back for the
+    # ACK of the previous one (Nagle's algorithm behind the server's delayed ACK).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if args.tls:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -204,6 +208,9 @@ def main():
             continue
         if "wait_for" in spec:
             reader.wait_for(spec["wait_for"], args.timeout)
+            continue
+        if spec.get("shutdown") == "write":
+            sock.shutdown(socket.SHUT_WR)
             continue
         for i in range(spec.get("repeat", 1)):
             step = dict(spec, stream=spec.get("stream", 0) + i * spec.get("stream_step", 0))

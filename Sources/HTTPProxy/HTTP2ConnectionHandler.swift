@@ -61,6 +61,7 @@ final class HTTP2ConnectionHandler: ChannelDuplexHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is ChannelShouldQuiesceEvent { run(lifecycle.quiesce(), context: context) }
+        if case ChannelEvent.inputClosed = event { run(lifecycle.inputClosed(), context: context) }
         context.fireUserInboundEventTriggered(event)
     }
 

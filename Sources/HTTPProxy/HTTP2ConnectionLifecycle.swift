@@ -1,8 +1,9 @@
 import NIOHTTP2
 
 /// When an HTTP/2 connection ends without an error: with no stream open for
-/// `server.timeouts.idle` (as an idle HTTP/1.1 keep-alive connection does), and on a server's
-/// drain, once its open streams are done. Either way the client is told which streams were
+/// `server.timeouts.idle` (as an idle HTTP/1.1 keep-alive connection does), on a server's
+/// drain once its open streams are done, and when the client closes its side (once its open
+/// streams are done). Either way the client is told which streams were
 /// processed (GOAWAY with the last stream ID, NO_ERROR), so it may retry any later one on a new
 /// connection (RFC 9113 §6.8). A connection error is NIOHTTP2's to answer; this only closes.
 ///
@@ -85,6 +86,22 @@ struct HTTP2ConnectionLifecycle: Equatable {
         case .serving(let open):
             state = .draining(openStreams: open)
             return .goAway(lastStreamID: lastStreamID)
+        case .draining, .closed:
+            return .none
+        }
+    }
+
+    /// The client closed its side (TCP FIN; the listener allows half-closure for HTTP/1.1's
+    /// sake): it can open no stream any more. With none open the connection ends now, else
+    /// when the last one does, as on a drain (their responses still reach the client).
+    mutating func inputClosed() -> Action {
+        switch state {
+        case .serving(0):
+            state = .closed
+            return .close
+        case .serving(let open):
+            state = .draining(openStreams: open)
+            return .none
         case .draining, .closed:
             return .none
         }

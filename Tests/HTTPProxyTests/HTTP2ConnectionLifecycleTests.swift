@@ -8,7 +8,7 @@ import Testing
 struct HTTP2ConnectionLifecycleTests {
     typealias Action = HTTP2ConnectionLifecycle.Action
     enum Event: Sendable, CustomStringConvertible {
-        case started, opened(Int), closed, idle, quiesce, connectionClosed
+        case started, opened(Int), closed, idle, quiesce, inputClosed, connectionClosed
         var description: String {
             switch self {
             case .started: return "started"
@@ -16,6 +16,7 @@ struct HTTP2ConnectionLifecycleTests {
             case .closed: return "stream closed"
             case .idle: return "idle timer"
             case .quiesce: return "quiesce"
+            case .inputClosed: return "client FIN"
             case .connectionClosed: return "connection closed"
             }
         }
@@ -30,6 +31,7 @@ struct HTTP2ConnectionLifecycleTests {
             case .closed: return machine.streamClosed()
             case .idle: return machine.idleTimerFired()
             case .quiesce: return machine.quiesce()
+            case .inputClosed: return machine.inputClosed()
             case .connectionClosed: return machine.closed()
             }
         }
@@ -52,6 +54,12 @@ struct HTTP2ConnectionLifecycleTests {
          [.started, .opened(1), .opened(3), .quiesce, .closed, .closed], [.armIdleTimer, .cancelIdleTimer, .none, .goAway(lastStreamID: 3), .none, .close]),
         ("a second drain changes nothing",
          [.started, .opened(1), .quiesce, .quiesce], [.armIdleTimer, .cancelIdleTimer, .goAway(lastStreamID: 1), .none]),
+        ("a client's FIN with no stream open closes at once",
+         [.started, .opened(1), .closed, .inputClosed], [.armIdleTimer, .cancelIdleTimer, .armIdleTimer, .close]),
+        ("a client's FIN with streams open: they finish, then the connection closes",
+         [.started, .opened(1), .opened(3), .inputClosed, .closed, .closed], [.armIdleTimer, .cancelIdleTimer, .none, .none, .none, .close]),
+        ("a FIN during a drain changes nothing: the drain closes when its streams end",
+         [.started, .opened(1), .quiesce, .inputClosed, .closed], [.armIdleTimer, .cancelIdleTimer, .goAway(lastStreamID: 1), .none, .close]),
         ("nothing fires after the connection closed",
          [.started, .connectionClosed, .idle, .quiesce], [.armIdleTimer, .cancelIdleTimer, .none, .none]),
     ] as [(String, [Event], [Action])])

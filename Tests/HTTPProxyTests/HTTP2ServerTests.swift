@@ -354,6 +354,17 @@ struct HTTP2ServerTests {
         }
     }
 
+    @Test("a client that closes its side (FIN) has its HTTP/2 connection closed at once, not after the idle timeout")
+    func clientFIN() async throws {
+        try await Server.with(idle: .seconds(30)) { server in
+            let start = ContinuousClock.now
+            let output = try await Self.frames(server.port, [Self.headers(1, Self.get), Self.line(["wait_for": "DATA stream=1"]),
+                                                             Self.line(["shutdown": "write"])], timeout: 3, settle: 20)
+            #expect(output.contains("CLOSED"), "\(output)")
+            #expect(ContinuousClock.now - start < .seconds(5), "closed by the FIN, not by the 30 s idle timeout")
+        }
+    }
+
     @Test("a server that shuts down sends GOAWAY to its HTTP/2 connections")
     func drain() async throws {
         let server = try await Server.start()
