@@ -9,8 +9,7 @@ extension ClientConnectionStateMachine {
     mutating func startExchange(_ head: WireHead, now: NIODeadline) -> Action {
         var log = ExchangeLog(method: head.method, version: head.version, start: now, path: head.target, requestID: nextRequestID())
         let id = nextExchange()
-        let snapshot = shared.snapshot
-        let trusted = snapshot.trusts(peer.address)
+        let (snapshot, trusted) = currentRouting()
         peer.trusted = trusted
         let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: trusted)
         log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails, tracing: snapshot.tracing) { nextID() }

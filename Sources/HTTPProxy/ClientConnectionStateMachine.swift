@@ -108,6 +108,9 @@ struct ClientConnectionStateMachine {
     private(set) var inputClosed = false
     /// Bytes came from the client or the upstream (for the idle timeout).
     private(set) var lastActivity: NIODeadline
+    /// The routes as this connection last read them (`ProxyShared.routingGeneration`), and
+    /// whether its peer is a trusted proxy under them: read again only after a reload.
+    private var routing: (generation: Int, snapshot: RoutingSnapshot, peerTrusted: Bool)? = nil
 
     struct Peer {
         var address: IPAddress? = nil
@@ -533,6 +536,16 @@ struct ClientConnectionStateMachine {
     }
 
     mutating func nextRequestID() -> String { requestIDs.next() }
+
+    /// The routing snapshot for the next request, and whether the peer is trusted under it.
+    mutating func currentRouting() -> (snapshot: RoutingSnapshot, peerTrusted: Bool) {
+        let generation = shared.routingGeneration
+        if let routing, routing.generation == generation { return (routing.snapshot, routing.peerTrusted) }
+        let snapshot = shared.snapshot
+        let trusted = snapshot.trusts(peer.address)
+        routing = (generation, snapshot, trusted)
+        return (snapshot, trusted)
+    }
     mutating func nextID() -> UInt64 { requestIDs.nextValue() }
 
     mutating func nextExchange() -> UInt64 {

@@ -1,3 +1,4 @@
+import Atomics
 import GatewayConfig
 import Logging
 import NIOConcurrencyHelpers
@@ -85,6 +86,9 @@ public final class RoutingSnapshot: Sendable {
 /// State every connection of one server shares.
 final class ProxyShared: Sendable {
     private let current: NIOLockedValueBox<RoutingSnapshot>
+    /// Counts `replace`s: a connection keeps the snapshot it read until this moves (an atomic
+    /// load per request instead of the lock).
+    private let generation = ManagedAtomic(0)
     let timeouts: ProxyConfiguration.Timeouts
     let limits: ProxyLimits
     let observer: any ProxyObserver
@@ -114,7 +118,13 @@ final class ProxyShared: Sendable {
     }
 
     var snapshot: RoutingSnapshot { current.withLockedValue { $0 } }
-    func replace(_ snapshot: RoutingSnapshot) { current.withLockedValue { $0 = snapshot } }
+    var routingGeneration: Int { generation.load(ordering: .acquiring) }
+    func replace(_ snapshot: RoutingSnapshot) {
+        current.withLockedValue {
+            $0 = snapshot
+            generation.wrappingIncrement(ordering: .releasing)
+        }
+    }
 }
 
 /// The gateway's public listener, HTTP/1.1 and (by ALPN on TLS, or h2c when configured)

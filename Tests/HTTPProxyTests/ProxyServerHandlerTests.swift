@@ -73,6 +73,32 @@ struct ProxyServerHandlerTests {
         #expect(f.channel.isActive)
     }
 
+    @Test("a kept-alive connection keeps its routes until a reload, and its next request after one sees the new routes and trust")
+    func reloadReachesKeptConnections() throws {
+        func snapshot(_ answer: String, trusting: [CIDR]) -> RoutingSnapshot {
+            let answering = ScriptedGuard { _, _ in .verdict(.respond(LocalResponse(status: .ok, body: ByteBuffer(string: answer)))) }
+            return RoutingSnapshot(routes: [ProxyRoute(name: "r", upstream: UpstreamAddress(host: "127.0.0.1", port: 1), requestGuard: answering)],
+                                   identityHeaders: ["X-Auth-User"], trustedProxies: trusting)
+        }
+        let channel = EmbeddedChannel()
+        let shared = ProxyShared(snapshot: snapshot("one", trusting: []), configuration: ProxyConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0)),
+                                 observer: SilentProxyObserver())
+        let pool = UpstreamPool(eventLoop: channel.eventLoop, connectTimeout: .seconds(1), idleTimeout: .seconds(60), observer: SilentProxyObserver())
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 4000)).wait()  // the peer is known when the handler comes
+        try channel.pipeline.syncOperations.addHandler(ProxyServerHandler(shared: shared, connector: pool))
+        // A trusted proxy's request id is kept (the answer carries it); an untrusted peer's is not.
+        let request = "GET /x HTTP/1.1\r\nHost: a\r\nX-Request-Id: from-the-proxy\r\n\r\n"
+        for _ in 0..<2 {
+            try channel.writeInbound(ByteBuffer(string: request))
+            let answer = try output(channel)
+            #expect(answer.hasSuffix("one") && !answer.contains("from-the-proxy"), "\(answer)")
+        }
+        shared.replace(snapshot("two", trusting: CIDR.loopback))
+        try channel.writeInbound(ByteBuffer(string: request))
+        let answer = try output(channel)
+        #expect(answer.hasSuffix("two") && answer.contains("x-request-id: from-the-proxy"), "the reload's routes, and the peer trusted under them: \(answer)")
+    }
+
     @Test("a verdict that comes later: nothing is read or written until it arrives")
     func deferredVerdict() throws {
         let promiseBox = PromiseBox()
