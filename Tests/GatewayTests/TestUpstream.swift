@@ -20,6 +20,17 @@ final class TestUpstream: Sendable {
     let channel: any Channel
     let stats = NIOLockedValueBox(Stats())
     private let arrivals = NIOLockedValueBox<[String: [CheckedContinuation<Void, Never>]]>([:])
+    /// The answers of `/hold` requests, sent when the test calls `releaseHeld()`.
+    let held = NIOLockedValueBox<[@Sendable () -> Void]>([])
+
+    /// Answers every `/hold` request waiting so far.
+    func releaseHeld() {
+        let answers = held.withLockedValue { all in
+            defer { all = [] }
+            return all
+        }
+        answers.forEach { $0() }
+    }
 
     struct Stats {
         var connections = 0
@@ -162,6 +173,12 @@ final class TestUpstreamHandler: ChannelInboundHandler, RemovableChannelHandler 
             context.eventLoop.scheduleTask(in: .milliseconds(ms)) {
                 let (handler, ctx) = bound.value
                 handler.send(context: ctx, "slow done")
+            }
+        case "/hold":
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            let loop = context.eventLoop
+            upstream.held.withLockedValue {
+                $0.append { loop.execute { bound.value.0.send(context: bound.value.1, "released") } }
             }
         case "/hang":
             break

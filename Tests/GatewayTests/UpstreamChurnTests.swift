@@ -78,8 +78,9 @@ struct UpstreamChurnTests {
     }
 
     /// A proxy (one event loop) whose route may hold one connection to its app, taken by a
-    /// request of `holdMilliseconds`; then another client asks for `GET /echo`. What each got.
-    static func secondRequestWhileHeld(holdMilliseconds: Int, connectTimeout: TimeAmount, observer: Counts = Counts()) async throws
+    /// request of `holdMilliseconds`, or (nil) one the app answers only once the second has its
+    /// answer; then another client asks for `GET /echo`. What each got.
+    static func secondRequestWhileHeld(holdMilliseconds: Int?, connectTimeout: TimeAmount, observer: Counts = Counts()) async throws
         -> (holder: Int, second: RawClient.Response)
     {
         try await withEventLoops(1) { loops in
@@ -89,13 +90,17 @@ struct UpstreamChurnTests {
             }) { h in
                 let port = h.port
                 let holder = try RawClient(port: port, timeoutSeconds: 5)
-                await h.upstream.waitForArrival(of: "/slow") { try? holder.send("GET /slow?ms=\(holdMilliseconds) HTTP/1.1\r\nHost: a\r\n\r\n") }
+                let holding = holdMilliseconds.map { "/slow?ms=\($0)" } ?? "/hold"
+                await h.upstream.waitForArrival(of: holdMilliseconds == nil ? "/hold" : "/slow") {
+                    try? holder.send("GET \(holding) HTTP/1.1\r\nHost: a\r\n\r\n")
+                }
                 async let held = blocking { try holder.readResponse().status }
                 let second = try await blocking { () -> RawClient.Response in
                     let client = try RawClient(port: port, timeoutSeconds: 5)
                     try client.send("GET /echo HTTP/1.1\r\nHost: a\r\n\r\n")
                     return try client.readResponse()
                 }
+                h.upstream.releaseHeld()
                 return (try await held, second)
             }
         }
@@ -111,7 +116,7 @@ struct UpstreamChurnTests {
     @Test("a request that finds every connection of the budget in use for upstream_connect is answered 503 with Retry-After, and counted")
     func busyIs503() async throws {
         let counts = Counts()
-        let (holder, refused) = try await Self.secondRequestWhileHeld(holdMilliseconds: 1500, connectTimeout: .milliseconds(300), observer: counts)
+        let (holder, refused) = try await Self.secondRequestWhileHeld(holdMilliseconds: nil, connectTimeout: .milliseconds(300), observer: counts)
         #expect(refused.status == 503)
         #expect(refused.header("retry-after") == "1")
         #expect(refused.text.contains("upstream_max_connections"))
