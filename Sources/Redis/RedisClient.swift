@@ -49,6 +49,7 @@ public final class RedisClient: Sendable {
     let configuration: Configuration
     private let group: any EventLoopGroup
     private let connections: [ObjectIdentifier: NIOLoopBoundBox<LoopConnection>]
+    private let recovered: RecoveryBroadcast
     private let logger: Logger
 
     /// Resolves the host (or the sentinels' hosts) once, here (blocking: not on an event loop).
@@ -58,11 +59,14 @@ public final class RedisClient: Sendable {
         self.logger = logger
         let dialer = try RedisDialer(configuration: configuration)
         var connections: [ObjectIdentifier: NIOLoopBoundBox<LoopConnection>] = [:]
+        let recovered = RecoveryBroadcast()
         for loop in group.makeIterator() {
             connections[ObjectIdentifier(loop)] = NIOLoopBoundBox.makeBoxSendingValue(
-                LoopConnection(loop: loop, dialer: dialer, configuration: configuration, logger: logger), eventLoop: loop)
+                LoopConnection(loop: loop, dialer: dialer, configuration: configuration, logger: logger, recovered: recovered), eventLoop: loop)
         }
         self.connections = connections
+        recovered.connections.withLockedValue { $0 = Array(connections.values) }
+        self.recovered = recovered
     }
 
     /// Closes every connection and dials again at once, without backoff (the sentinels
@@ -94,8 +98,23 @@ public final class RedisClient: Sendable {
 
     /// Closes every connection.
     public func close() async {
+        recovered.connections.withLockedValue { $0 = [] }
         for (_, box) in connections {
             try? await box.eventLoop.flatSubmit { box.value.close() }.get()
+        }
+    }
+}
+
+/// Tells every loop's connection that Redis answers (again): one loop connected, so the others
+/// that are backing off after a failure dial at their next command instead of waiting out their backoff (during which they answer
+/// `.unavailable`, and a request on that loop 503, though Redis is back).
+final class RecoveryBroadcast: Sendable {
+    /// Set in `RedisClient.init`, emptied by `close()` (the connections hold this: a cycle until then).
+    let connections = NIOLockedValueBox<[NIOLoopBoundBox<LoopConnection>]>([])
+
+    func recovered(on loop: any EventLoop) {
+        for box in connections.withLockedValue({ $0 }) where box.eventLoop !== loop {
+            box.eventLoop.execute { box.value.retryNow() }
         }
     }
 }
@@ -118,13 +137,22 @@ final class LoopConnection {
     private var retryAt: NIODeadline = .uptimeNanoseconds(0)
     /// The connection is being closed by `reconnect`.
     private var reconnecting = false
+    private let recovered: RecoveryBroadcast
 
-    init(loop: any EventLoop, dialer: RedisDialer, configuration: RedisClient.Configuration, logger: Logger) {
+    init(loop: any EventLoop, dialer: RedisDialer, configuration: RedisClient.Configuration, logger: Logger, recovered: RecoveryBroadcast) {
         self.loop = loop
         self.dialer = dialer
         self.configuration = configuration
         self.logger = logger
+        self.recovered = recovered
         self.backoff = configuration.minimumBackoff
+    }
+
+    /// Another loop reached Redis after a failure: dial at the next command, not after the backoff.
+    func retryNow() {
+        guard case .idle = state else { return }
+        backoff = configuration.minimumBackoff
+        retryAt = .uptimeNanoseconds(0)
     }
 
     func send(_ arguments: [RedisArgument]) -> EventLoopFuture<RESPValue> {
@@ -183,6 +211,7 @@ final class LoopConnection {
             let connection = this.value
             connection.state = .connected(channel, boundHandler.value)
             connection.backoff = configuration.minimumBackoff
+            connection.recovered.recovered(on: connection.loop)
             channel.closeFuture.whenComplete { _ in this.value.connectionClosed() }
             return boundHandler
         }.flatMapErrorThrowing { error in

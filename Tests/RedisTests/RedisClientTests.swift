@@ -117,6 +117,32 @@ struct RedisClientTests {
         await redis.close()
     }
 
+    @Test("Redis back: once one event loop's connection reaches it, the loops backing off dial at once instead of after their backoff")
+    func recoveryReachesEveryLoop() async throws {
+        let server = try RedisServerProcess()
+        defer { server.stop() }
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 3)
+        let loops = Array(group.makeIterator())
+        // A backoff longer than the test: a loop that failed would not dial again by itself.
+        let redis = try RedisClient(configuration: .init(host: "127.0.0.1", port: server.port, commandTimeout: .seconds(3),
+                                                         minimumBackoff: .seconds(60), maximumBackoff: .seconds(60)),
+                                    group: group, logger: Logger(label: "test"))
+        server.stop()
+        for loop in loops.prefix(2) {
+            await #expect(throws: RedisError.self) { try await redis.send(["PING"], on: loop).get() }
+            await #expect(throws: RedisError.unavailable) { try await redis.send(["PING"], on: loop).get() }  // backing off
+        }
+        try server.start()
+        #expect(try await redis.send(["PING"], on: loops[2]).get() == .simpleString("PONG"), "a loop that never failed dials")
+        // The news was queued on each loop before that PING was written: a command there now
+        // comes after it.
+        for loop in loops.prefix(2) {
+            #expect(try await redis.send(["PING"], on: loop).get() == .simpleString("PONG"), "dialled without waiting out its 60 s backoff")
+        }
+        await redis.close()
+        try await group.shutdownGracefully()
+    }
+
     @Test("a slow command times out within the command timeout; the connection keeps working")
     func timeout() async throws {
         let server = try RedisServerProcess()
