@@ -17,6 +17,9 @@ struct CachedSessionAllocationTests {
         let localCacheTTL: Duration
         /// Allocations per request at most (the committed count).
         let threshold: Int
+        /// Allowed above it for the loop's own timers, which fire per second, not per request:
+        /// a slow run has more of them per request (with Redis, its ping and its deadline timer).
+        var slack: Double = 1
         var testDescription: String { name }
     }
 
@@ -25,7 +28,7 @@ struct CachedSessionAllocationTests {
         Path(name: "a session in the local cache", store: .memory, localCacheTTL: .seconds(3600), threshold: 106),
         // The local cache off: every request reads Redis (one script, by its SHA-1): 370 more
         // than a hit, the reply tree copied into `RESPValue`s and parsed again (issue 36 §5).
-        Path(name: "a miss: the session read from Redis", store: .redis, localCacheTTL: .zero, threshold: 476),
+        Path(name: "a miss: the session read from Redis", store: .redis, localCacheTTL: .zero, threshold: 476, slack: 3),
     ]
 
     @Test("heap allocations per signed-in request stay at the committed count", arguments: paths)
@@ -53,8 +56,8 @@ struct CachedSessionAllocationTests {
                 }
                 print("allocations per request, \(path.name): \(perRequest)")
                 // A timer of the loop's own (the store's once-a-second ping) may fire more often
-                // in a slow run: one more per request is allowed for it, no more.
-                #expect(perRequest <= Double(path.threshold) + 1, "more allocations per request than committed (\(path.threshold)): \(perRequest)")
+                // in a slow run: `slack` more per request is allowed for it, no more.
+                #expect(perRequest <= Double(path.threshold) + path.slack, "more allocations per request than committed (\(path.threshold)): \(perRequest)")
                 #expect(perRequest >= Double(path.threshold) * 0.9 - 1, "fewer allocations than committed (\(path.threshold)): write the new count down")
             }
         }
