@@ -13,20 +13,24 @@ public struct RedisScript: Sendable {
 
     public init(_ source: String) {
         self.source = source
-        sha1 = Insecure.SHA1.hash(data: Array(source.utf8)).map { byte in
-            let hex = Array("0123456789abcdef".utf8)
-            return String(decoding: [hex[Int(byte >> 4)], hex[Int(byte & 0x0f)]], as: UTF8.self)
-        }.joined()
+        let digits = Array("0123456789abcdef".utf8)
+        sha1 = String(decoding: Insecure.SHA1.hash(data: Array(source.utf8)).flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 0x0f)]] }, as: UTF8.self)
     }
 }
 
 extension RedisCommands {
     /// Runs `script` with `keys` and `arguments` (`EVALSHA`, then `EVAL` on `NOSCRIPT`).
     public func eval(_ script: RedisScript, keys: [RedisArgument], arguments: [RedisArgument] = [], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
-        let tail = [RedisArgument(Int64(keys.count))] + keys + arguments
-        return send(["EVALSHA", .string(script.sha1)] + tail, on: loop).flatMapError { error in
+        var command: [RedisArgument] = ["EVALSHA", .string(script.sha1), RedisArgument(Int64(keys.count))]
+        command.reserveCapacity(3 + keys.count + arguments.count)
+        command += keys
+        command += arguments
+        return send(command, on: loop).flatMapError { [command] error in
             guard case .server(let message) = error as? RedisError, message.hasPrefix("NOSCRIPT") else { return loop.makeFailedFuture(error) }
-            return self.send(["EVAL", .string(script.source)] + tail, on: loop)
+            var withText = command
+            withText[0] = "EVAL"
+            withText[1] = .string(script.source)
+            return self.send(withText, on: loop)
         }
     }
 }

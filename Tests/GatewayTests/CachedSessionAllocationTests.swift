@@ -28,7 +28,8 @@ struct CachedSessionAllocationTests {
         Path(name: "a session in the local cache", store: .memory, localCacheTTL: .seconds(3600), threshold: 106),
         // The local cache off: every request reads Redis (one script, by its SHA-1): 370 more
         // than a hit, the reply tree copied into `RESPValue`s and parsed again (issue 36 §5).
-        Path(name: "a miss: the session read from Redis", store: .redis, localCacheTTL: .zero, threshold: 476, slack: 3),
+        // 475.8 before the script's command was built in one array.
+        Path(name: "a miss: the session read from Redis", store: .redis, localCacheTTL: .zero, threshold: 473, slack: 3),
     ]
 
     @Test("heap allocations per signed-in request stay at the committed count", arguments: paths)
@@ -57,8 +58,8 @@ struct CachedSessionAllocationTests {
                 print("allocations per request, \(path.name): \(perRequest)")
                 // A timer of the loop's own (the store's once-a-second ping) may fire more often
                 // in a slow run: `slack` more per request is allowed for it, no more.
-                #expect(perRequest <= Double(path.threshold) + path.slack, "more allocations per request than committed (\(path.threshold)): \(perRequest)")
-                #expect(perRequest >= Double(path.threshold) * 0.9 - 1, "fewer allocations than committed (\(path.threshold)): write the new count down")
+                let problem = allocationProblem(perRequest, committed: path.threshold, slack: path.slack)
+                #expect(problem == nil, "\(problem ?? "")")
             }
         }
     }

@@ -37,7 +37,7 @@ extension Authenticator {
         var count = 0
         var handle: SessionHandle? = nil
         headers.forEachValueBytes(named: "cookie") { value in
-            Self.forEachCookie(named: cookieMarkerBytes, in: value) { cookie in
+            Self.forEachCookie(named: cookieMarker, in: value) { cookie in
                 count += 1
                 if count == 1 { handle = core.keys.handle(forCookie: cookie) }
             }
@@ -119,12 +119,12 @@ extension Authenticator {
     }
 
     /// `forEachCookie` over a `String`: the values are slices of `header`.
-    static func forEachCookie(named marker: String, in header: String, _ body: (Substring) -> Void) {
+    static func forEachCookie(named marker: [UInt8], in header: String, _ body: (Substring) -> Void) {
         var contiguous = header
         let utf8 = header.utf8
         contiguous.withUTF8 { all in
             let base = UnsafeRawBufferPointer(all)
-            forEachCookie(named: Array(marker.utf8), in: base) { value in
+            forEachCookie(named: marker, in: base) { value in
                 let start = utf8.index(utf8.startIndex, offsetBy: value.baseAddress.map { $0 - base.baseAddress! } ?? 0)
                 body(Substring(utf8[start..<utf8.index(start, offsetBy: value.count)]))
             }
@@ -135,8 +135,9 @@ extension Authenticator {
     static func cookie(_ name: String, in headers: HTTPHeaders) -> String? {
         var found: String? = nil
         var count = 0
+        let marker = Array((name + "=").utf8)
         for value in headers["cookie"] {
-            forEachCookie(named: name + "=", in: value) { v in
+            forEachCookie(named: marker, in: value) { v in
                 count += 1
                 found = String(v)
             }

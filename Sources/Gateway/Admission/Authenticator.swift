@@ -59,9 +59,8 @@ final class Authenticator: Sendable {
     let generation: Int
     let names: IdentityHeaderNames
     let cookieName: String
-    /// `cookieName=`, for scanning `Cookie` headers.
-    let cookieMarker: String
-    let cookieMarkerBytes: [UInt8]
+    /// `cookieName=`, for scanning `Cookie` headers (their bytes).
+    let cookieMarker: [UInt8]
     /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
     let loginCookieName: String
     let prefix: String
@@ -101,8 +100,7 @@ final class Authenticator: Sendable {
         }
         names = c.identity.headers
         cookieName = c.session.cookieName
-        cookieMarker = c.session.cookieName + "="
-        cookieMarkerBytes = Array(cookieMarker.utf8)
+        cookieMarker = Array((c.session.cookieName + "=").utf8)
         loginCookieName = c.session.cookieName + "-login"
         prefix = c.server.authPrefix
         self.publicURL = publicURL
