@@ -43,12 +43,12 @@ let package = Package(
                 .product(name: "Atomics", package: "swift-atomics"),
             ]
         ),
+        // hiredis: the oracle the RESP reader is fuzzed against (as Wire/ is against llhttp).
         .systemLibrary(name: "CHiredis", pkgConfig: "hiredis", providers: [.apt(["libhiredis-dev"])]),
         .target(
-            // Redis on SwiftNIO: hiredis does the protocol, NIO the I/O.
+            // Redis on SwiftNIO: our RESP reader and writer, NIO the I/O.
             name: "Redis",
             dependencies: [
-                "CHiredis",
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -136,7 +136,7 @@ let package = Package(
         .testTarget(
             name: "RedisTests",
             dependencies: [
-                "Redis", "TestSupport",
+                "Redis", "TestSupport", "CHiredis",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOCore", package: "swift-nio"),

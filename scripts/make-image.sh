@@ -3,7 +3,7 @@
 # Usage: scripts/make-image.sh [BINARY] [LAYOUT]   (defaults: .build/release/sessiongate, .build/image)
 #
 # The base is Debian 12 in the distroless way: the files the binary needs as Debian ships them
-# (glibc with its DNS resolver modules, libstdc++, libhiredis, zlib — found with ldd), the CA
+# (glibc with its DNS resolver modules, libstdc++, zlib — found with ldd), the CA
 # certificates, and /etc/passwd with the non-root user sessiongate (10001). No shell, no package
 # manager: nothing an intruder could use. The Debian packages the files came from are listed in
 # /usr/share/doc/sessiongate/image-packages.txt inside the image.

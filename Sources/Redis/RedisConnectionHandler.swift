@@ -33,7 +33,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    private let decoder = RESPCodec.Decoder()
+    private var reader = RESPReader()
+    /// Bytes of a reply not yet whole (nil between replies: a read buffer is then read in place).
+    private var unread: ByteBuffer?
     private var pending = CircularBuffer<PendingCommand>()
     private var context: ChannelHandlerContext?
     private var timer: Scheduled<Void>?
@@ -93,28 +95,36 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let replies: [RESPValue]
+        var bytes = unwrapInboundIn(data)
+        if var held = unread {
+            unread = nil
+            held.writeBuffer(&bytes)
+            bytes = held
+        }
         do {
-            replies = try decoder.feed(unwrapInboundIn(data))
+            while let reply = try reader.read(from: &bytes) { deliver(reply, context: context) }
         } catch {
             failAll(.protocolError)
             context.close(promise: nil)
             return
         }
-        for reply in replies {
-            if let onPush {
-                onPush(reply)
-                continue
-            }
-            guard let command = pending.popFirst() else { continue }
-            if case .error(let message) = reply {
-                command.complete(.failure(.server(message)))
-                // A master demoted to replica (a failover while connected): dial again, which
-                // finds the new master.
-                if message.hasPrefix("READONLY") { context.close(promise: nil) }
-            } else {
-                command.complete(.success(reply))
-            }
+        // A slice: the next read's bytes are appended to these alone, not to what was read.
+        if bytes.readableBytes > 0 { unread = bytes.slice() }
+    }
+
+    private func deliver(_ reply: RESPValue, context: ChannelHandlerContext) {
+        if let onPush {
+            onPush(reply)
+            return
+        }
+        guard let command = pending.popFirst() else { return }
+        if case .error(let message) = reply {
+            command.complete(.failure(.server(message)))
+            // A master demoted to replica (a failover while connected): dial again, which
+            // finds the new master.
+            if message.hasPrefix("READONLY") { context.close(promise: nil) }
+        } else {
+            command.complete(.success(reply))
         }
     }
 

@@ -526,38 +526,61 @@ struct HashReply {
 
     var isEmpty: Bool { items.isEmpty }
 
-    func bytes(_ name: StaticString) -> [UInt8]? {
+    /// The value of field `name`: a slice of the reply's buffer.
+    func value(_ name: StaticString) -> ByteBuffer? {
         var i = 0
-        while i < items.count {
-            if case .bulkString(let key?) = items[i], key.count == name.utf8CodeUnitCount,
-               key.withUnsafeBufferPointer({ k in (0..<k.count).allSatisfy { k[$0] == name.utf8Start[$0] } }) {
-                return items[i + 1].bytes
+        while i + 1 < items.count {
+            if case .bulkString(let key?) = items[i], Self.equal(key, name) {
+                if case .bulkString(let value) = items[i + 1] { return value }
+                return nil
             }
             i += 2
         }
         return nil
     }
 
-    func string(_ name: StaticString) -> String? { bytes(name).map { String(decoding: $0, as: UTF8.self) } }
-    func int64(_ name: StaticString) -> Int64? { bytes(name).flatMap(Self.int64(bytes:)) }
-    func flag(_ name: StaticString) -> Bool? { bytes(name).map { $0.elementsEqual("true".utf8) } }
+    func string(_ name: StaticString) -> String? { value(name).map { String(buffer: $0) } }
+    func int64(_ name: StaticString) -> Int64? { value(name).flatMap(Self.int64(bytes:)) }
+    func flag(_ name: StaticString) -> Bool? { value(name).map { Self.equal($0, "true") } }
+
+    /// Byte by byte with indices: the request path's debug build allocates in generic
+    /// collection algorithms (`allSatisfy`, `elementsEqual`), and allocations are counted there.
+    static func equal(_ buffer: ByteBuffer, _ text: StaticString) -> Bool {
+        guard buffer.readableBytes == text.utf8CodeUnitCount else { return false }
+        return buffer.withUnsafeReadableBytes { raw in
+            let expected = text.utf8Start
+            var i = 0
+            while i < raw.count {
+                if raw[i] != expected[i] { return false }
+                i += 1
+            }
+            return true
+        }
+    }
 
     /// A reply that is a decimal number (a bulk string, as `GET` answers).
-    static func int64(_ reply: RESPValue) -> Int64? { reply.bytes.flatMap(int64(bytes:)) }
+    static func int64(_ reply: RESPValue) -> Int64? {
+        if case .bulkString(let value?) = reply { return int64(bytes: value) }
+        return nil
+    }
 
     /// `Int64(String)` on bytes: an optional `-`, then 1–18 digits (Unix milliseconds and
     /// counters; anything else is not a number here).
-    static func int64(bytes: [UInt8]) -> Int64? {
-        var digits = bytes[...]
-        let negative = digits.first == UInt8(ascii: "-")
-        if negative { digits = digits.dropFirst() }
-        guard !digits.isEmpty, digits.count <= 18 else { return nil }
-        var n: Int64 = 0
-        for b in digits {
-            guard b >= 0x30, b <= 0x39 else { return nil }
-            n = n * 10 + Int64(b - 0x30)
+    static func int64(bytes: ByteBuffer) -> Int64? {
+        bytes.withUnsafeReadableBytes { raw -> Int64? in
+            var i = 0
+            let negative = raw.count > 0 && raw[0] == UInt8(ascii: "-")
+            if negative { i = 1 }
+            guard raw.count > i, raw.count - i <= 18 else { return nil }
+            var n: Int64 = 0
+            while i < raw.count {
+                let digit = raw[i] &- 0x30
+                guard digit <= 9 else { return nil }
+                n = n * 10 + Int64(digit)
+                i += 1
+            }
+            return negative ? -n : n
         }
-        return negative ? -n : n
     }
 }
 

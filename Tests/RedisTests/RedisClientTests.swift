@@ -6,31 +6,6 @@ import Testing
 
 @testable import Redis
 
-@Suite("RESP codec (hiredis)")
-struct RESPCodecTests {
-    @Test("commands are encoded binary-safe")
-    func encode() {
-        var buffer = ByteBuffer()
-        RESPCodec.encode(["SET", "k", .bytes([0, 13, 10, 255])], into: &buffer)
-        #expect(Array(buffer.readableBytesView) == Array("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\n".utf8) + [0, 13, 10, 255] + Array("\r\n".utf8))
-    }
-
-    @Test("replies decode when fed one byte at a time")
-    func byteByByte() throws {
-        let decoder = RESPCodec.Decoder()
-        var replies: [RESPValue] = []
-        for byte in Array("*4\r\n$3\r\nfoo\r\n:42\r\n$-1\r\n*2\r\n+OK\r\n-ERR bad\r\n".utf8) {
-            replies += try decoder.feed(ByteBuffer(bytes: [byte]))
-        }
-        #expect(replies == [.array([.bulkString(Array("foo".utf8)), .integer(42), .bulkString(nil), .array([.simpleString("OK"), .error("ERR bad")])])])
-    }
-
-    @Test("garbage is a protocol error")
-    func garbage() {
-        #expect(throws: RESPCodec.Decoder.Failure.self) { try RESPCodec.Decoder().feed(ByteBuffer(string: "?what\r\n")) }
-    }
-}
-
 @Suite("Redis client against redis-server", .serialized, .timeLimit(.minutes(1)))
 struct RedisClientTests {
     /// Commands get seconds by default (the suites share 2 loaded cores); the timeout test passes its own.

@@ -98,7 +98,7 @@ struct RedisClusterSlotTests {
 
 /// Builders for synthetic CLUSTER SLOTS replies.
 private func node(_ host: String?, _ port: Int64, id: String = "id") -> RESPValue {
-    .array([.bulkString(host.map { Array($0.utf8) }), .integer(port), .bulkString(Array(id.utf8))])
+    .array([.bulkString(host.map { ByteBuffer(string: $0) }), .integer(port), .bulkString(Array(id.utf8))])
 }
 
 private func entry(_ start: Int64, _ end: Int64, _ nodes: RESPValue...) -> RESPValue {

@@ -97,7 +97,7 @@ struct HashReplyTests {
         ("+1", nil), ("1234567890123456789", nil),
     ] as [(String, Int64?)])
     func numbers(_ text: String, expected: Int64?) {
-        #expect(HashReply.int64(bytes: Array(text.utf8)) == expected)
+        #expect(HashReply.int64(bytes: ByteBuffer(string: text)) == expected)
     }
 
     @Test("fields are found by their names' bytes; absent ones are nil; an odd reply is no hash")
