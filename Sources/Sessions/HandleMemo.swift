@@ -9,6 +9,11 @@ import NIOConcurrencyHelpers
 /// the one presented, in constant time, so no other value gets a slot's handle however it
 /// hashes, and the comparison says nothing of how close a guess came. Only cookies whose tag
 /// verified are kept: forged ones cost their HMAC every time, as before.
+///
+/// Sized for a fleet's instance, not a browser's: 65,536 slots (16 stripes of 4,096). A cookie
+/// survives `n` other cookies with probability about e^(−n/65,536): behind a load balancer
+/// rotating 10,000 users, 86 % of requests skip the HMAC (with the 8,192 slots before, 30 %).
+/// Empty, the slots take about 3 MiB (48 bytes each); full, the cookies' text about 10 MiB more.
 final class HandleMemo: Sendable {
     struct Slot {
         let cookie: String
@@ -16,7 +21,7 @@ final class HandleMemo: Sendable {
     }
 
     private static let stripeCount = 16
-    private static let slotsPerStripe = 512
+    private static let slotsPerStripe = 4096
     private let stripes: [NIOLockedValueBox<[Slot?]>]
 
     init() {
@@ -31,6 +36,7 @@ final class HandleMemo: Sendable {
         let hash = hasher.finalize() & Int.max
         let stripe = stripes[hash & (Self.stripeCount - 1)]
         let index = (hash >> 4) & (Self.slotsPerStripe - 1)
+        // (`hash` has 63 random bits: 4 pick the stripe, 12 the slot.)
         if let slot = stripe.withLockedValue({ $0[index] }), Self.equalInConstantTime(slot.cookie, cookie) {
             return slot.handle
         }
