@@ -13,7 +13,8 @@ import NIOConcurrencyHelpers
 /// Sized for a fleet's instance, not a browser's: 65,536 slots (16 stripes of 4,096). A cookie
 /// survives `n` other cookies with probability about e^(−n/65,536): behind a load balancer
 /// rotating 10,000 users, 86 % of requests skip the HMAC (with the 8,192 slots before, 30 %).
-/// Empty, the slots take about 3 MiB (48 bytes each); full, the cookies' text about 10 MiB more.
+/// Empty, the slots take about 3 MiB (48 bytes each); full, about 20 MiB (a cookie, its handle's
+/// key and its user: ~330 bytes a slot).
 final class HandleMemo: Sendable {
     struct Slot {
         let cookie: String
