@@ -79,8 +79,9 @@ struct RESPReader {
                 if n == -1 { return .array(nil) }
                 if n == 0 { return .array([]) }
                 var elements: [RESPValue] = []
-                // Never reserve more than the bytes could hold (an element is at least 3 bytes).
-                elements.reserveCapacity(min(Int(n), buffer.readableBytes / 3 + 1))
+                // Never more than the bytes could hold (an element is at least 3 bytes), nor
+                // than 4,096 ahead: a hostile count reserves nothing; a large array grows.
+                elements.reserveCapacity(min(Int(n), buffer.readableBytes / 3 + 1, 4096))
                 open.append((Int(n), elements))
             default:
                 throw Failure.protocolError("unexpected reply type \(type)")

@@ -36,6 +36,10 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     private var reader = RESPReader()
     /// Bytes of a reply not yet whole (nil between replies: a read buffer is then read in place).
     private var unread: ByteBuffer?
+    /// Redis sent what is not RESP: the connection is closing. Until it is closed (TLS sends
+    /// close_notify first and may read on), no byte is read and no command written: a late
+    /// reply must never complete a command it does not belong to.
+    private var broken = false
     private var pending = CircularBuffer<PendingCommand>()
     private var context: ChannelHandlerContext?
     private var timer: Scheduled<Void>?
@@ -51,8 +55,8 @@ final class RedisConnectionHandler: ChannelInboundHandler {
 
     /// Writes one command; its reply completes `command`. Flushing is the caller's.
     func write(_ bytes: ByteBuffer, _ command: PendingCommand?) {
-        guard let context, context.channel.isActive else {
-            command?.complete(.failure(.unavailable))
+        guard let context, context.channel.isActive, !broken else {
+            command?.complete(.failure(broken ? .protocolError : .unavailable))
             return
         }
         if let command {
@@ -95,6 +99,7 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !broken else { return }
         var bytes = unwrapInboundIn(data)
         if var held = unread {
             unread = nil
@@ -104,12 +109,21 @@ final class RedisConnectionHandler: ChannelInboundHandler {
         do {
             while let reply = try reader.read(from: &bytes) { deliver(reply, context: context) }
         } catch {
+            broken = true
             failAll(.protocolError)
             context.close(promise: nil)
             return
         }
-        // A slice: the next read's bytes are appended to these alone, not to what was read.
-        if bytes.readableBytes > 0 { unread = bytes.slice() }
+        guard bytes.readableBytes > 0 else { return }
+        // The rest of a reply: a slice, so that the next read's bytes are appended to these
+        // alone; copied when it is a small part of a large buffer, which it would keep.
+        if bytes.capacity > 65_536 && bytes.readableBytes < bytes.capacity / 4 {
+            var rest = context.channel.allocator.buffer(capacity: bytes.readableBytes)
+            rest.writeImmutableBuffer(bytes)
+            unread = rest
+        } else {
+            unread = bytes.slice()
+        }
     }
 
     private func deliver(_ reply: RESPValue, context: ChannelHandlerContext) {

@@ -1,6 +1,7 @@
 import CHiredis
 import Foundation
 import NIOCore
+import NIOEmbedded
 import TestSupport
 import Testing
 
@@ -83,6 +84,45 @@ struct RESPReaderTests {
     func longLine() {
         #expect(Self.replies(Array(("+" + String(repeating: "a", count: 70_000)).utf8)) == nil)
         #expect(Self.replies(Array(("+" + String(repeating: "a", count: 60_000) + "\r\n").utf8))?.count == 1)
+    }
+
+    @Test("a null array and a null bulk string are apart; the extreme integers are read")
+    func nullsAndExtremes() {
+        #expect(Self.replies(Array("*-1\r\n$-1\r\n:-9223372036854775808\r\n:9223372036854775807\r\n".utf8))
+                == [.array(nil), .bulkString(nil), .integer(.min), .integer(.max)])
+        #expect(Self.replies(Array(":-9223372036854775809\r\n".utf8)) == nil)
+    }
+
+    /// Closes are held back, as TLS holds them while its close_notify goes out.
+    final class HeldClose: ChannelOutboundHandler, @unchecked Sendable {
+        typealias OutboundIn = Any
+        var closes = 0
+        var release = false
+        func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+            closes += 1
+            if release { context.close(mode: mode, promise: promise) }
+        }
+    }
+
+    @Test("after bytes that are not RESP, a connection still closing reads nothing more and takes no command")
+    func brokenConnection() throws {
+        let channel = EmbeddedChannel()
+        let held = HeldClose()
+        let handler = RedisConnectionHandler()
+        try channel.pipeline.syncOperations.addHandlers([held, handler])
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 6379)).wait()
+        let first = handler.send(["LRANGE", "k", "0", "1"], timeout: .seconds(5), on: channel.eventLoop)
+        // Half an array, then garbage: the command fails, the connection is closed.
+        try channel.writeInbound(ByteBuffer(string: "*2\r\n:1\r\n?garbage\r\n"))
+        #expect(throws: RedisError.protocolError) { try first.wait() }
+        #expect(held.closes == 1)
+        // Still active (the close held back): a new command is refused at once, and a late
+        // reply completes nothing (it would otherwise close the half array as [1, 5]).
+        let second = handler.send(["GET", "k"], timeout: .seconds(5), on: channel.eventLoop)
+        try channel.writeInbound(ByteBuffer(string: ":5\r\n"))
+        #expect(throws: RedisError.protocolError) { try second.wait() }
+        held.release = true
+        _ = try? channel.finish()
     }
 
     @Test("eight nested arrays are read, as hiredis reads them")
