@@ -36,10 +36,10 @@ struct RedisClusterStoreTests {
         for i in 0..<30 {
             let sub = "000\(i).spread.0001"
             let (_, s) = record(sub, created: now)
-            try await store.create(s, profile: UserProfile(sub: sub, name: "N"), expiresAt: now + 60_000, on: loop).get()
+            try await store.create(s, profile: UserProfile(sub: sub, name: "N"), expiresAt: now + 600_000, on: loop).get()
             try await store.saveRefreshToken("sealed", clientID: "web", grantedAt: now, of: sub, on: loop).get()
             _ = try await store.link(sub, to: "acct-\(i)", on: loop).get()
-            _ = try await store.revoke(sub, at: now - 1, keep: 60_000, forget: .nothing, on: loop).get()
+            _ = try await store.revoke(sub, at: now - 1, keep: 600_000, forget: .nothing, on: loop).get()
         }
         let masters = cluster.masterPorts()
         #expect(masters.count == 3)
