@@ -45,17 +45,17 @@ struct RESPReader {
     /// A scalar, an empty or null array, or nil (incomplete, or an array opened: read on).
     private mutating func readElement(from buffer: inout ByteBuffer) throws -> RESPValue? {
         while true {
-            guard let (type, line, lineEnd) = try Self.line(in: buffer) else { return nil }
-            switch type {
-            case UInt8(ascii: "+"), UInt8(ascii: "-"):
+            guard let (kind, line, lineEnd) = try Self.line(in: buffer) else { return nil }
+            switch kind {
+            case .simpleString, .error:
                 let text = buffer.getString(at: line.lowerBound, length: line.count) ?? ""
                 buffer.moveReaderIndex(to: lineEnd)
-                return type == UInt8(ascii: "+") ? .simpleString(text) : .error(text)
-            case UInt8(ascii: ":"):
+                return kind == .simpleString ? .simpleString(text) : .error(text)
+            case .integer:
                 guard let n = Self.integer(buffer, line) else { throw Failure.protocolError("bad integer") }
                 buffer.moveReaderIndex(to: lineEnd)
                 return .integer(n)
-            case UInt8(ascii: "$"):
+            case .bulkString:
                 guard let n = Self.integer(buffer, line), n >= -1, n <= Self.maximumBulkLength else {
                     throw Failure.protocolError("bad bulk string length")
                 }
@@ -72,7 +72,7 @@ struct RESPReader {
                 let payload = buffer.getSlice(at: lineEnd, length: length)!
                 buffer.moveReaderIndex(to: end + 2)
                 return .bulkString(payload)
-            case UInt8(ascii: "*"):
+            case .array:
                 guard let n = Self.integer(buffer, line), n >= -1 else { throw Failure.protocolError("bad array length") }
                 guard open.count < Self.maximumDepth else { throw Failure.protocolError("arrays nested too deep") }
                 buffer.moveReaderIndex(to: lineEnd)
@@ -83,22 +83,26 @@ struct RESPReader {
                 // than 4,096 ahead: a hostile count reserves nothing; a large array grows.
                 elements.reserveCapacity(min(Int(n), buffer.readableBytes / 3 + 1, 4096))
                 open.append((Int(n), elements))
-            default:
-                throw Failure.protocolError("unexpected reply type \(type)")
             }
         }
     }
 
-    /// The type byte, the line's content (after the type, before CRLF) and where the next
-    /// element starts; nil until the CRLF has arrived.
-    private static func line(in buffer: ByteBuffer) throws -> (UInt8, Range<Int>, Int)? {
-        try buffer.withUnsafeReadableBytes { raw -> (UInt8, Range<Int>, Int)? in
+    /// RESP2's reply types, by their first byte.
+    private enum Kind: UInt8 {
+        case simpleString = 0x2B  // +
+        case error = 0x2D  // -
+        case integer = 0x3A  // :
+        case bulkString = 0x24  // $
+        case array = 0x2A  // *
+    }
+
+    /// The reply's type, the line's content (after the type, before CRLF) and where the next
+    /// element starts; nil until the CRLF has arrived. A type byte that is not RESP2's is
+    /// refused at once, not after a line of garbage.
+    private static func line(in buffer: ByteBuffer) throws -> (Kind, Range<Int>, Int)? {
+        try buffer.withUnsafeReadableBytes { raw -> (Kind, Range<Int>, Int)? in
             guard raw.count > 0 else { return nil }
-            let type = raw[0]
-            switch type {
-            case UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: ":"), UInt8(ascii: "$"), UInt8(ascii: "*"): break
-            default: throw Failure.protocolError("unexpected reply type \(type)")
-            }
+            guard let type = Kind(rawValue: raw[0]) else { throw Failure.protocolError("unexpected reply type \(raw[0])") }
             let limit = min(raw.count, maximumLineLength + 2)
             var i = 1
             while i + 1 < limit {
@@ -113,29 +117,40 @@ struct RESPReader {
         }
     }
 
-    /// A canonical decimal: `0`, or an optional `-` and digits not starting with 0; fits in
-    /// Int64.
     private static func integer(_ buffer: ByteBuffer, _ range: Range<Int>) -> Int64? {
-        buffer.withUnsafeReadableBytes { raw -> Int64? in
+        buffer.withUnsafeReadableBytes { raw in
             let base = buffer.readerIndex
-            var i = range.lowerBound - base
-            let end = range.upperBound - base
-            guard i < end else { return nil }
-            let negative = raw[i] == UInt8(ascii: "-")
-            if negative { i += 1 }
-            guard i < end else { return nil }
-            if raw[i] == UInt8(ascii: "0") { return !negative && end - i == 1 ? 0 : nil }
-            var n: Int64 = 0
-            while i < end {
-                let d = raw[i] &- 0x30
-                guard d <= 9 else { return nil }
-                let (m, o1) = n.multipliedReportingOverflow(by: 10)
-                let (s, o2) = negative ? m.subtractingReportingOverflow(Int64(d)) : m.addingReportingOverflow(Int64(d))
-                guard !o1, !o2 else { return nil }
-                n = s
-                i += 1
-            }
-            return n
+            return RESPDecimal.int64(UnsafeRawBufferPointer(rebasing: raw[(range.lowerBound - base)..<(range.upperBound - base)]))
         }
     }
+}
+
+/// Redis's decimal numbers: integer replies, lengths, and the numbers a store keeps as bulk
+/// strings (`GET`, hash fields). One reader for all of them.
+public enum RESPDecimal {
+    /// A canonical decimal: `0`, or an optional `-` and digits not starting with 0; fits in
+    /// Int64. Anything else (a sign alone, `+1`, `007`, `-0`, spaces, overflow) is nil.
+    public static func int64(_ raw: UnsafeRawBufferPointer) -> Int64? {
+        var i = 0
+        let end = raw.count
+        guard i < end else { return nil }
+        let negative = raw[i] == UInt8(ascii: "-")
+        if negative { i += 1 }
+        guard i < end else { return nil }
+        if raw[i] == UInt8(ascii: "0") { return !negative && end - i == 1 ? 0 : nil }
+        var n: Int64 = 0
+        while i < end {
+            let d = raw[i] &- 0x30
+            guard d <= 9 else { return nil }
+            let (m, o1) = n.multipliedReportingOverflow(by: 10)
+            let (s, o2) = negative ? m.subtractingReportingOverflow(Int64(d)) : m.addingReportingOverflow(Int64(d))
+            guard !o1, !o2 else { return nil }
+            n = s
+            i += 1
+        }
+        return n
+    }
+
+    /// The readable bytes of `buffer` as a canonical decimal.
+    public static func int64(_ buffer: ByteBuffer) -> Int64? { buffer.withUnsafeReadableBytes { int64($0) } }
 }

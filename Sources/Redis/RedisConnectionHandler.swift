@@ -35,11 +35,11 @@ final class RedisConnectionHandler: ChannelInboundHandler {
 
     private var reader = RESPReader()
     /// Bytes of a reply not yet whole (nil between replies: a read buffer is then read in place).
-    private var unread: ByteBuffer?
+    private(set) var unread: ByteBuffer?
     /// Redis sent what is not RESP: the connection is closing. Until it is closed (TLS sends
     /// close_notify first and may read on), no byte is read and no command written: a late
     /// reply must never complete a command it does not belong to.
-    private var broken = false
+    private var broken: String? = nil
     private var pending = CircularBuffer<PendingCommand>()
     private var context: ChannelHandlerContext?
     private var timer: Scheduled<Void>?
@@ -55,8 +55,8 @@ final class RedisConnectionHandler: ChannelInboundHandler {
 
     /// Writes one command; its reply completes `command`. Flushing is the caller's.
     func write(_ bytes: ByteBuffer, _ command: PendingCommand?) {
-        guard let context, context.channel.isActive, !broken else {
-            command?.complete(.failure(broken ? .protocolError : .unavailable))
+        guard let context, context.channel.isActive, broken == nil else {
+            command?.complete(.failure(broken.map { .protocolError($0) } ?? .unavailable))
             return
         }
         if let command {
@@ -99,7 +99,7 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !broken else { return }
+        guard broken == nil else { return }
         var bytes = unwrapInboundIn(data)
         if var held = unread {
             unread = nil
@@ -109,8 +109,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
         do {
             while let reply = try reader.read(from: &bytes) { deliver(reply, context: context) }
         } catch {
-            broken = true
-            failAll(.protocolError)
+            let reason = (error as? RESPReader.Failure).map { if case .protocolError(let r) = $0 { r } else { "" } } ?? "\(error)"
+            broken = reason
+            failAll(.protocolError(reason))
             context.close(promise: nil)
             return
         }

@@ -6,8 +6,8 @@ public enum RedisError: Error, Equatable, Sendable, CustomStringConvertible {
     case timeout
     /// Not connected (connecting, backing off after a failure, or the connection dropped).
     case unavailable
-    /// The byte stream was not RESP; the connection is closed.
-    case protocolError
+    /// The byte stream was not RESP (what was wrong with it); the connection is closed.
+    case protocolError(String)
     /// The TLS handshake failed (certificate not trusted, wrong name, client certificate refused).
     case tls(String)
     /// No sentinel could name the master.
@@ -28,7 +28,7 @@ public enum RedisError: Error, Equatable, Sendable, CustomStringConvertible {
         case .server(let message): return "redis error: \(message.prefix(120))"
         case .timeout: return "redis timeout"
         case .unavailable: return "redis unavailable"
-        case .protocolError: return "redis protocol error"
+        case .protocolError(let reason): return "redis protocol error: \(reason)"
         case .tls(let detail): return "TLS handshake with redis failed: \(detail)"
         case .sentinel(let detail): return "redis sentinel: \(detail)"
         case .notMaster: return "the server the sentinels named is not the master (a failover in progress)"

@@ -540,7 +540,7 @@ struct HashReply {
     }
 
     func string(_ name: StaticString) -> String? { value(name).map { String(buffer: $0) } }
-    func int64(_ name: StaticString) -> Int64? { value(name).flatMap(Self.int64(bytes:)) }
+    func int64(_ name: StaticString) -> Int64? { value(name).flatMap(RESPDecimal.int64) }
     func flag(_ name: StaticString) -> Bool? { value(name).map { Self.equal($0, "true") } }
 
     /// Byte by byte with indices: the request path's debug build allocates in generic
@@ -560,27 +560,8 @@ struct HashReply {
 
     /// A reply that is a decimal number (a bulk string, as `GET` answers).
     static func int64(_ reply: RESPValue) -> Int64? {
-        if case .bulkString(let value?) = reply { return int64(bytes: value) }
+        if case .bulkString(let value?) = reply { return RESPDecimal.int64(value) }
         return nil
-    }
-
-    /// `Int64(String)` on bytes: an optional `-`, then 1–18 digits (Unix milliseconds and
-    /// counters; anything else is not a number here).
-    static func int64(bytes: ByteBuffer) -> Int64? {
-        bytes.withUnsafeReadableBytes { raw -> Int64? in
-            var i = 0
-            let negative = raw.count > 0 && raw[0] == UInt8(ascii: "-")
-            if negative { i = 1 }
-            guard raw.count > i, raw.count - i <= 18 else { return nil }
-            var n: Int64 = 0
-            while i < raw.count {
-                let digit = raw[i] &- 0x30
-                guard digit <= 9 else { return nil }
-                n = n * 10 + Int64(digit)
-                i += 1
-            }
-            return negative ? -n : n
-        }
     }
 }
 

@@ -114,15 +114,40 @@ struct RESPReaderTests {
         let first = handler.send(["LRANGE", "k", "0", "1"], timeout: .seconds(5), on: channel.eventLoop)
         // Half an array, then garbage: the command fails, the connection is closed.
         try channel.writeInbound(ByteBuffer(string: "*2\r\n:1\r\n?garbage\r\n"))
-        #expect(throws: RedisError.protocolError) { try first.wait() }
+        #expect(throws: RedisError.protocolError("unexpected reply type 63")) { try first.wait() }
         #expect(held.closes == 1)
         // Still active (the close held back): a new command is refused at once, and a late
         // reply completes nothing (it would otherwise close the half array as [1, 5]).
         let second = handler.send(["GET", "k"], timeout: .seconds(5), on: channel.eventLoop)
         try channel.writeInbound(ByteBuffer(string: ":5\r\n"))
-        #expect(throws: RedisError.protocolError) { try second.wait() }
+        #expect(throws: RedisError.protocolError("unexpected reply type 63")) { try second.wait() }
         held.release = true
         _ = try? channel.finish()
+    }
+
+    @Test("the rest of a reply is kept as a slice of a small read, and copied out of a large one it would pin")
+    func restOfAReply() throws {
+        for (payload, copied) in [(100, false), (100_000, true)] {
+            let channel = EmbeddedChannel()
+            let handler = RedisConnectionHandler()
+            try channel.pipeline.syncOperations.addHandler(handler)
+            try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 6379)).wait()
+            let first = handler.send(["GET", "a"], timeout: .seconds(5), on: channel.eventLoop)
+            let second = handler.send(["GET", "b"], timeout: .seconds(5), on: channel.eventLoop)
+            // One read: a whole bulk string, then the start of another.
+            var read = ByteBuffer(string: "$\(payload)\r\n" + String(repeating: "x", count: payload) + "\r\n$10\r\nabc")
+            read.reserveCapacity(max(read.capacity, 1024))
+            let storage = read.storageCapacity
+            try channel.writeInbound(read)
+            #expect(try first.wait().bytes?.count == payload)
+            let rest = try #require(handler.unread)
+            #expect(rest.readableBytes == 8)
+            #expect((rest.storageCapacity < storage) == copied, "payload \(payload): storage \(rest.storageCapacity) of \(storage)")
+            try channel.writeInbound(ByteBuffer(string: "defghij\r\n"))
+            #expect(try second.wait().string == "abcdefghij")
+            #expect(handler.unread == nil)
+            _ = try? channel.finish()
+        }
     }
 
     @Test("eight nested arrays are read, as hiredis reads them")
