@@ -13,11 +13,9 @@ import NIOCore
 /// asks for RESP3). Limits: bulk strings of up to 512 MiB (Redis's own `proto-max-bulk-len`),
 /// arrays nested up to 8 deep. Loops over indices, not generic collection algorithms: the debug
 /// build allocates in those, and a Redis miss's allocations are counted there.
+///
+/// Bytes that are not RESP throw `RedisError.protocolError` with what was wrong.
 struct RESPReader {
-    enum Failure: Error, Equatable {
-        case protocolError(String)
-    }
-
     static let maximumBulkLength = 512 * 1024 * 1024
     static let maximumDepth = 8
     /// A line (`+`, `-`, `:`, or a length) longer than this without its CRLF is not Redis.
@@ -52,12 +50,12 @@ struct RESPReader {
                 buffer.moveReaderIndex(to: lineEnd)
                 return kind == .simpleString ? .simpleString(text) : .error(text)
             case .integer:
-                guard let n = Self.integer(buffer, line) else { throw Failure.protocolError("bad integer") }
+                guard let n = Self.integer(buffer, line) else { throw RedisError.protocolError("bad integer") }
                 buffer.moveReaderIndex(to: lineEnd)
                 return .integer(n)
             case .bulkString:
                 guard let n = Self.integer(buffer, line), n >= -1, n <= Self.maximumBulkLength else {
-                    throw Failure.protocolError("bad bulk string length")
+                    throw RedisError.protocolError("bad bulk string length")
                 }
                 if n == -1 {
                     buffer.moveReaderIndex(to: lineEnd)
@@ -67,14 +65,14 @@ struct RESPReader {
                 let end = lineEnd + length
                 guard buffer.writerIndex >= end + 2 else { return nil }
                 guard buffer.getInteger(at: end, as: UInt16.self) == 0x0D0A else {
-                    throw Failure.protocolError("bulk string not ended by CRLF")
+                    throw RedisError.protocolError("bulk string not ended by CRLF")
                 }
                 let payload = buffer.getSlice(at: lineEnd, length: length)!
                 buffer.moveReaderIndex(to: end + 2)
                 return .bulkString(payload)
             case .array:
-                guard let n = Self.integer(buffer, line), n >= -1 else { throw Failure.protocolError("bad array length") }
-                guard open.count < Self.maximumDepth else { throw Failure.protocolError("arrays nested too deep") }
+                guard let n = Self.integer(buffer, line), n >= -1 else { throw RedisError.protocolError("bad array length") }
+                guard open.count < Self.maximumDepth else { throw RedisError.protocolError("arrays nested too deep") }
                 buffer.moveReaderIndex(to: lineEnd)
                 if n == -1 { return .array(nil) }
                 if n == 0 { return .array([]) }
@@ -102,7 +100,7 @@ struct RESPReader {
     private static func line(in buffer: ByteBuffer) throws -> (Kind, Range<Int>, Int)? {
         try buffer.withUnsafeReadableBytes { raw -> (Kind, Range<Int>, Int)? in
             guard raw.count > 0 else { return nil }
-            guard let type = Kind(rawValue: raw[0]) else { throw Failure.protocolError("unexpected reply type \(raw[0])") }
+            guard let type = Kind(rawValue: raw[0]) else { throw RedisError.protocolError("unexpected reply type \(raw[0])") }
             let limit = min(raw.count, maximumLineLength + 2)
             var i = 1
             while i + 1 < limit {
@@ -112,7 +110,7 @@ struct RESPReader {
                 }
                 i += 1
             }
-            if raw.count >= maximumLineLength + 2 { throw Failure.protocolError("line too long") }
+            if raw.count >= maximumLineLength + 2 { throw RedisError.protocolError("line too long") }
             return nil
         }
     }

@@ -36,10 +36,11 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     private var reader = RESPReader()
     /// Bytes of a reply not yet whole (nil between replies: a read buffer is then read in place).
     private(set) var unread: ByteBuffer?
-    /// Redis sent what is not RESP: the connection is closing. Until it is closed (TLS sends
+    /// Redis sent what is not RESP (the error every command gets from now on): the connection
+    /// is closing. Until it is closed (TLS sends
     /// close_notify first and may read on), no byte is read and no command written: a late
     /// reply must never complete a command it does not belong to.
-    private var broken: String? = nil
+    private var broken: RedisError? = nil
     private var pending = CircularBuffer<PendingCommand>()
     private var context: ChannelHandlerContext?
     private var timer: Scheduled<Void>?
@@ -56,7 +57,7 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     /// Writes one command; its reply completes `command`. Flushing is the caller's.
     func write(_ bytes: ByteBuffer, _ command: PendingCommand?) {
         guard let context, context.channel.isActive, broken == nil else {
-            command?.complete(.failure(broken.map { .protocolError($0) } ?? .unavailable))
+            command?.complete(.failure(broken ?? .unavailable))
             return
         }
         if let command {
@@ -109,9 +110,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
         do {
             while let reply = try reader.read(from: &bytes) { deliver(reply, context: context) }
         } catch {
-            let reason = (error as? RESPReader.Failure).map { if case .protocolError(let r) = $0 { r } else { "" } } ?? "\(error)"
-            broken = reason
-            failAll(.protocolError(reason))
+            let failure = error as? RedisError ?? .protocolError("\(error)")
+            broken = failure
+            failAll(failure)
             context.close(promise: nil)
             return
         }
