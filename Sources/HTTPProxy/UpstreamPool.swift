@@ -121,8 +121,10 @@ final class UpstreamPool: UpstreamConnector {
 
     /// One upstream's connections on this loop.
     final class Upstream {
-        /// The pool lives as long as its event loop; its upstreams are never dropped.
-        unowned let pool: UpstreamPool
+        /// Weak: a connection can outlive its pool (the app still holds a connection when the
+        /// server that made the pool is gone: every test's server on the shared loops). It then
+        /// closes without telling anyone; an unowned reference crashed the process there.
+        weak var pool: UpstreamPool?
         let address: UpstreamAddress
         var principals: [UpstreamPrincipal: Principal] = [:]
         /// Connecting, in use, idle: what the budget counts.

@@ -44,6 +44,22 @@ struct UpstreamPoolTests {
         return outcome
     }
 
+    @Test("a connection that outlives its pool (its server gone, the app still connected) closes without touching the pool")
+    func outlivesItsPool() throws {
+        let channel = EmbeddedChannel(loop: loop)
+        let connection = UpstreamConnection(address: Self.app, principal: .user("alice"))
+        try channel.pipeline.syncOperations.addHandler(connection)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        var p: UpstreamPool? = pool()
+        p!.adopt(connection)
+        weak var gone = p
+        p = nil
+        #expect(gone == nil, "the connection does not keep its pool")
+        // The app closes the connection: with an unowned reference to the pool, this crashed.
+        try channel.close().wait()
+        #expect(connection.pool == nil)
+    }
+
     @Test("a kept connection is taken only by its own principal, on its own upstream")
     func ownPrincipalOnly() {
         let p = pool()
