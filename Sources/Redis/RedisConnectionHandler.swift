@@ -37,9 +37,9 @@ final class RedisConnectionHandler: ChannelInboundHandler {
     /// Bytes of a reply not yet whole (nil between replies: a read buffer is then read in place).
     private(set) var unread: ByteBuffer?
     /// Redis sent what is not RESP (the error every command gets from now on): the connection
-    /// is closing. Until it is closed (TLS sends
-    /// close_notify first and may read on), no byte is read and no command written: a late
-    /// reply must never complete a command it does not belong to.
+    /// is closing. Until it is closed (TLS sends close_notify first and may read on), no byte
+    /// is read and no command written: a late reply must never complete a command it does not
+    /// belong to.
     private var broken: RedisError? = nil
     private var pending = CircularBuffer<PendingCommand>()
     private var context: ChannelHandlerContext?
