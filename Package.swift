@@ -101,7 +101,7 @@ let package = Package(
         .target(
             name: "Gateway",
             dependencies: [
-                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID", "Redis",
+                "GatewayConfig", "HTTPProxy", "Sessions", "AppleID",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

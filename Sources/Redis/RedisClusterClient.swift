@@ -237,22 +237,15 @@ public enum RedisClusterRedirect {
     public static func decide(_ error: RedisError, askable: Bool, remaining: TimeAmount) -> Decision {
         guard remaining > .zero else { return .fail }
         switch error {
-        case .server(let message):
-            let words = message.split(separator: " ")
-            switch words.first {
-            case "MOVED":
-                guard words.count == 3, let address = address(words[2]) else { return .fail }
-                return .retry(Target(address: address, asking: false), refresh: true, after: .zero)
-            case "ASK":
-                guard words.count == 3, let address = address(words[2]) else { return .fail }
+        case .server(let reply):
+            switch reply.kind {
+            case .moved(let address): return .retry(Target(address: address, asking: false), refresh: true, after: .zero)
+            case .ask(let address):
                 return askable ? .retry(Target(address: address, asking: true), refresh: false, after: .zero)
                                : .retry(nil, refresh: false, after: min(pause, remaining))
-            case "TRYAGAIN":
-                return .retry(nil, refresh: false, after: min(pause, remaining))
-            case "CLUSTERDOWN":
-                return .retry(nil, refresh: true, after: min(pause, remaining))
-            default:
-                return .fail
+            case .tryAgain: return .retry(nil, refresh: false, after: min(pause, remaining))
+            case .clusterDown: return .retry(nil, refresh: true, after: min(pause, remaining))
+            default: return .fail
             }
         case .unavailable:
             // The node is down (or was never reached): the map may name its replacement.
@@ -264,14 +257,6 @@ public enum RedisClusterRedirect {
     }
 
     /// `host:port` as a cluster names a node (`MOVED 3999 127.0.0.1:6381`; IPv6 hosts hold colons).
-    static func address(_ text: Substring) -> RedisAddress? {
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), port > 0, port < 65536 else { return nil }
-        var host = text[..<colon]
-        if host.hasPrefix("["), host.hasSuffix("]") { host = host.dropFirst().dropLast() }
-        guard !host.isEmpty else { return nil }
-        return RedisAddress(host: String(host), port: port)
-    }
-
     /// The upper-cased command name.
     static func name(of command: [RedisArgument]) -> String? {
         guard let first = command.first else { return nil }

@@ -30,7 +30,7 @@ extension RedisClient: RedisCommands {
     private func scan(_ pattern: String, cursor: String, found: [String], on loop: any EventLoop) -> EventLoopFuture<[String]> {
         send(["SCAN", .string(cursor), "MATCH", .string(pattern), "COUNT", "1000"], on: loop).flatMap { reply in
             guard case .array(let parts?) = reply, parts.count == 2, let next = parts[0].string, case .array(let keys?) = parts[1] else {
-                return loop.makeFailedFuture(RedisError.server("unexpected reply to SCAN"))
+                return loop.makeFailedFuture(RedisError.protocolError("unexpected reply to SCAN"))
             }
             let all = found + keys.compactMap(\.string)
             return next == "0" ? loop.makeSucceededFuture(all) : self.scan(pattern, cursor: next, found: all, on: loop)

@@ -135,10 +135,11 @@ final class RedisConnectionHandler: ChannelInboundHandler {
         }
         guard let command = pending.popFirst() else { return }
         if case .error(let message) = reply {
-            command.complete(.failure(.server(message)))
+            let error = RedisErrorReply(message)
+            command.complete(.failure(.server(error)))
             // A master demoted to replica (a failover while connected): dial again, which
             // finds the new master.
-            if message.hasPrefix("READONLY") { context.close(promise: nil) }
+            if error.kind == .readOnly { context.close(promise: nil) }
         } else {
             command.complete(.success(reply))
         }

@@ -223,12 +223,12 @@ final class SentinelLocator: Sendable {
         let name = configuration.masterName
         return dialer.ask(["SENTINEL", "get-master-addr-by-name", .string(name)], on: loop).flatMapThrowing { reply -> RedisAddress in
             guard case .array(let parts?) = reply, parts.count == 2, let host = parts[0].string, let port = parts[1].string.flatMap({ Int($0) }) else {
-                throw RedisError.sentinel("no sentinel knows a master named '\(name)'")
+                throw RedisError.unknownMaster(name)
             }
             return RedisAddress(host: host, port: port)
         }.flatMapError { error in
             // A sentinel that could not be reached was passed over by the dialer already.
-            if case .sentinel = error as? RedisError { self.sentinels.failed() }
+            if case .unknownMaster = error as? RedisError { self.sentinels.failed() }
             guard remaining > 1 else {
                 return loop.makeFailedFuture((error as? RedisError).map { $0 == .unavailable || $0 == .timeout ? RedisError.sentinel("no sentinel answered") : $0 }
                                              ?? RedisError.sentinel("no sentinel answered"))

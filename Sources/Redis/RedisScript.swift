@@ -26,7 +26,7 @@ extension RedisCommands {
         command += keys
         command += arguments
         return send(command, on: loop).flatMapError { [command] error in
-            guard case .server(let message) = error as? RedisError, message.hasPrefix("NOSCRIPT") else { return loop.makeFailedFuture(error) }
+            guard case .server(let reply) = error as? RedisError, reply.kind == .noScript else { return loop.makeFailedFuture(error) }
             var withText = command
             withText[0] = "EVAL"
             withText[1] = .string(script.source)

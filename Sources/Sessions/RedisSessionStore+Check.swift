@@ -21,6 +21,15 @@ public struct StoreCheckFailure: Error, Sendable, CustomStringConvertible {
     public let error: any Error
 
     public var description: String { "\(step.rawValue): \(error)" }
+
+    /// What failed, by kind.
+    public var fault: StoreFault { StoreFault(error) }
+
+    /// What the server said, for the operator: its error reply as sent, or the failure.
+    public var detail: String {
+        if case .server(let reply) = error as? RedisError { return reply.message }
+        return "\(error)"
+    }
 }
 
 extension RedisSessionStore {
@@ -41,7 +50,7 @@ extension RedisSessionStore {
             _ = try await redis.send(["SET", .string(key), .string(value), "PX", "60000"], on: loop).get()
             step = .read
             let read = try await redis.send(["GET", .string(key)], on: loop).get()
-            guard read.string == value else { throw RedisError.server("the test key read back as \(read.string.map { "'\($0)'" } ?? "nothing")") }
+            guard read.string == value else { throw SessionStoreError("the test key read back as \(read.string.map { "'\($0)'" } ?? "nothing")") }
             step = .delete
             _ = try await redis.send(["DEL", .string(key)], on: loop).get()
             step = .scripts

@@ -68,13 +68,13 @@ public final class RedisSessionStore: SessionStore {
 
     private func send(_ args: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
         redis.send(args, on: loop).flatMapErrorThrowing { error in
-            throw SessionStoreError("\(error)")
+            throw SessionStoreError(error)
         }
     }
 
     private func eval(_ script: RedisScript, keys: [RedisArgument], arguments: [RedisArgument], on loop: any EventLoop) -> EventLoopFuture<RESPValue> {
         redis.eval(script, keys: keys, arguments: arguments, on: loop).flatMapErrorThrowing { error in
-            throw SessionStoreError("\(error)")
+            throw SessionStoreError(error)
         }
     }
 
@@ -85,7 +85,7 @@ public final class RedisSessionStore: SessionStore {
             guard case .array(let results?) = replies.last else { throw SessionStoreError("transaction aborted") }
             return results
         }.flatMapErrorThrowing { error in
-            throw (error as? SessionStoreError) ?? SessionStoreError("\(error)")
+            throw SessionStoreError(error)
         }
     }
 
@@ -170,7 +170,7 @@ public final class RedisSessionStore: SessionStore {
                 self.scriptsRefused.withLockedValue { $0 = true }
                 return self.loadInTwo(handle, on: loop)
             }
-            return loop.makeFailedFuture((error as? SessionStoreError) ?? SessionStoreError("\(error)"))
+            return loop.makeFailedFuture(SessionStoreError(error))
         }
     }
 
@@ -183,7 +183,7 @@ public final class RedisSessionStore: SessionStore {
             }
             return self.redis.sendAll([["HGETALL", .string(self.userKey(record.sub))], ["GET", .string(self.revokedKey(record.sub))],
                                        ["GET", .string(self.linkKey(record.sub))]], on: loop)
-                .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
+                .flatMapErrorThrowing { throw SessionStoreError($0) }
                 .map { replies in
                     StoredSession(session: record, user: UserProfile(sub: record.sub, hash: HashReply(replies[0])),
                                   revokedAt: HashReply.int64(replies[1]), account: replies[2].string)
@@ -235,7 +235,7 @@ public final class RedisSessionStore: SessionStore {
             // Each session's creation time and the user's tokens with their grant times, in one
             // round trip.
             let reads: [[RedisArgument]] = members.map { ["HGET", .string(self.sessionKey($0.handle)), "created"] } + [["HGETALL", .string(self.userTokensKey(sub))]]
-            return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }.flatMap { replies in
+            return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError($0) }.flatMap { replies in
                 // Created up to the revocation, or already gone (no `created`): deleted.
                 let created = zip(members, replies).map { ($0, $1.string.flatMap(Int64.init)) }
                 let doomed = created.filter { _, at in at.map { $0 <= revokedAt } ?? true }.map(\.0)
@@ -382,7 +382,7 @@ public final class RedisSessionStore: SessionStore {
 
     /// Every key matching `pattern`, on every master.
     private func scan(_ pattern: String, on loop: any EventLoop) -> EventLoopFuture<[String]> {
-        redis.scan(matching: pattern, on: loop).flatMapErrorThrowing { throw SessionStoreError("\($0)") }
+        redis.scan(matching: pattern, on: loop).flatMapErrorThrowing { throw SessionStoreError($0) }
     }
 
     /// The part of `key` between `{` and `}` when the key is exactly `<prefix><kind>:{…}`.
@@ -427,7 +427,7 @@ public final class RedisSessionStore: SessionStore {
         guard !ids.isEmpty else { return loop.makeSucceededFuture(found) }
         let batch = Array(ids.prefix(500))
         return redis.sendAll(batch.map { ["HGETALL", .string(transferKey($0))] }, on: loop)
-            .flatMapErrorThrowing { throw SessionStoreError("\($0)") }
+            .flatMapErrorThrowing { throw SessionStoreError($0) }
             .flatMap { replies in
                 let records = zip(batch, replies).compactMap { id, reply in HashReply(reply).flatMap { TransferRecord(id: id, hash: $0) } }
                 return self.records(Array(ids.dropFirst(500)), found: found + records, on: loop)

@@ -261,7 +261,22 @@ public struct LoginState: Sendable, Equatable {
 /// cookie; nothing is concluded about the session.
 public struct SessionStoreError: Error, CustomStringConvertible {
     public var reason: String
-    public init(_ reason: String) { self.reason = reason }
+    /// What kind of failure, for code that acts on it (readiness, the log, `check --online`).
+    public var fault: StoreFault
+    public init(_ reason: String, fault: StoreFault = .other) {
+        self.reason = reason
+        self.fault = fault
+    }
+
+    /// The store's own error, kept by kind.
+    public init(_ error: any Error) {
+        if let error = error as? SessionStoreError {
+            self = error
+        } else {
+            self.init("\(error)", fault: StoreFault(error))
+        }
+    }
+
     public var description: String { "session store unavailable: \(reason)" }
 }
 

@@ -31,8 +31,8 @@ struct RedisClientTests {
         do {
             _ = try await redis.send(["INCR", "s"])
         } catch let error as RedisError {
-            guard case .server(let message) = error else { Issue.record("\(error)"); return }
-            #expect(message.hasPrefix("WRONGTYPE"))
+            guard case .server(let reply) = error else { Issue.record("\(error)"); return }
+            #expect(reply.message.hasPrefix("WRONGTYPE") && reply.kind == .other, "an error of the command itself")
         }
         await redis.close()
     }

@@ -125,8 +125,8 @@ struct RedisTLSTests {
         anonymous.username = nil
         anonymous.password = nil
         let (error, _) = try await Self.firstCommandError(anonymous)
-        guard case .server(let message)? = error else { Issue.record("got \(String(describing: error))"); return }
-        #expect(message.hasPrefix("NOAUTH"), "TLS is up; the default user is off")
+        guard case .server(let reply)? = error else { Issue.record("got \(String(describing: error))"); return }
+        #expect(reply.kind == .authentication && reply.message.hasPrefix("NOAUTH"), "TLS is up; the default user is off")
         await subscriber.stop()
         await client.close()
         sink.finish()

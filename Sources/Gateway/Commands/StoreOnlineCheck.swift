@@ -2,7 +2,6 @@ import GatewayConfig
 import Logging
 import NIOCore
 import NIOPosix
-import Redis
 import Sessions
 
 /// `sessiongate check --online`, the store (issue 28 §1): connects exactly as `serve` will (TLS,
@@ -51,36 +50,36 @@ public enum StoreOnlineCheck {
     static func explain(_ failure: StoreCheckFailure, _ store: GatewayConfiguration.Store) -> StartupFailure {
         let step = failure.step.rawValue
         let addresses = store.cluster != nil ? "store.cluster.addresses" : store.sentinel != nil ? "store.sentinel.addresses" : "store.redis_url"
-        switch failure.error as? RedisError {
-        case .server(let m) where m.hasPrefix("WRONGPASS") || m.hasPrefix("NOAUTH") || m.contains("invalid username-password") || m.hasPrefix("ERR AUTH")
-            || m.contains("without any password configured"):
-            return StartupFailure(key: "store.redis_url", "\(step): Redis refused the user or password in the URL (\(m))")
-        case .server(let m) where m.contains("DB index") || m.hasPrefix("ERR SELECT"):
-            return StartupFailure(key: "store.redis_url", "\(step): Redis has no database \(store.redisURL?.database ?? 0) (\(m))")
-        case .server(let m) where m.hasPrefix("NOPERM"):
-            return StartupFailure(key: "store.redis_url", "\(step): the Redis user's ACL does not allow it (\(m)); "
+        let detail = failure.detail
+        switch failure.fault {
+        case .authentication:
+            return StartupFailure(key: "store.redis_url", "\(step): Redis refused the user or password in the URL (\(detail))")
+        case .noDatabase:
+            return StartupFailure(key: "store.redis_url", "\(step): Redis has no database \(store.redisURL?.database ?? 0) (\(detail))")
+        case .noPermission:
+            return StartupFailure(key: "store.redis_url", "\(step): the Redis user's ACL does not allow it (\(detail)); "
                 + "the gateway needs reads, writes, pub/sub and scripting on keys under store.key_prefix")
-        case .server(let m) where m.hasPrefix("ERR unknown command"):
-            return StartupFailure(key: "store.redis_url", "\(step): the server refuses the command, renamed or disabled (\(m))")
-        case .server(let m) where m.hasPrefix("READONLY"):
-            return StartupFailure(key: addresses, "\(step): the server is a read-only replica; the gateway needs the master (\(m))")
-        case .server(let m):
-            return StartupFailure(key: "store.redis_url", "\(step): Redis answered \(m)")
-        case .tls(let detail) where detail.contains("CERTIFICATE_VERIFY_FAILED"):
+        case .refusedCommand:
+            return StartupFailure(key: "store.redis_url", "\(step): the server refuses the command, renamed or disabled (\(detail))")
+        case .readOnly where store.sentinel != nil:
+            return StartupFailure(key: "store.sentinel.master_name", "\(step): the server the sentinels name is not a master")
+        case .readOnly:
+            return StartupFailure(key: addresses, "\(step): the server is a read-only replica; the gateway needs the master (\(detail))")
+        case .loading, .busy, .outOfMemory, .other:
+            return StartupFailure(key: "store.redis_url", "\(step): Redis answered \(detail)")
+        case .untrustedCertificate:
             return StartupFailure(key: "store.tls.ca_file", "\(step): the server's certificate is not signed by this CA, or does not name the host (\(detail))")
-        case .tls(let detail):
+        case .tlsHandshake:
             return StartupFailure(key: "store.tls.certificate_file",
                                   "\(step): the TLS handshake failed; a server with tls-auth-clients needs our client certificate (\(detail))")
-        case .sentinel(let detail) where detail.contains("no sentinel knows"):
-            return StartupFailure(key: "store.sentinel.master_name", "\(step): \(detail)")
-        case .sentinel(let detail):
+        case .unknownMaster:
+            return StartupFailure(key: "store.sentinel.master_name", "\(step): no sentinel knows a master named '\(store.sentinel?.masterName ?? "")'")
+        case .noSentinel:
             return StartupFailure(key: "store.sentinel.addresses", "\(step): \(detail)")
-        case .notMaster:
-            return StartupFailure(key: "store.sentinel.master_name", "\(step): the server the sentinels name is not a master")
         case .timeout:
             return StartupFailure(key: addresses, "\(step): no answer within \(timeout.nanoseconds / 1_000_000_000) s")
-        case .unavailable, .protocolError, nil:
-            return StartupFailure(key: addresses, "\(step): cannot reach Redis (\(failure.error)); the log line above says why")
+        case .unreachable:
+            return StartupFailure(key: addresses, "\(step): cannot reach Redis (\(detail)); the log line above says why")
         }
     }
 }

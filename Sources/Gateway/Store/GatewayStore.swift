@@ -36,7 +36,7 @@ struct GatewayStore: SessionStore {
     /// Completes on `loop`.
     static func bounded<T: Sendable>(_ future: EventLoopFuture<T>, within timeout: TimeAmount, on loop: any EventLoop) -> EventLoopFuture<T> {
         let promise = loop.makePromise(of: T.self)
-        let timer = loop.scheduleTask(in: timeout) { promise.fail(SessionStoreError("no answer within store.timeout")) }
+        let timer = loop.scheduleTask(in: timeout) { promise.fail(SessionStoreError("no answer within store.timeout", fault: .timeout)) }
         future.whenComplete { result in
             timer.cancel()
             promise.completeWith(result)
