@@ -24,6 +24,8 @@ public final class RedisClient: Sendable {
         public var tls: RedisTLS? = nil
         /// Ask these sentinels for the master instead of dialling `host:port`.
         public var sentinel: RedisSentinelConfiguration? = nil
+        /// What `host` stands for at each connect; nil: the system's resolver (tests move a name).
+        public var resolver: RedisNameResolver? = nil
 
         public init(host: String, port: Int = 6379, username: String? = nil, password: String? = nil, database: Int = 0,
                     commandTimeout: TimeAmount = .milliseconds(250), connectTimeout: TimeAmount = .seconds(1),
@@ -52,7 +54,8 @@ public final class RedisClient: Sendable {
     private let recovered: RecoveryBroadcast
     private let logger: Logger
 
-    /// Resolves the host (or the sentinels' hosts) once, here (blocking: not on an event loop).
+    /// Checks that the host (or the sentinels' hosts) resolves, here (blocking: not on an event
+    /// loop); every connect resolves it again.
     public init(configuration: Configuration, group: MultiThreadedEventLoopGroup, logger: Logger) throws {
         self.configuration = configuration
         self.group = group

@@ -247,8 +247,8 @@ public enum RedisClusterRedirect {
             case .clusterDown: return .retry(nil, refresh: true, after: min(pause, remaining))
             default: return .fail
             }
-        case .unavailable:
-            // The node is down (or was never reached): the map may name its replacement.
+        case .unavailable, .notMaster:
+            // The node is down, never reached, or demoted: the map may name its replacement.
             return .retry(nil, refresh: true, after: min(pause, remaining))
         default:
             // A timeout used the time up; a protocol or TLS error will not mend by retrying.

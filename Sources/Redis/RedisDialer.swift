@@ -45,14 +45,19 @@ public struct RedisSentinelConfiguration: Sendable {
     }
 }
 
-/// Makes ready connections: finds where to connect (the configured address, or the master the
-/// sentinels name), connects with TLS when configured, runs the setup commands (AUTH, SELECT)
-/// and, behind sentinels, proves the server is the master (`ROLE`). The command connections,
-/// the subscriber and the sentinel watcher all dial through this one type.
+/// Where a configured address is at this connect (a test's seam: a name moved without DNS).
+public typealias RedisNameResolver = @Sendable (RedisAddress) -> RedisAddress
+
+/// Makes ready connections: finds where to connect (the configured address, its name resolved
+/// again at every connect, or the master the sentinels name), connects with TLS when
+/// configured, runs the setup commands (AUTH, SELECT) and proves the server is a master
+/// (`ROLE`): a managed Redis fails over by demoting the primary and moving its name, so a
+/// connect that reaches a replica fails and the next one resolves the name again. The command
+/// connections, the subscriber and the sentinel watcher all dial through this one type.
 struct RedisDialer: Sendable {
     enum Target: Sendable {
-        /// One server, its address resolved at start.
-        case address(RedisAddress, SocketAddress)
+        /// One server; a name is resolved at every connect.
+        case address(RedisAddress)
         /// The master the sentinels name, asked for at every connect.
         case master(SentinelLocator)
         /// Any of these (the sentinels themselves): tried in turn, one per connect.
@@ -64,6 +69,7 @@ struct RedisDialer: Sendable {
     let connectTimeout: TimeAmount
     let commandTimeout: TimeAmount
     let setup: [[RedisArgument]]
+    let resolver: RedisNameResolver?
 
     /// Dials the configured server or, with sentinels, the current master.
     init(configuration: RedisClient.Configuration) throws {
@@ -72,8 +78,11 @@ struct RedisDialer: Sendable {
                                                   commandTimeout: configuration.commandTimeout))
         } else {
             let address = RedisAddress(host: configuration.host, port: configuration.port)
-            target = .address(address, try Self.resolve(address))
+            // A name that does not resolve stops the start; it is resolved again at every connect.
+            if configuration.resolver == nil { _ = try Self.resolve(address) }
+            target = .address(address)
         }
+        resolver = configuration.resolver
         tls = configuration.tls
         connectTimeout = configuration.connectTimeout
         commandTimeout = configuration.commandTimeout
@@ -83,8 +92,10 @@ struct RedisDialer: Sendable {
         self.setup = setup
     }
 
-    init(target: Target, tls: RedisTLS?, connectTimeout: TimeAmount, commandTimeout: TimeAmount, setup: [[RedisArgument]]) {
+    init(target: Target, tls: RedisTLS?, connectTimeout: TimeAmount, commandTimeout: TimeAmount, setup: [[RedisArgument]],
+         resolver: RedisNameResolver? = nil) {
         self.target = target
+        self.resolver = resolver
         self.tls = tls
         self.connectTimeout = connectTimeout
         self.commandTimeout = commandTimeout
@@ -94,27 +105,26 @@ struct RedisDialer: Sendable {
     /// Where this dialer goes, for log lines.
     var label: String {
         switch target {
-        case .address(let address, _): return "\(address)"
+        case .address(let address): return "\(address)"
         case .master(let locator): return "sentinel master '\(locator.configuration.masterName)'"
-        case .anyOf(let rotation): return "sentinels \(rotation.addresses.map(\.0.description).joined(separator: ","))"
+        case .anyOf(let rotation): return "sentinels \(rotation.addresses.map(\.description).joined(separator: ","))"
         }
     }
 
     /// A connected channel with `handler` last in its pipeline, set up and ready for commands.
     func dial(on loop: any EventLoop, handler: RedisConnectionHandler) -> EventLoopFuture<any Channel> {
-        let located: EventLoopFuture<(RedisAddress, SocketAddress?)>
+        let located: EventLoopFuture<RedisAddress>
+        let role: RoleCheck
         switch target {
-        case .address(let address, let socket): located = loop.makeSucceededFuture((address, socket))
-        case .master(let locator): located = locator.locate(on: loop).map { ($0, nil) }
-        case .anyOf(let rotation): let (address, socket) = rotation.next(); located = loop.makeSucceededFuture((address, socket))
+        case .address(let address): located = loop.makeSucceededFuture(address); role = .unlessRefused
+        case .master(let locator): located = locator.locate(on: loop); role = .required
+        case .anyOf(let rotation): located = loop.makeSucceededFuture(rotation.next()); role = .none
         }
-        let requireMaster: Bool
-        if case .master = target { requireMaster = true } else { requireMaster = false }
         let bound = NIOLoopBound(handler, eventLoop: loop)
         let this = self
-        let ready = located.flatMap { address, socket in
-            this.connect(address, socket, on: loop, handler: bound).flatMap { channel in
-                this.prepare(channel, handler: bound.value, requireMaster: requireMaster, on: loop).map { channel }
+        let ready = located.flatMap { address in
+            this.connect(address, on: loop, handler: bound).flatMap { channel in
+                this.prepare(channel, handler: bound.value, role: role, on: loop).map { channel }
             }
         }
         guard case .anyOf(let rotation) = target else { return ready }
@@ -125,7 +135,7 @@ struct RedisDialer: Sendable {
         }
     }
 
-    private func connect(_ address: RedisAddress, _ socket: SocketAddress?, on loop: any EventLoop,
+    private func connect(_ address: RedisAddress, on loop: any EventLoop,
                          handler: NIOLoopBound<RedisConnectionHandler>) -> EventLoopFuture<any Channel> {
         let tls = self.tls
         let bootstrap = ClientBootstrap(group: loop)
@@ -141,24 +151,35 @@ struct RedisDialer: Sendable {
                     try sync.addHandler(handler.value)
                 }
             }
-        if let socket { return bootstrap.connect(to: socket) }
-        return bootstrap.connect(host: address.host, port: address.port)
+        // NIO's resolver runs getaddrinfo off the loop, at every connect: a moved name is followed.
+        let at = resolver?(address) ?? address
+        if let ip = try? SocketAddress(ipAddress: at.host, port: at.port) { return bootstrap.connect(to: ip) }
+        return bootstrap.connect(host: at.host, port: at.port)
     }
 
-    /// Runs the setup commands (and `ROLE` behind sentinels); with TLS and nothing to set up, a
-    /// `PING`, so that a failed handshake fails the connect rather than the first command.
-    private func prepare(_ channel: any Channel, handler: RedisConnectionHandler, requireMaster: Bool, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        var commands = setup
-        if requireMaster { commands.append(["ROLE"]) }
-        if commands.isEmpty, tls != nil { commands.append(["PING"]) }
-        guard !commands.isEmpty else { return loop.makeSucceededVoidFuture() }
-        let replies = commands.map { handler.send($0, timeout: commandTimeout, on: loop, flush: false) }
+    /// Whether a connect proves the server is a master: behind sentinels it must (`ROLE`
+    /// refused fails the connect); a standalone server must unless its ACL or a rename refuses
+    /// `ROLE`; a sentinel is not asked.
+    enum RoleCheck { case required, unlessRefused, none }
+
+    /// Runs the setup commands and `ROLE`, pipelined; with TLS and nothing to set up, a `PING`,
+    /// so that a failed handshake fails the connect rather than the first command.
+    private func prepare(_ channel: any Channel, handler: RedisConnectionHandler, role: RoleCheck, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let replies = setup.map { handler.send($0, timeout: commandTimeout, on: loop, flush: false) }
+        let roleReply: EventLoopFuture<RESPValue>? = role == .none ? nil : handler.send(["ROLE"], timeout: commandTimeout, on: loop, flush: false)
+        let ping: EventLoopFuture<RESPValue>? = replies.isEmpty && roleReply == nil && tls != nil
+            ? handler.send(["PING"], timeout: commandTimeout, on: loop, flush: false) : nil
+        guard !replies.isEmpty || roleReply != nil || ping != nil else { return loop.makeSucceededVoidFuture() }
         handler.flush()
-        return EventLoopFuture.whenAllSucceed(replies, on: loop).flatMapThrowing { replies in
-            if requireMaster, let role = replies.last, case .array(let parts?) = role, parts.first?.string != "master" {
-                throw RedisError.notMaster
+        let checked: EventLoopFuture<Void> = (roleReply ?? ping).map { reply in
+            reply.flatMapThrowing { answer in
+                if roleReply != nil, case .array(let parts?) = answer, parts.first?.string != "master" { throw RedisError.notMaster }
+            }.flatMapErrorThrowing { error in
+                if role == .unlessRefused, let error = error as? RedisError, error.isRefusedCommand { return }
+                throw error
             }
-        }.flatMapErrorThrowing { error in
+        } ?? loop.makeSucceededVoidFuture()
+        return EventLoopFuture.andAllSucceed(replies.map { $0.map { _ in } } + [checked], on: loop).flatMapErrorThrowing { error in
             channel.close(promise: nil)
             throw error
         }
@@ -187,15 +208,17 @@ struct RedisDialer: Sendable {
 
 /// A list of addresses used in turn; the one that last worked is tried first.
 final class Rotation: Sendable {
-    let addresses: [(RedisAddress, SocketAddress)]
+    let addresses: [RedisAddress]
     private let index = NIOLockedValueBox(0)
 
+    /// Names that do not resolve stop the start; each is resolved again at every connect.
     init(_ addresses: [RedisAddress]) throws {
-        self.addresses = try addresses.map { ($0, try RedisDialer.resolve($0)) }
+        for address in addresses { _ = try RedisDialer.resolve(address) }
+        self.addresses = addresses
     }
 
     /// The preferred address; `failed()` moves on to the next.
-    func next() -> (RedisAddress, SocketAddress) { addresses[index.withLockedValue { $0 } % addresses.count] }
+    func next() -> RedisAddress { addresses[index.withLockedValue { $0 } % addresses.count] }
     func failed() { index.withLockedValue { $0 = ($0 + 1) % addresses.count } }
 }
 

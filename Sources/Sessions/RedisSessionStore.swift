@@ -497,8 +497,11 @@ public final class RedisSessionStore: SessionStore {
         send(["GET", .string(returnURLKey)], on: loop).map { $0.string }
     }
 
+    /// A write, not `PING`: a demoted primary (a replica now) still answers `PING`, and a full
+    /// one (`maxmemory`) still reads; either refuses this (`READONLY`, `OOM`), so the health
+    /// watcher sees what a sign-in or a logout would meet. The key is gone in ten seconds.
     public func ping(on loop: any EventLoop) -> EventLoopFuture<Void> {
-        send(["PING"], on: loop).map { _ in }
+        send(["SET", .string("\(prefix)alive"), "1", "PX", "10000"], on: loop).map { _ in }
     }
 
     // MARK: decoding

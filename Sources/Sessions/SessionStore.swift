@@ -366,6 +366,6 @@ public protocol SessionStore: Sendable {
     func swapReturnURL(_ url: String, on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// The Apple return URL the fleet last recorded (`check --online` compares the file's).
     func returnURL(on eventLoop: any EventLoop) -> EventLoopFuture<String?>
-    /// Succeeds when the store answers (readiness).
+    /// Succeeds when the store takes a write (readiness): a demoted or full Redis fails it.
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
 }

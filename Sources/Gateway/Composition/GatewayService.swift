@@ -136,7 +136,8 @@ public final class GatewayService: Service, Sendable {
         }
     }
 
-    /// Pings the store (bounded by `store.timeout`) and records the answer; a change is logged.
+    /// Pings the store (a write, bounded by `store.timeout`) and records the answer; a change is
+    /// logged and told to systemd.
     private func checkStore() async {
         let loop = group.next()
         var failure: (any Error)? = nil
@@ -150,9 +151,14 @@ public final class GatewayService: Service, Sendable {
         }
         guard changed else { return }
         if let failure {
-            logger.error("session store unreachable: guarded routes answer 503", metadata: ["error": "\(failure)"])
+            let fault = StoreFault(failure)
+            let what = fault == .readOnly ? "session store is a read-only replica (its primary was demoted: a failover)"
+                : fault == .outOfMemory ? "session store is full (maxmemory) and refuses writes" : "session store unreachable"
+            logger.error("\(what): guarded routes answer 503", metadata: ["error": "\(failure)", "fault": "\(fault)"])
+            notifier.status("\(what): guarded routes answer 503")
         } else {
             logger.info("session store reachable")
+            notifier.status("listening; the session store answers")
         }
     }
 

@@ -10,6 +10,7 @@ import Foundation
 /// - `READY=1` once listening and the store has answered (or the documented degraded start),
 /// - `RELOADING=1` and `MONOTONIC_USEC=` when a reload starts, `READY=1` and `STATUS=` with its
 ///   outcome when it ends,
+/// - `STATUS=` when the session store stops or starts answering,
 /// - `STOPPING=1` when draining starts.
 struct SystemdNotifier: Sendable {
     private let address: String?
@@ -27,6 +28,9 @@ struct SystemdNotifier: Sendable {
     }
 
     func stopping() { send("STOPPING=1\nSTATUS=draining in-flight requests") }
+
+    /// What the service manager shows (`systemctl status`): the store's state when it changes.
+    func status(_ status: String) { send("STATUS=\(status)") }
 
     /// One datagram; a failure is not the gateway's problem (the manager went away).
     private func send(_ message: String) {

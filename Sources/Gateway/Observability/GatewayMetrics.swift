@@ -47,7 +47,7 @@ public final class GatewayMetrics: Sendable {
     public init() {
         clientConnections = registry.makeGauge(descriptor: Self.name("client_connections", help: "Open client connections."))
         http2Requests = registry.makeCounter(descriptor: Self.name("http2_requests", unit: "total", help: "Requests answered on HTTP/2 streams."))
-        storeUp = registry.makeGauge(descriptor: Self.name("store_up", help: "1 while the session store answers (pinged every second), else 0."))
+        storeUp = registry.makeGauge(descriptor: Self.name("store_up", help: "1 while the session store takes writes (one every second), else 0."))
         upstreamConnections = registry.makeGauge(descriptor: Self.name("upstream_connections", help: "Open upstream connections (busy and pooled)."))
         let registry = self.registry
         let reloads = ReloadResult.allCases.map {
