@@ -6,7 +6,8 @@ import _CryptoExtras
 
 /// Why no key could be found for a token.
 public enum AppleKeySetError: Error, Equatable, CustomStringConvertible {
-    /// The key set could not be fetched and none was fetched before.
+    /// The key set could not be fetched: none was before, or the token's `kid` is not in the
+    /// last good set and the refetch failed.
     case unavailable
     /// Apple's current set has no key with this id (after one refetch, if allowed).
     case unknownKey(String)
@@ -22,7 +23,10 @@ public enum AppleKeySetError: Error, Equatable, CustomStringConvertible {
 /// Apple's public keys (`/auth/keys`, apple-sign-in.md §5), for identity tokens and
 /// notifications: fetched, cached for `cacheTTL`, refetched once at once (single-flight,
 /// at most every `unknownKeyRefetchInterval`) when a token names an unknown `kid`, and the
-/// last good set kept when a fetch fails. Only RS256 RSA keys are kept.
+/// last good set kept when a fetch fails. While the endpoint fails, an unknown `kid` is
+/// `unavailable`, never `unknownKey`: Apple may have rotated its key during the outage, so the
+/// token is not known to be forged (a sign-in answers 502, not 401); the refetch is tried again
+/// after `failedRefetchInterval`. Only RS256 RSA keys are kept.
 public actor AppleKeySet {
     private let url: String
     private let httpClient: HTTPClient
@@ -33,15 +37,21 @@ public actor AppleKeySet {
 
     private var keys: [String: _RSA.Signing.PublicKey] = [:]
     private var fetchedAt: NIODeadline? = nil
-    private var lastUnknownKeyRefetch: NIODeadline? = nil
+    private let failedRefetchInterval: TimeAmount
+    /// When an unknown `kid` may trigger the next refetch.
+    private var nextUnknownKeyRefetch = NIODeadline.uptimeNanoseconds(0)
+    /// The last fetch failed: the set may be out of date.
+    private var lastFetchFailed = false
     private var inFlight: Task<[String: _RSA.Signing.PublicKey], any Error>? = nil
 
     /// - Parameters:
     ///   - baseURL: `apple.base_url` (`https://appleid.apple.com`, or the simulator's origin).
     public init(
         baseURL: String, httpClient: HTTPClient, cacheTTL: TimeAmount = .minutes(5),
-        unknownKeyRefetchInterval: TimeAmount = .seconds(30), timeout: TimeAmount = .seconds(5), logger: Logger
+        unknownKeyRefetchInterval: TimeAmount = .seconds(30), failedRefetchInterval: TimeAmount = .seconds(1),
+        timeout: TimeAmount = .seconds(5), logger: Logger
     ) {
+        self.failedRefetchInterval = failedRefetchInterval
         self.url = baseURL + "/auth/keys"
         self.httpClient = httpClient
         self.cacheTTL = cacheTTL
@@ -63,12 +73,13 @@ public actor AppleKeySet {
             if let key = keys[kid] { return key }
         }
         if fetchedAt == nil { throw AppleKeySetError.unavailable }
-        if lastUnknownKeyRefetch.map({ now - $0 >= unknownKeyRefetchInterval }) ?? true {
-            lastUnknownKeyRefetch = now
+        if now >= nextUnknownKeyRefetch {
+            nextUnknownKeyRefetch = now + unknownKeyRefetchInterval
             await refresh()
+            if lastFetchFailed { nextUnknownKeyRefetch = now + min(failedRefetchInterval, unknownKeyRefetchInterval) }
             if let key = keys[kid] { return key }
         }
-        throw AppleKeySetError.unknownKey(kid)
+        throw lastFetchFailed ? AppleKeySetError.unavailable : AppleKeySetError.unknownKey(kid)
     }
 
     /// The key ids in the cached set.
@@ -89,7 +100,9 @@ public actor AppleKeySet {
             let fetched = try await task.value
             keys = fetched
             fetchedAt = NIODeadline.now()
+            lastFetchFailed = false
         } catch {
+            lastFetchFailed = true
             logger.warning("Apple key set fetch failed; keeping the last good set", metadata: ["keys": .stringConvertible(keys.count), "error": "\(error)"])
         }
         if inFlight == task { inFlight = nil }

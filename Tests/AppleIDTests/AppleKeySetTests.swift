@@ -54,6 +54,29 @@ struct AppleKeySetTests {
         }
     }
 
+    @Test("a key rotated while the key endpoint fails is unavailable, never unknown; found by a refetch once it answers")
+    func rotationDuringOutage() async throws {
+        try await Self.withSimulator { simulator, client in
+            let keys = AppleKeySet(baseURL: simulator.baseURL, httpClient: client, unknownKeyRefetchInterval: .seconds(30),
+                                   failedRefetchInterval: .seconds(30), logger: Logger(label: "test"))
+            _ = try await keys.key(for: simulator.publishedKeyIDs[0])
+            let rotated = try simulator.rotateKeys()
+            simulator.setFaults { $0.keysFailureStatus = 503 }
+            await #expect(throws: AppleKeySetError.unavailable) { try await keys.key(for: rotated) }
+            await #expect(throws: AppleKeySetError.unavailable, "still unknowable within the interval") { try await keys.key(for: rotated) }
+            #expect(simulator.requestCount("/auth/keys") == 2, "one refetch for the new kid, not one per token")
+            simulator.setFaults { $0.keysFailureStatus = nil }
+            let retrying = AppleKeySet(baseURL: simulator.baseURL, httpClient: client, cacheTTL: .minutes(5), unknownKeyRefetchInterval: .seconds(30),
+                                       failedRefetchInterval: .zero, logger: Logger(label: "test"))
+            _ = try await retrying.key(for: simulator.publishedKeyIDs[0])
+            simulator.setFaults { $0.keysFailureStatus = 503 }
+            let next = try simulator.rotateKeys()
+            await #expect(throws: AppleKeySetError.unavailable) { try await retrying.key(for: next) }
+            simulator.setFaults { $0.keysFailureStatus = nil }
+            _ = try await retrying.key(for: next)  // a failed refetch does not hold the next one back for the whole interval
+        }
+    }
+
     @Test("concurrent lookups of a new kid share one fetch")
     func singleFlight() async throws {
         try await Self.withSimulator { simulator, client in

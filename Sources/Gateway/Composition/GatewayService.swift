@@ -143,11 +143,13 @@ public final class GatewayService: Service, Sendable {
         var failure: (any Error)? = nil
         do { _ = try await core.store.ping(on: loop).get() } catch { failure = error }
         metrics.storeUp.set(Double(failure == nil ? 1 : 0))
-        let changed = phase.withLockedValue { phase -> Bool in
-            guard case .running(let listeners, var store) = phase else { return false }
+        // The first ping's finding goes to systemd with READY=1 (`run`), not on its own.
+        let (changed, first) = phase.withLockedValue { phase -> (Bool, Bool) in
+            guard case .running(let listeners, var store) = phase else { return (false, false) }
+            let first = store == .unchecked
             let changed = store.record(answered: failure == nil)
             phase = .running(listeners, store: store)
-            return changed
+            return (changed, first)
         }
         guard changed else { return }
         if let failure {
@@ -155,10 +157,10 @@ public final class GatewayService: Service, Sendable {
             let what = fault == .readOnly ? "session store is a read-only replica (its primary was demoted: a failover)"
                 : fault == .outOfMemory ? "session store is full (maxmemory) and refuses writes" : "session store unreachable"
             logger.error("\(what): guarded routes answer 503", metadata: ["error": "\(failure)", "fault": "\(fault)"])
-            notifier.status("\(what): guarded routes answer 503")
+            if !first { notifier.status("\(what): guarded routes answer 503") }
         } else {
             logger.info("session store reachable")
-            notifier.status("listening; the session store answers")
+            if !first { notifier.status("listening; the session store answers") }
         }
     }
 
