@@ -108,7 +108,7 @@ extension GatewayConfiguration.Log {
 
 extension GatewayConfiguration.Timeouts {
     enum Key: String, ConfigKey {
-        case upstreamConnect = "upstream_connect", upstreamResponse = "upstream_response", idle, shutdown
+        case upstreamConnect = "upstream_connect", upstreamResponse = "upstream_response", idle, shutdown, drainDelay = "drain_delay"
         case requestBody = "request_body", tlsHandshake = "tls_handshake", requestHead = "request_head"
     }
 
@@ -120,6 +120,7 @@ extension GatewayConfiguration.Timeouts {
         if let v = r.duration(t, .upstreamResponse) { upstreamResponse = v }
         if let v = r.duration(t, .idle) { idle = v }
         if let v = r.duration(t, .shutdown, atLeast: .zero) { shutdown = v }
+        if let v = r.duration(t, .drainDelay, atLeast: .zero) { drainDelay = v }
     }
 }
 

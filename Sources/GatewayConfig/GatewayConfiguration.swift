@@ -123,6 +123,10 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var idle: Duration = .seconds(60)
         /// How long SIGTERM waits for in-flight requests.
         public var shutdown: Duration = .seconds(30)
+        /// After SIGTERM, before the drain: `/readyz` already answers 503 while the listener
+        /// still accepts and serves, so that a load balancer (a Kubernetes Service's endpoints)
+        /// stops sending before the port closes. 0: drain at once.
+        public var drainDelay: Duration = .zero
         /// A request body must arrive completely within this time of the request head, plus a
         /// second per KiB received and any time the gateway held the client back; then 408 (or
         /// the connection is aborted if the upstream already answered).

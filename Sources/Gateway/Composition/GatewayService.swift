@@ -215,7 +215,8 @@ public final class GatewayService: Service, Sendable {
             self.metrics.collectProcessMetrics()
         })
         if let reloads { services.append(reloads) }
-        services.append(Draining(listeners: listeners, deadline: { self.running.withLockedValue { $0.configuration.server.timeouts.shutdown } },
+        services.append(Draining(listeners: listeners, delay: { self.running.withLockedValue { $0.configuration.server.timeouts.drainDelay } },
+                                 deadline: { self.running.withLockedValue { $0.configuration.server.timeouts.shutdown } },
                                  logger: logger) {
             self.notifier.stopping()
             self.phase.withLockedValue { $0 = .draining(listeners) }

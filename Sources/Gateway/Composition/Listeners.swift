@@ -47,10 +47,12 @@ struct Listeners: Sendable {
 }
 
 /// The listeners as a service: they serve until the group shuts down, then `/readyz` says
-/// draining, the proxy finishes in-flight requests within `server.timeouts.shutdown` (read from
-/// the running configuration: a reload may change it), and the listeners close.
+/// draining, new connections are still served for `server.timeouts.drain_delay`, the proxy
+/// finishes in-flight requests within `server.timeouts.shutdown` (both read from the running
+/// configuration: a reload may change them), and the listeners close.
 struct Draining: Service {
     let listeners: Listeners
+    let delay: @Sendable () -> Duration
     let deadline: @Sendable () -> Duration
     let logger: Logger
     let willDrain: @Sendable () -> Void
@@ -58,6 +60,12 @@ struct Draining: Service {
     func run() async {
         try? await gracefulShutdown()
         willDrain()
+        let delay = delay()
+        if delay > .zero {
+            logger.info("shutting down: /readyz answers 503; still serving new connections until the drain", metadata: ["drain_delay": "\(ConfigDuration.format(delay))"])
+            // A wait on the clock is the point: the load balancer needs this long to stop sending.
+            try? await Task.sleep(for: delay)
+        }
         let drain = deadline()
         logger.info("shutting down: draining in-flight requests", metadata: ["deadline": "\(ConfigDuration.format(drain))"])
         await listeners.proxy.shutdown(deadline: .init(drain))
