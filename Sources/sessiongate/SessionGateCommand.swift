@@ -20,7 +20,8 @@ struct SessionGateCommand: AsyncParsableCommand {
         abstract: "A reverse proxy that admits only requests backed by a Sign in with Apple session.",
         discussion: """
             Configuration reference: conf/sessiongate.yaml (every key, annotated, with its default).
-            SIGHUP re-reads the configuration; SIGTERM or SIGINT drains in-flight requests and exits.
+            SIGHUP re-reads the configuration; SIGTERM or SIGINT fails /readyz, keeps serving for
+            server.timeouts.drain_delay (default 0), then drains in-flight requests and exits.
             """,
         version: "sessiongate \(BuildInfo.version) (Swift \(BuildInfo.swift))",
         subcommands: [Serve.self, Check.self, Reload.self, Demo.self, AppleSimulatorCommand.self, SessionsCommand.self, MigrateCommand.self],
