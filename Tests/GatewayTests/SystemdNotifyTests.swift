@@ -54,6 +54,40 @@ struct SystemdNotifyTests {
         return (status, process.output)
     }
 
+    @Test("the store's state goes to systemd when it changes: STATUS= says the store is unreachable once Redis stops, and that it answers once it is back")
+    func storeStatus() async throws {
+        let socket = try NotifySocket()
+        defer { socket.close() }
+        let directory = try makeSecretsDirectory("notify-store")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        let path = directory + "/sessiongate.yaml"
+        try """
+            server:
+              listen: "127.0.0.1:0"
+              admin_listen: "127.0.0.1:0"
+              access_log: "off"
+            session:
+              secret_file: "\(directory)/session.key"
+            store:
+              redis_url: "redis://127.0.0.1:\(redis.port)/0"
+            routes:
+              - name: a
+                upstream: "http://127.0.0.1:1"
+                auth: public
+
+            """.write(toFile: path, atomically: true, encoding: .utf8)
+        try await GatewayProcess.with(arguments: ["serve", "--config", path], environment: ["NOTIFY_SOCKET": socket.path]) { gateway in
+            _ = try await gateway.ports()
+            #expect(try await socket.next() == "READY=1\nSTATUS=listening; the session store answered")
+            redis.stop()
+            #expect(try await socket.next() == "STATUS=session store unreachable: guarded routes answer 503")
+            try redis.start()
+            #expect(try await socket.next() == "STATUS=listening; the session store answers")
+        }
+    }
+
     @Test("ready once listening, reloading then ready with each reload's outcome, stopping at the drain; reload and check --reload name a refused key")
     func notifyAndReload() async throws {
         let socket = try NotifySocket()
