@@ -95,6 +95,10 @@ final class ProxyShared: Sendable {
     /// `X-Forwarded-Proto` for requests from untrusted peers: the listener's own scheme.
     let scheme: String
     let limiter: ConnectionLimiter
+    /// Set when the drain starts. A connection whose protocol is chosen later (its TLS
+    /// handshake or h2c preface was under way when the quiesce event went by, and dropped it at
+    /// the pipeline's end) is told then: GOAWAY, or `connection: close`, all the same.
+    let quiescing = ManagedAtomic(false)
 
     init(snapshot: RoutingSnapshot, configuration: ProxyConfiguration, observer: any ProxyObserver) {
         self.current = NIOLockedValueBox(snapshot)
@@ -231,6 +235,9 @@ public final class ProxyServer: Sendable {
 
     public var localAddress: SocketAddress? { state.withLockedValue { $0.channel?.localAddress } }
 
+    /// Client connections accepted and not yet closed (tests wait for an accept).
+    var clientConnectionCount: Int { clients.withLockedValue { $0.count } }
+
     /// Swaps routes and header rules; requests already admitted keep the old ones.
     public func replaceRouting(_ snapshot: RoutingSnapshot) { shared.replace(snapshot) }
 
@@ -240,6 +247,7 @@ public final class ProxyServer: Sendable {
     /// aborted). Pooled upstream connections are closed.
     public func shutdown(deadline: TimeAmount) async {
         guard let quiesce = state.withLockedValue({ $0.quiesce }) else { return }
+        shared.quiescing.store(true, ordering: .sequentiallyConsistent)
         let promise = group.next().makePromise(of: Void.self)
         quiesce.initiateShutdown(promise: promise)
         let timeout = group.next().scheduleTask(in: deadline) { promise.succeed(()) }
@@ -280,6 +288,14 @@ struct ProtocolSelector {
                                                      client: HTTP2Client(id: clientID, remoteAddress: channel.remoteAddress),
                                                      ids: HTTP2RequestIDs(seed: rng.next()))
             try HTTP2ConnectionPipeline.configure(channel, environment: environment, idle: shared.timeouts.idle, logger: logger, streams: streams)
+        }
+        // Late for the drain's event (the handlers above were not there to see it): told at
+        // the next tick, after the bytes read while choosing (an h2c preface, a request sent
+        // with TLS's last handshake flight) have reached them, so a request already sent is
+        // answered (`connection: close`, or within the GOAWAY's last stream), not dropped.
+        if shared.quiescing.load(ordering: .sequentiallyConsistent) {
+            let pipeline = channel.pipeline
+            channel.eventLoop.execute { pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent()) }
         }
     }
 }

@@ -370,11 +370,40 @@ struct HTTP2ServerTests {
         let server = try await Server.start()
         let port = server.port
         async let output = Self.frames(port, [Self.line(["wait_for": "GOAWAY"])])
-        try await Task.sleep(for: .milliseconds(250))
+        // Accepted is enough: a connection whose preface is still on its way is told once it is HTTP/2.
+        try await Poll.within(.seconds(10), every: .milliseconds(5), "the server accepts the client") { server.proxy.clientConnectionCount == 1 }
         await server.stop()
         let lines = try await output
         #expect(lines.contains("GOAWAY last_stream=0 code=NO_ERROR"), "\(lines)")
         #expect(lines.contains("CLOSED"))
+    }
+
+    @Test("a connection still sending its h2c preface when the drain starts gets GOAWAY once it is HTTP/2, not a cut at the deadline")
+    func drainDuringPreface() async throws {
+        let server = try await Server.start()
+        let port = server.port
+        let client = try RawClient(port: port, timeoutSeconds: 5)
+        try client.send(Array(HTTP2PrefaceSniffer.preface[0..<10]))  // undecided: a strict prefix
+        try await Poll.within(.seconds(5), every: .milliseconds(5), "the server accepts the connection") { server.proxy.clientConnectionCount == 1 }
+        let started = ContinuousClock.now
+        async let stopped: Void = server.stop()  // deadline 1 s
+        try await Poll.within(.seconds(5), every: .milliseconds(5), "the listener closes: the drain has begun") {
+            (try? RawClient(port: port, timeoutSeconds: 1)) == nil
+        }
+        let types = try await blocking { () -> [UInt8] in
+            try client.send(Array(HTTP2PrefaceSniffer.preface[10...]) + [0, 0, 0, 4, 0, 0, 0, 0, 0])  // the rest, and an empty SETTINGS
+            var types: [UInt8] = []
+            while let header = try? client.read(count: 9) {
+                let length = Int(header[0]) << 16 | Int(header[1]) << 8 | Int(header[2])
+                types.append(header[3])
+                guard (try? client.read(count: length)) != nil else { break }
+            }
+            return types
+        }
+        let closedAfter = ContinuousClock.now - started
+        await stopped
+        #expect(types.contains(7), "GOAWAY (frame type 7) among \(types)")
+        #expect(closedAfter < .milliseconds(900), "closed by the GOAWAY, not at the 1 s deadline: \(closedAfter)")
     }
 
     @Test("h2c: the preface's 24 bytes choose HTTP/2; a byte that differs chooses HTTP/1.1 at once; a strict prefix waits")
