@@ -92,10 +92,10 @@ struct RedisDialer: Sendable {
         self.setup = setup
     }
 
-    init(target: Target, tls: RedisTLS?, connectTimeout: TimeAmount, commandTimeout: TimeAmount, setup: [[RedisArgument]],
-         resolver: RedisNameResolver? = nil) {
+    /// A dialer of sentinels or cluster nodes (their names are resolved by the system's resolver).
+    init(target: Target, tls: RedisTLS?, connectTimeout: TimeAmount, commandTimeout: TimeAmount, setup: [[RedisArgument]]) {
         self.target = target
-        self.resolver = resolver
+        self.resolver = nil
         self.tls = tls
         self.connectTimeout = connectTimeout
         self.commandTimeout = commandTimeout
@@ -165,21 +165,21 @@ struct RedisDialer: Sendable {
     /// Runs the setup commands and `ROLE`, pipelined; with TLS and nothing to set up, a `PING`,
     /// so that a failed handshake fails the connect rather than the first command.
     private func prepare(_ channel: any Channel, handler: RedisConnectionHandler, role: RoleCheck, on loop: any EventLoop) -> EventLoopFuture<Void> {
-        let replies = setup.map { handler.send($0, timeout: commandTimeout, on: loop, flush: false) }
-        let roleReply: EventLoopFuture<RESPValue>? = role == .none ? nil : handler.send(["ROLE"], timeout: commandTimeout, on: loop, flush: false)
-        let ping: EventLoopFuture<RESPValue>? = replies.isEmpty && roleReply == nil && tls != nil
-            ? handler.send(["PING"], timeout: commandTimeout, on: loop, flush: false) : nil
-        guard !replies.isEmpty || roleReply != nil || ping != nil else { return loop.makeSucceededVoidFuture() }
+        var commands = setup
+        if role != .none { commands.append(["ROLE"]) } else if commands.isEmpty, tls != nil { commands.append(["PING"]) }
+        guard !commands.isEmpty else { return loop.makeSucceededVoidFuture() }
+        var replies = commands.map { handler.send($0, timeout: commandTimeout, on: loop, flush: false) }
         handler.flush()
-        let checked: EventLoopFuture<Void> = (roleReply ?? ping).map { reply in
-            reply.flatMapThrowing { answer in
-                if roleReply != nil, case .array(let parts?) = answer, parts.first?.string != "master" { throw RedisError.notMaster }
+        if role != .none {
+            replies[replies.count - 1] = replies[replies.count - 1].flatMapThrowing { answer in
+                if case .array(let parts?) = answer, parts.first?.string != "master" { throw RedisError.notMaster }
+                return answer
             }.flatMapErrorThrowing { error in
-                if role == .unlessRefused, let error = error as? RedisError, error.isRefusedCommand { return }
-                throw error
+                guard role == .unlessRefused, let refused = error as? RedisError, refused.isRefusedCommand else { throw error }
+                return .bulkString(nil)  // not proved; the first write's READONLY will tell
             }
-        } ?? loop.makeSucceededVoidFuture()
-        return EventLoopFuture.andAllSucceed(replies.map { $0.map { _ in } } + [checked], on: loop).flatMapErrorThrowing { error in
+        }
+        return EventLoopFuture.andAllSucceed(replies, on: loop).flatMapErrorThrowing { error in
             channel.close(promise: nil)
             throw error
         }

@@ -8,33 +8,58 @@ import Testing
 /// what the user and the operator see while it lasts, and that it ends without a restart.
 @Suite("Gateway on a demoted Redis primary", .serialized, .timeLimit(.minutes(2)))
 struct StoreDemotionTests {
+    static func admin(_ h: SignInHarness, _ path: String) async throws -> (Int, String) {
+        let port = try #require(h.service.adminAddress?.port)
+        let answer = try await TestBrowser(gatewayOrigin: h.origin).request("http://127.0.0.1:\(port)\(path)")
+        return (answer.status, answer.body)
+    }
+
+    /// `sessiongate_store_up` as the metrics endpoint renders it ("1.0", "0.0").
+    static func storeUp(_ h: SignInHarness) async throws -> String? {
+        try await admin(h, "/metrics").1.split(separator: "\n").first { $0.hasPrefix("sessiongate_store_up ") }
+            .map { String($0.dropFirst("sessiongate_store_up ".count)) }
+    }
+
+    @Test("a full Redis (maxmemory, noeviction): store_up 0 and a log line saying it is full within seconds; given room, reachable again")
+    func full() async throws {
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        let logs = LogRecorder()
+        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
+                                     localCacheTTL: .zero, logs: logs) { h in
+            #expect(try await Self.storeUp(h) == "1.0")
+            let before = logs.all.count
+            _ = try RedisCommand.send(["CONFIG", "SET", "maxmemory-policy", "noeviction"], port: redis.port)
+            _ = try RedisCommand.send(["CONFIG", "SET", "maxmemory", "1"], port: redis.port)
+            try await Poll.within(.seconds(5), "the log says the store is full") {
+                logs.all.dropFirst(before).contains { $0.contains("session store is full (maxmemory)") && $0.contains("fault=outOfMemory") }
+            }
+            #expect(try await Self.storeUp(h) == "0.0", "a PING would still pass: the watcher's write does not")
+            let full = logs.all.count
+            _ = try RedisCommand.send(["CONFIG", "SET", "maxmemory", "0"], port: redis.port)
+            try await Poll.within(.seconds(5), "the log says the store is back") { logs.all.dropFirst(full).contains { $0.contains("session store reachable") } }
+            #expect(try await Self.storeUp(h) == "1.0")
+        }
+    }
+
     @Test("a demoted primary: logout answers 503 and ends nothing, store_up is 0, /readyz and the log name a read-only replica within seconds; promoted again, logout works without a restart")
     func demotion() async throws {
-        let a = try RedisServerProcess()
-        defer { a.stop() }
-        let b = try RedisServerProcess(arguments: ["--replicaof", "127.0.0.1", String(a.port)])
-        defer { b.stop() }
-        try Poll.until(Date().addingTimeInterval(20), "the replica syncs") { RedisCommand.info(port: b.port)["master_link_status"] == "up" }
+        let pair = try RedisReplicatedPair()
+        defer { pair.stop() }
+        let a = pair.primary
         let logs = LogRecorder()
         try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: a.port, database: 0, process: nil),
                                      localCacheTTL: .zero, logs: logs) { h in
             let browser = TestBrowser(gatewayOrigin: h.origin)
             _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
             #expect(try await browser.request("/x").status == 200)
-            let adminPort = try #require(h.service.adminAddress?.port)
-            func admin(_ path: String) async throws -> (Int, String) {
-                let answer = try await browser.request("http://127.0.0.1:\(adminPort)\(path)")
-                return (answer.status, answer.body)
-            }
-            func storeUp() async throws -> String? {
-                try await admin("/metrics").1.split(separator: "\n").first { $0.hasPrefix("sessiongate_store_up ") }.map { String($0.dropFirst("sessiongate_store_up ".count)) }
-            }
+            func admin(_ path: String) async throws -> (Int, String) { try await Self.admin(h, path) }
+            func storeUp() async throws -> String? { try await Self.storeUp(h) }
             let up = try await storeUp()
             #expect(up == "1.0", "\(up ?? "no store_up")")
 
             // Demoted: B promoted, A its replica, the gateway still on A.
-            _ = try RedisCommand.send(["REPLICAOF", "NO", "ONE"], port: b.port)
-            _ = try RedisCommand.send(["REPLICAOF", "127.0.0.1", String(b.port)], port: a.port)
+            try pair.failOver()
             let demoted = ContinuousClock.now
             try await Poll.within(.seconds(5), "the log names a read-only replica") {
                 logs.all.contains { $0.contains("session store is a read-only replica") && $0.contains("fault=readOnly") }

@@ -32,11 +32,9 @@ struct RedisPrimaryFollowingTests {
 
     @Test("a demoted primary: the first write is refused (READONLY, or ROLE on the reconnect Redis forces), a reconnect to the replica is refused (ROLE), and once the name moves writes reach the new primary with its data")
     func demotionAndMovedName() async throws {
-        let a = try RedisServerProcess()
-        defer { a.stop() }
-        let b = try RedisServerProcess(arguments: ["--replicaof", "127.0.0.1", String(a.port)])
-        defer { b.stop() }
-        try Poll.until(Date().addingTimeInterval(20), "the replica syncs") { RedisCommand.info(port: b.port)["master_link_status"] == "up" }
+        let pair = try RedisReplicatedPair()
+        defer { pair.stop() }
+        let (a, b) = (pair.primary, pair.replica)
 
         let at = NIOLockedValueBox(a.port)
         var configuration = RedisClient.Configuration(host: "redis.example.internal", port: 6379, commandTimeout: .seconds(2),
@@ -53,8 +51,7 @@ struct RedisPrimaryFollowingTests {
             }
 
             // The failover: B promoted, A demoted to its replica; the name still points at A.
-            _ = try RedisCommand.send(["REPLICAOF", "NO", "ONE"], port: b.port)
-            _ = try RedisCommand.send(["REPLICAOF", "127.0.0.1", String(b.port)], port: a.port)
+            try pair.failOver()
             // Redis drops its clients when it is demoted (then the write dials again and meets
             // ROLE) or answers READONLY to a connection it kept: refused either way.
             let during = await Self.write(client, "during")

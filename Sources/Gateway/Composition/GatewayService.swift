@@ -154,13 +154,21 @@ public final class GatewayService: Service, Sendable {
         guard changed else { return }
         if let failure {
             let fault = StoreFault(failure)
-            let what = fault == .readOnly ? "session store is a read-only replica (its primary was demoted: a failover)"
-                : fault == .outOfMemory ? "session store is full (maxmemory) and refuses writes" : "session store unreachable"
+            let what = Self.outage(fault)
             logger.error("\(what): guarded routes answer 503", metadata: ["error": "\(failure)", "fault": "\(fault)"])
             if !first { notifier.status("\(what): guarded routes answer 503") }
         } else {
             logger.info("session store reachable")
             if !first { notifier.status("listening; the session store answers") }
+        }
+    }
+
+    /// What an operator reads when the store stops taking writes (the log, systemd's status).
+    static func outage(_ fault: StoreFault) -> String {
+        switch fault {
+        case .readOnly: "session store is a read-only replica (its primary was demoted: a failover)"
+        case .outOfMemory: "session store is full (maxmemory) and refuses writes"
+        default: "session store unreachable"
         }
     }
 
