@@ -1,7 +1,7 @@
 extension GatewayConfiguration.Store {
     enum Key: String, ConfigKey {
         case redisURL = "redis_url", keyPrefix = "key_prefix", timeout, localCacheTTL = "local_cache_ttl"
-        case localCacheEntries = "local_cache_entries", tls, sentinel, cluster
+        case localCacheEntries = "local_cache_entries", tls, sentinel, cluster, stateDir = "state_dir"
     }
 
     /// Reads `store`: each key the file sets replaces its default; `tls` and `sentinel` need a
@@ -39,6 +39,7 @@ extension GatewayConfiguration.Store {
         if let v = r.duration(s, .timeout) { timeout = v }
         if let v = r.duration(s, .localCacheTTL, atLeast: .zero) { localCacheTTL = v }
         if let v = r.int(s, .localCacheEntries, range: 1...100_000_000) { localCacheEntries = v }
+        if let v = r.path(s, .stateDir) { stateDir = v }
     }
 }
 

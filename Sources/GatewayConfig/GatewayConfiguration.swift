@@ -213,6 +213,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         public var sentinel: Sentinel? = nil
         /// A Redis Cluster: its nodes instead of `redis_url`'s host.
         public var cluster: Cluster? = nil
+        /// Where revocations the store did not take (an outage) are kept until it does, across
+        /// restarts (`held-revocations.jsonl`); nil: in memory only.
+        public var stateDir: String? = nil
         public init() {}
     }
 

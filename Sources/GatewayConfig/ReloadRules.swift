@@ -73,6 +73,7 @@ public enum ReloadRules {
         .on("store.timeout") { $0.store.timeout },
         .on("store.local_cache_ttl") { $0.store.localCacheTTL },
         .on("store.local_cache_entries") { $0.store.localCacheEntries },
+        .on("store.state_dir") { $0.store.stateDir },
         .on("store.tls.ca_file") { $0.store.tls.caFile },
         .on("store.tls.certificate_file") { $0.store.tls.certificateFile },
         .on("store.tls.private_key_file") { $0.store.tls.privateKeyFile },

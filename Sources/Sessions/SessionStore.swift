@@ -202,7 +202,7 @@ public struct TransferRecord: Sendable, Equatable {
 
 /// What a revocation removes besides the sessions it ends (issue 25 §2: disconnecting is not
 /// deleting).
-public enum Forgetting: Sendable, Equatable {
+public enum Forgetting: String, Sendable, Equatable, Codable {
     /// Nothing: an operator's revoke. The user's profile, tokens and link stay.
     case nothing
     /// The refresh tokens granted up to the revocation (dead at Apple, or revoked there): consent

@@ -50,6 +50,8 @@ struct CheckServeParityTests {
         ("an upstream that does not resolve", "http://127.0.0.1:9000", "http://no-such-host.invalid:9000", 17, "routes[0].upstream: the host 'no-such-host.invalid' does not resolve", ""),
         ("admin_listen equal to listen", "admin_listen: \"127.0.0.1:ADMIN\"", "admin_listen: \"127.0.0.1:LISTEN\"", 3, "server.admin_listen: 127.0.0.1:", "is the public listener's address"),
         ("a rediss:// CA file that is missing", "  timeout: 250ms", "  redis_url: \"rediss://127.0.0.1:6380/0\"\n  tls: { ca_file: \"/nonexistent/ca.pem\" }", 15, "store.tls.ca_file: cannot read /nonexistent/ca.pem", "No such file or directory"),
+        ("a state directory that is not there", "  timeout: 250ms", "  timeout: 250ms\n  state_dir: \"/nonexistent/sessiongate\"", 15,
+         "store.state_dir: /nonexistent/sessiongate is not a directory", ""),
         ("a Redis host that does not resolve", "  timeout: 250ms", "  redis_url: \"redis://no-such-host.invalid:6379/0\"", 14, "store.redis_url: the host 'no-such-host.invalid' does not resolve", ""),
         ("a Redis Cluster node that does not resolve", "  timeout: 250ms", "  redis_url: \"redis://127.0.0.1:1/0\"\n  cluster: { addresses: [\"127.0.0.1:7000\", \"no-such-host.invalid:7001\"] }", 15,
          "store.cluster.addresses: a cluster node does not resolve", ""),

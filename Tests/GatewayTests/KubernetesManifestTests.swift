@@ -32,6 +32,8 @@ struct KubernetesManifestTests {
         #expect(c.server.adminListen.host == "0.0.0.0" && c.server.adminListen.port == 9091, "the kubelet probes the pod's address")
         #expect(c.store.redisURL != nil, "replicas share sessions only through Redis")
         let deployment = try String(contentsOfFile: Self.directory + "/deployment.yaml", encoding: .utf8)
+        let state = try #require(c.store.stateDir, "held revocations survive a container restart")
+        #expect(deployment.contains("mountPath: \(state)\n"), "store.state_dir is a writable volume (the root file system is read-only)")
         for line in ["path: /healthz", "path: /readyz", "containerPort: 9091", "containerPort: 8080", "runAsUser: 10001", "readOnlyRootFilesystem: true",
                      "mountPath: /etc/sessiongate/sessiongate.yaml", "mountPath: /etc/sessiongate/secrets", "kind: PodDisruptionBudget"] {
             #expect(deployment.contains(line), "\(line)")

@@ -151,16 +151,24 @@ final class SignInHarness: @unchecked Sendable {
         let service = try GatewayService(configuration: c, configPath: nil, logger: logger, clock: clock.now)
         let group = ServiceGroup(configuration: .init(services: [.init(service: service)], gracefulShutdownSignals: [], logger: logger))
         let task = Task { try await group.run() }
-        extraInstances.append((group, task))
+        extraInstances.append((service, group, task))
         await service.waitUntilStarted()
         withExtendedLifetime(reserved) {}
         return (service, "http://localhost:\(port)")
     }
 
-    private var extraInstances: [(ServiceGroup, Task<Void, any Error>)] = []
+    private var extraInstances: [(GatewayService, ServiceGroup, Task<Void, any Error>)] = []
+
+    /// Stops an instance `addInstance` started (as SIGTERM would), before the harness stops.
+    func stopInstance(_ service: GatewayService) async {
+        guard let i = extraInstances.firstIndex(where: { $0.0 === service }) else { return }
+        let (_, group, task) = extraInstances.remove(at: i)
+        await group.triggerGracefulShutdown()
+        _ = try? await task.value
+    }
 
     private func stop() async {
-        for (group, task) in extraInstances {
+        for (_, group, task) in extraInstances {
             await group.triggerGracefulShutdown()
             _ = try? await task.value
         }

@@ -42,7 +42,7 @@ struct StoreDemotionTests {
         }
     }
 
-    @Test("a demoted primary: logout answers 503 and ends nothing, store_up is 0, /readyz and the log name a read-only replica within seconds; promoted again, logout works without a restart")
+    @Test("a demoted primary: store_up is 0, /readyz and the log name a read-only replica within seconds, a logout is held and refused at once; promoted again, the logout is applied and logout works without a restart")
     func demotion() async throws {
         let pair = try RedisReplicatedPair()
         defer { pair.stop() }
@@ -53,6 +53,11 @@ struct StoreDemotionTests {
             let browser = TestBrowser(gatewayOrigin: h.origin)
             _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
             #expect(try await browser.request("/x").status == 200)
+            let other = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await other.signIn(from: "/x", as: h.simulator.createUser())
+            let stale = TestBrowser(gatewayOrigin: h.origin)
+            stale.cookies = other.cookies
+            #expect(try await stale.request("/x").status == 200)
             func admin(_ path: String) async throws -> (Int, String) { try await Self.admin(h, path) }
             func storeUp() async throws -> String? { try await Self.storeUp(h) }
             let up = try await storeUp()
@@ -70,16 +75,20 @@ struct StoreDemotionTests {
             print("gateway on a demoted primary: the log and store_up said so \(seen) after the demotion")
             #expect(seen < .seconds(3), "within a second of the first failed write (the watcher writes every second)")
 
-            let logout = try await browser.request("/_auth/logout", method: .POST, form: [])
-            #expect(logout.status == 503, "a logout the store did not take is not answered as done: \(logout.status)")
+            // The other user's logout: the store refuses the write (READONLY), the logout is held.
+            let logout = try await other.request("/_auth/logout", method: .POST, form: [])
+            #expect(logout.status == 303, "a logout the store did not take is held, and done for the user: \(logout.status)")
+            #expect(try await stale.request("/x").status == 302, "refused here at once")
 
             // Promoted again (the name never moved): the same connections' next dial reaches a master.
             _ = try RedisCommand.send(["REPLICAOF", "NO", "ONE"], port: a.port)
             let linesBefore = logs.all.count
             try await Poll.within(.seconds(10), "the log says the store is back") { logs.all.dropFirst(linesBefore).contains { $0.contains("session store reachable") } }
             #expect(try await storeUp() == "1.0")
+            try await Poll.within(.seconds(5), "the held logout is applied") { logs.all.dropFirst(linesBefore).contains { $0.contains("a held revocation was applied") } }
+            #expect(try await stale.request("/x").status == 302, "ended in the store, not only refused here")
             let after = try await browser.request("/x")
-            #expect(after.status == 200, "the session survived the outage: \(after.status) \(after.body.prefix(200)) \(logs.all.suffix(8))")
+            #expect(after.status == 200, "the first user's session survived the outage: \(after.status) \(after.body.prefix(200)) \(logs.all.suffix(8))")
             #expect(try await browser.request("/_auth/logout", method: .POST, form: []).status == 303, "logout works again")
             #expect(try await browser.request("/x").status == 302, "and ended the session")
         }

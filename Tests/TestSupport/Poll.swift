@@ -25,4 +25,14 @@ public enum Poll {
             try await Task.sleep(for: interval)
         }
     }
+
+    /// The same for a condition that must itself ask (a metrics endpoint).
+    public static func within(_ limit: Duration, every interval: Duration = .milliseconds(50), _ what: String,
+                              _ condition: () async throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + limit
+        while try await !condition() {
+            guard ContinuousClock.now < deadline else { throw Timeout(description: "timed out after \(limit) waiting until \(what)") }
+            try await Task.sleep(for: interval)
+        }
+    }
 }

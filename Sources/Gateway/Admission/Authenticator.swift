@@ -148,6 +148,8 @@ final class Authenticator: Sendable {
         case .invalid: return .now(.invalid)
         case .session(let h): handle = h
         }
+        // A logout the store has not taken yet: refused whether or not the store answers.
+        if core.revocations.held.denies(key: handle.key) { return .now(.invalid) }
         let t = core.now()
         if let cached = core.cache.get(handle) {
             core.metrics.cacheHits.increment()
@@ -190,6 +192,9 @@ final class Authenticator: Sendable {
     /// and asks Apple when a re-validation is due (in the background, or before answering).
     private func admit(_ handle: SessionHandle, _ cached: CachedSession, now t: Int64, trace: TraceContext?, on loop: any EventLoop) -> Lookup {
         let session = cached.stored.session
+        // A revocation the store has not taken yet (`HeldRevocations`): refused here. The cache
+        // keeps the session meanwhile, so that it is refused without asking the store.
+        if core.revocations.held.denies(key: handle.key, sub: session.sub, created: session.created) { return .now(.invalid) }
         let revalidation: SessionPolicy.Revalidation
         switch policy.decide(cached.stored, now: t) {
         case .dead:
@@ -234,15 +239,6 @@ final class Authenticator: Sendable {
     }
 
     func isLive(_ s: StoredSession, now t: Int64) -> Bool { times.isLive(s, now: t) }
-
-    // MARK: ending sessions
-
-    /// Revokes a user everywhere (`Revocations.revokeUser`), the revocation kept for this
-    /// generation's absolute session timeout.
-    func revokeUser(_ sub: String, source: Revocations.Source, at: Int64? = nil, happened: Int64? = nil, forget: Forgetting = .nothing,
-                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
-        core.revocations.revokeUser(sub, source: source, at: at, happened: happened, keep: absoluteTimeout, forget: forget, event: event, on: loop)
-    }
 
     // MARK: sessions
 

@@ -10,7 +10,7 @@ import Sessions
 
 /// What the app behind the gateway is told (`events.url`): the gateway is the only component
 /// Apple notifies, and the app must act too (delete its own data for a deleted account).
-enum AppEventKind: String, Sendable, CaseIterable {
+enum AppEventKind: String, Sendable, CaseIterable, Codable {
     /// The user's sessions were revoked (consent revoked at Apple, the user's disconnect,
     /// `invalid_grant`, an operator): they must sign in again; the account stays (linked).
     case userRevoked = "user.revoked"

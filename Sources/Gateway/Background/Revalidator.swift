@@ -277,8 +277,11 @@ final class Revalidator: Sendable {
                 // the tokens granted up to it. A session from a newer consent (the user came back
                 // after a notification we missed) lives on, and is validated on its own schedule.
                 logger.info("Apple refused a refresh token: the sessions of its grant and older end", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
-                try await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
-                _ = try await revocations.revokeUser(session.sub, source: .appleInvalidGrant, at: session.created, keep: keep, forget: .grants, on: loop).get()
+                // Revoked, or held until the store takes it (refused here meanwhile): Apple's
+                // answer is never lost to a store outage. The fleet's record after it.
+                _ = try await revocations.durably(.user(sub: session.sub, source: .appleInvalidGrant, at: session.created, happened: t, forget: .grants,
+                                                        event: nil, reason: nil, atApple: false), keep: keep, on: loop)
+                try? await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
                 return .revoked
             case .clientMisconfigured(let error):
                 let opened = retry.failed(after: circuit, at: t, retryAfter: nil, jitter: .random(in: 0..<1))

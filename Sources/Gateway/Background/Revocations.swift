@@ -7,11 +7,13 @@ import Sessions
 /// revocation path: the endpoints, the revalidator and the `sessions revoke` command all call it.
 final class Revocations: Sendable {
     /// Why sessions ended (a metric label).
-    enum Source: String, CaseIterable, Sendable {
+    enum Source: String, CaseIterable, Sendable, Codable {
         case appleNotification = "apple_notification", user, appleInvalidGrant = "apple_invalid_grant", operator_ = "operator"
     }
 
     let store: any SessionStore
+    /// What the store did not take, kept until it does (`HeldRevocations`).
+    let held: HeldRevocations
     let cache: LocalSessionCache<CachedSession>
     let fleet: FleetPublisher
     let tunnels: TunnelRegistry
@@ -22,9 +24,10 @@ final class Revocations: Sendable {
     /// Where tunnel checks after an invalidation run.
     let backgroundLoop: any EventLoop
 
-    init(store: any SessionStore, cache: LocalSessionCache<CachedSession>, fleet: FleetPublisher, tunnels: TunnelRegistry, events: AppEvents?,
+    init(store: any SessionStore, held: HeldRevocations, cache: LocalSessionCache<CachedSession>, fleet: FleetPublisher, tunnels: TunnelRegistry, events: AppEvents?,
          metrics: GatewayMetrics, logger: Logger, now: @escaping @Sendable () -> Int64, backgroundLoop: any EventLoop) {
         self.store = store
+        self.held = held
         self.cache = cache
         self.fleet = fleet
         self.tunnels = tunnels
@@ -49,7 +52,8 @@ final class Revocations: Sendable {
     ///   - event: what the app is told, and why (`events.url`).
     func revokeUser(_ sub: String, source: Source, at: Int64? = nil, happened: Int64? = nil, keep: Int64, forget: Forgetting = .nothing,
                     event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
-        cache.invalidate(sub: sub)
+        // The cache is dropped once the store took it: until then a failed write leaves the
+        // sessions cached, for `HeldRevocations` to refuse without asking the store.
         let t = now()
         let revokedAt = min(at ?? t, t)
         return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: loop).map { outcome in
@@ -66,6 +70,49 @@ final class Revocations: Sendable {
             self.events?.emit(AppEvent(kind: kind, sub: sub, reason: reason, happenedAt: happened.map { min($0, t) } ?? t))
             self.logger.info("user revoked", metadata: ["sub": "\(sub)", "source": "\(source.rawValue)", "sessions": .stringConvertible(outcome.ended), "forgotten": "\(forget)"])
             return outcome
+        }
+    }
+
+    /// What a revocation that must not be lost came to.
+    enum Durable: Sendable {
+        /// The store took it.
+        case applied(Revocation)
+        /// The store did not: held (`HeldRevocations`), refused here at once, applied when the
+        /// store answers.
+        case held
+    }
+
+    /// Does `action` (`apply`, by default `apply(_:keep:on:)`), or holds it when the store
+    /// fails: the caller answers success either way. Throws the store's error only when it
+    /// could not be held either (the queue full, the journal unwritable).
+    func durably(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop,
+                 apply: (() async throws -> Revocation)? = nil) async throws -> Durable {
+        do {
+            if let apply { return .applied(try await apply()) }
+            return .applied(try await self.apply(action, keep: keep, on: loop))
+        } catch {
+            // Refused here from now on (`Authenticator`), from the local cache as it stands.
+            guard await held.hold(action, deny: action.deny, keep: keep, why: error) else { throw error }
+            return .held
+        }
+    }
+
+    /// A logout or a user's revocation, applied to the store (live, or replayed from
+    /// `HeldRevocations`); the disconnect's tokens at Apple and the notifications are `AuthCore`'s.
+    func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Revocation {
+        switch action {
+        case .user(let sub, let source, let at, let happened, let forget, let event, let reason, _):
+            return try await revokeUser(sub, source: source, at: at, happened: happened, keep: keep, forget: forget,
+                                        event: event.map { ($0, reason ?? source.rawValue) }, on: loop).get()
+        case .session(let key, let sub):
+            // The session the store holds under the key, if any (gone already: nothing to end).
+            guard let handle = SessionHandle(key: key, sub: sub), let stored = try await store.load(handle, on: loop).get() else {
+                return Revocation(ended: 0, superseded: false)
+            }
+            try await endSession(handle, sub: stored.session.sub, reason: .logout, on: loop).get()
+            return Revocation(ended: 1, superseded: false)
+        case .notification:
+            throw HeldRevocations.NotApplicable()
         }
     }
 

@@ -9,6 +9,7 @@ struct CoreResources: Service {
     let outbox: Outbox
     let backend: RedisSessionBackend?
     let http: HTTPClient?
+    let held: HeldRevocations
 
     /// Subscribes to the fleet's channel (what arrives waits for `FleetSubscriber`) and starts
     /// the outbox's passes: before the gateway says it started, so that a caller that then
@@ -27,6 +28,7 @@ struct CoreResources: Service {
     func close() async {
         outbox.stop()
         await outbox.drain()
+        held.close()
         await backend?.shutdown()
         try? await http?.shutdown()
     }

@@ -43,6 +43,18 @@ enum GatewayComposition {
             let (entries, evictions) = cache.statistics
             metrics.recordSessionCache(entries: entries, evictions: evictions)
         }
+        // Revocations the store does not take wait here: on disk with store.state_dir, for the
+        // gateway only (a one-shot command checks the directory: it holds nothing and must not
+        // take the journal's lock).
+        let held: HeldRevocations
+        do {
+            let directory = HeldJournal.directory(configured: c.store.stateDir)
+            if !subscribe, let directory { try HeldJournal.check(directory) }
+            let journal = subscribe ? try directory.map { try HeldJournal(directory: $0) } : nil
+            held = try HeldRevocations(journal: journal, metrics: metrics, logger: logger, now: now)
+        } catch {
+            throw StartupFailure(key: "store.state_dir", "\(error)")
+        }
 
         // The gateway's only (a one-shot command traces nothing).
         let tracer: GatewayTracer?
@@ -120,7 +132,7 @@ enum GatewayComposition {
             outbox.register(.event) { job, _ in await AppEvents.deliver(job, signer: signer, now: now(), http: http, timeout: timeout, tracer: tracer, logger: logger) }
         }
         let tunnels = TunnelRegistry()
-        let revocations = Revocations(store: store, cache: cache, fleet: fleet, tunnels: tunnels, events: events, metrics: metrics, logger: logger,
+        let revocations = Revocations(store: store, held: held, cache: cache, fleet: fleet, tunnels: tunnels, events: events, metrics: metrics, logger: logger,
                                       now: now, backgroundLoop: backgroundLoop)
         let revalidator: Revalidator? = {
             guard let apple, let a = c.apple else { return nil }
@@ -139,6 +151,6 @@ enum GatewayComposition {
                             exchanges: NIOLockedValueBox(RateWindows()), anonymousWrites: NIOLockedValueBox(AnonymousWrites()),
                             tracer: tracer, metrics: metrics, logger: logger, now: now)
         let subscriber = signals.map { FleetSubscriber(signals: $0, revocations: revocations, revalidator: revalidator) }
-        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http), tracer: tracer)
+        return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http, held: held), tracer: tracer)
     }
 }

@@ -137,8 +137,9 @@ public final class GatewayService: Service, Sendable {
     }
 
     /// Pings the store (a write, bounded by `store.timeout`) and records the answer; a change is
-    /// logged and told to systemd.
-    private func checkStore() async {
+    /// logged and told to systemd. Answers whether the store answered.
+    @discardableResult
+    private func checkStore() async -> Bool {
         let loop = group.next()
         var failure: (any Error)? = nil
         do { _ = try await core.store.ping(on: loop).get() } catch { failure = error }
@@ -151,7 +152,7 @@ public final class GatewayService: Service, Sendable {
             phase = .running(listeners, store: store)
             return (changed, first)
         }
-        guard changed else { return }
+        guard changed else { return failure == nil }
         if let failure {
             let fault = StoreFault(failure)
             let what = Self.outage(fault)
@@ -161,6 +162,16 @@ public final class GatewayService: Service, Sendable {
             logger.info("session store reachable")
             if !first { notifier.status("listening; the session store answers") }
         }
+        return failure == nil
+    }
+
+    /// Applies the revocations the store did not take, once it answers again.
+    private func replayHeld() async {
+        let held = core.revocations.held
+        held.recordMetrics()
+        guard !held.isEmpty else { return }
+        let loop = group.next()
+        await held.replay { await self.core.replay($0, on: loop) }
     }
 
     /// What an operator reads when the store stops taking writes (the log, systemd's status).
@@ -219,7 +230,7 @@ public final class GatewayService: Service, Sendable {
         services.append(parts.resources)
         if let subscriber = parts.subscriber { services.append(subscriber) }
         services.append(PeriodicTask(every: .seconds(1)) {
-            await self.checkStore()
+            if await self.checkStore() { await self.replayHeld() }
             self.metrics.collectProcessMetrics()
         })
         if let reloads { services.append(reloads) }

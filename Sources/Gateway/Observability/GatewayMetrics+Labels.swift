@@ -76,7 +76,15 @@ extension GatewayMetrics {
     /// The `result` label of `sessiongate_apple_notifications_total`.
     enum NotificationResult: String, CaseIterable {
         case processed, duplicate, stale, rejected
+        /// Not acted on yet (the store or Apple's keys did not answer): held, answered 200.
+        case held
+        /// Neither acted on nor held (the held queue full): answered 503.
         case storeUnavailable = "store_unavailable"
+    }
+
+    /// The `result` label of `sessiongate_held_revocation_changes_total`.
+    enum HeldRevocationResult: String, CaseIterable {
+        case held, applied, dropped, refused
     }
 
     /// The `result` label of `sessiongate_outbox_attempts_total`.

@@ -87,6 +87,8 @@ public final class GatewayMetrics: Sendable {
             for result in OutboxAttemptResult.allCases { _ = outboxAttempts(kind, result) }
         }
         recordSessionCache(entries: 0, evictions: 0)
+        recordHeldRevocations(depth: 0, oldestSeconds: 0)
+        for result in HeldRevocationResult.allCases { _ = heldRevocations(result) }
         for reason in ConnectionRefusal.allCases { _ = counter("connections_refused", help: Self.connectionsRefusedHelp, labels: [("reason", reason.rawValue)]) }
         _ = routeMetrics("-")
         addCollector { [unowned self] in
@@ -164,6 +166,21 @@ public final class GatewayMetrics: Sendable {
     func recordOutbox(kind: OutboxJob.Kind, pending: Int, oldestSeconds: Int64) {
         gauge("outbox_pending", help: "Outbox jobs not done yet (revocations at Apple, events for the app), by kind.", labels: [("kind", kind.rawValue)]).set(Double(pending))
         gauge("outbox_oldest", unit: "seconds", help: "Age of the oldest outbox job not done yet, by kind (0: none).", labels: [("kind", kind.rawValue)]).set(Double(oldestSeconds))
+    }
+
+    /// Revocations the store did not take, held by this instance (`HeldRevocations`); the
+    /// oldest one's age.
+    func recordHeldRevocations(depth: Int, oldestSeconds: Int64) {
+        gauge("held_revocations", help: "Revocations (logouts, Apple's notifications, invalid_grant) the session store did not take, held by this instance until it does.",
+              labels: []).set(Double(depth))
+        gauge("held_revocations_oldest", unit: "seconds", help: "Age of the oldest held revocation (0: none).", labels: []).set(Double(oldestSeconds))
+    }
+
+    func recordHeldRevocation(_ result: HeldRevocationResult) { heldRevocations(result).increment() }
+
+    private func heldRevocations(_ result: HeldRevocationResult) -> Prometheus.Counter {
+        counter("held_revocation_changes", help: "Revocations held (the store did not take them), applied later, dropped (a notification that can never verify), or refused (the held queue full: answered 503).",
+                labels: [("result", result.rawValue)])
     }
 
     /// An outbox job's attempt by kind and result.

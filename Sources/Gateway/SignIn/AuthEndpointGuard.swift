@@ -141,10 +141,9 @@ struct AuthEndpointGuard: RequestGuard {
             : LocalResponse(status: .noContent, headers: [auth.clearCookie(auth.cookieName), ("cache-control", "no-store")])
         guard let handle = presentedSession(head) else { return loop.makeSucceededFuture(done) }
         core.cache.invalidate(handle)
-        return core.store.load(handle, on: loop).flatMap { stored -> EventLoopFuture<Void> in
-            guard let stored else { return loop.makeSucceededVoidFuture() }
-            return core.revocations.endSession(handle, sub: stored.session.sub, reason: .logout, on: loop)
-        }.map { _ in
+        // Ended, or held until the store takes it (refused here meanwhile): done either way.
+        return loop.makeFutureWithTask {
+            _ = try await core.revocations.durably(.session(key: handle.key, sub: handle.sub), keep: auth.absoluteTimeout, on: loop)
             core.metrics.recordSessionEnded(reason: .logout)
             return done
         }.recover { _ in AuthResponses.storeUnavailable(head) }

@@ -1,0 +1,249 @@
+import AppleIDSimulator
+import Foundation
+@testable import Gateway
+import GatewayConfig
+import Sessions
+import TestSupport
+import Testing
+
+/// A revocation the store did not take is never lost (issue 37 §2): held by the instance that
+/// received it, refused there at once, kept on disk with `store.state_dir`, applied and
+/// published to the fleet once the store answers.
+@Suite("Revocations held through a store outage")
+struct HeldQueueTests {
+    static func user(_ sub: String, at: Int64, forget: Forgetting = .grants) -> HeldRevocation.Action {
+        .user(sub: sub, source: .user, at: at, happened: at, forget: forget, event: .userRevoked, reason: "disconnect", atApple: false)
+    }
+
+    @Test("a held logout refuses its session only; a held revocation the user's sessions created up to it, not later ones; an account deleted every one")
+    func denials() {
+        var q = HeldQueue()
+        #expect(!q.denies(key: "k1", sub: "u1", created: 10))
+        _ = q.hold(.session(key: "k1", sub: "u1"), deny: HeldRevocation.Action.session(key: "k1", sub: "u1").deny, keep: 1, now: 0)
+        #expect(q.denies(key: "k1", sub: "u1", created: 10))
+        #expect(!q.denies(key: "k2", sub: "u1", created: 10), "another session of the same user")
+
+        let revoke = Self.user("u2", at: 100)
+        _ = q.hold(revoke, deny: revoke.deny, keep: 1, now: 0)
+        #expect(q.denies(key: "k3", sub: "u2", created: 100))
+        #expect(!q.denies(key: "k4", sub: "u2", created: 101), "signed in after the revocation")
+
+        let deleted = Self.user("u3", at: 100, forget: .everything)
+        _ = q.hold(deleted, deny: deleted.deny, keep: 1, now: 0)
+        #expect(q.denies(key: "k5", sub: "u3", created: .max - 1), "an account deleted never signs in again")
+
+        let first = q.entries[0].id
+        q.remove(first)
+        #expect(!q.denies(key: "k1", sub: "u1", created: 10), "applied: no longer denied here (the store says so)")
+        #expect(q.denies(key: "k3", sub: "u2", created: 100))
+    }
+
+    @Test("the same logout or notification held twice is kept once; beyond the capacity one more is refused; notifications not verified yet have their own, smaller bound")
+    func bounds() {
+        var q = HeldQueue()
+        #expect(q.hold(.session(key: "k", sub: nil), deny: nil, keep: 1, now: 0) != .full)
+        #expect(q.hold(.session(key: "k", sub: nil), deny: nil, keep: 1, now: 0) == .duplicate)
+        #expect(q.hold(.notification(body: "b", verified: false), deny: nil, keep: 1, now: 0) != .duplicate)
+        #expect(q.hold(.notification(body: "b", verified: true), deny: nil, keep: 1, now: 0) == .duplicate, "Apple redelivered it")
+        #expect(q.count == 2)
+        for i in 1..<HeldQueue.unverifiedCapacity {
+            #expect(q.hold(.notification(body: "b\(i)", verified: false), deny: nil, keep: 1, now: 0) != .full)
+        }
+        #expect(q.hold(.notification(body: "one more", verified: false), deny: nil, keep: 1, now: 0) == .full)
+        #expect(q.hold(.session(key: "a logout still fits", sub: nil), deny: nil, keep: 1, now: 0) != .full, "they never crowd out logouts")
+        while q.count < HeldQueue.capacity {
+            _ = q.hold(.session(key: "s\(q.count)", sub: nil), deny: nil, keep: 1, now: 0)
+        }
+        #expect(q.hold(.session(key: "over", sub: nil), deny: nil, keep: 1, now: 0) == .full)
+        #expect(q.oldest == 0)
+    }
+
+    static func directory() throws -> String {
+        let d = NSTemporaryDirectory() + "held-\(UInt64.random(in: 0 ... .max))"
+        try FileManager.default.createDirectory(atPath: d, withIntermediateDirectories: true)
+        return d
+    }
+
+    @Test("the journal gives back what is held, in order, without what was done; a last line cut short is ignored; the file is 0600")
+    func journalRoundTrip() throws {
+        let d = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: d) }
+        var q = HeldQueue()
+        var held: [HeldRevocation] = []
+        for action in [HeldRevocation.Action.session(key: "k1", sub: "u1"), Self.user("u2", at: 5), .notification(body: #"{"payload":"x"}"#, verified: false)] {
+            guard case .held(let entry) = q.hold(action, deny: action.deny, keep: 7, now: 1) else { Issue.record("not held"); return }
+            held.append(entry)
+        }
+        do {
+            let journal = try HeldJournal(directory: d)
+            #expect(try journal.load().isEmpty)
+            for entry in held { try journal.append(.hold(entry)) }
+            try journal.append(.done(held[0].id))
+            journal.close()
+        }
+        let handle = try #require(FileHandle(forWritingAtPath: d + "/" + HeldJournal.fileName))
+        handle.seekToEndOfFile()
+        handle.write(Data(#"{"hold":{"_0":{"id":99,"rec"#.utf8))  // a crash mid-write
+        try handle.close()
+
+        let journal = try HeldJournal(directory: d)
+        #expect(try journal.load() == Array(held.dropFirst()))
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: journal.path)[.posixPermissions] as? Int)
+        #expect(mode == 0o600)
+        var reloaded = HeldQueue(try journal.load())
+        #expect(reloaded.hold(.session(key: "new", sub: nil), deny: nil, keep: 1, now: 2)
+            == .held(HeldRevocation(id: held[2].id + 1, received: 2, keep: 1, action: .session(key: "new", sub: nil), deny: nil)),
+                "ids go on after the last one kept")
+        try journal.clear(if: { true })
+        #expect(try journal.load().isEmpty)
+    }
+
+    @Test("a second process on the same state directory is refused with a clear reason; a directory that is not there too")
+    func journalLock() throws {
+        let d = try Self.directory()
+        defer { try? FileManager.default.removeItem(atPath: d) }
+        let first = try HeldJournal(directory: d)
+        #expect { try HeldJournal(directory: d) } throws: { "\($0)".contains("in use by another sessiongate process") }
+        first.close()
+        _ = try HeldJournal(directory: d)
+        #expect { try HeldJournal(directory: d + "/missing") } throws: { "\($0)".contains("is not a directory") }
+    }
+}
+
+@Suite("Revocations held through a store outage, with real processes", .serialized, .timeLimit(.minutes(3)))
+struct HeldRevocationTests {
+    static let cookie = "__Host-sessiongate"
+
+    static func metric(_ h: SignInHarness, _ name: String, admin: Int? = nil) async throws -> String? {
+        let port = try #require(admin ?? h.service.adminAddress?.port)
+        let body = try await TestBrowser(gatewayOrigin: h.origin).request("http://127.0.0.1:\(port)/metrics").body
+        return body.split(separator: "\n").first { $0.hasPrefix(name + " ") }.map { String($0.dropFirst(name.count + 1)) }
+    }
+
+    @Test("a logout while Redis is frozen is answered done and refused here at once; once Redis answers it is applied and the other instance refuses the session too; nothing is retried by the client")
+    func logoutDuringOutage() async throws {
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        let logs = LogRecorder()
+        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
+                                     storeTimeout: .seconds(1), localCacheTTL: .seconds(3600), logs: logs) { h in
+            let b = try await h.addInstance()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
+            let cookie = try #require(browser.cookies[Self.cookie])
+            let onB = TestBrowser(gatewayOrigin: b.origin)
+            onB.cookies[Self.cookie] = cookie
+            #expect(try await onB.request("/x").status == 200, "B admits it (and caches it for an hour)")
+
+            redis.freeze()
+            let logout = try await browser.request("/_auth/logout", method: .POST, form: [])
+            #expect(logout.status == 303, "held: the logout is done as far as the user is concerned: \(logout.status) \(logout.body.prefix(200))")
+            let stale = TestBrowser(gatewayOrigin: h.origin)
+            stale.cookies[Self.cookie] = cookie
+            #expect(try await stale.request("/x").status == 302, "refused here at once, although the store still holds the session")
+            #expect(try await Self.metric(h, "sessiongate_held_revocations") == "1.0")
+            #expect(logs.all.contains { $0.contains("the session store did not take a revocation: held") && $0.contains("kind=logout") })
+            #expect(!logs.all.contains { $0.contains(cookie) }, "no cookie in the log")
+
+            redis.thaw()
+            try await Poll.within(.seconds(10), "the held logout is applied") { logs.all.contains { $0.contains("a held revocation was applied") } }
+            #expect(try await Self.metric(h, "sessiongate_held_revocations") == "0.0")
+            let metrics = try await TestBrowser(gatewayOrigin: h.origin).request("http://127.0.0.1:\(h.service.adminAddress!.port!)/metrics").body
+            #expect(metrics.contains(#"sessiongate_held_revocation_changes_total{result="applied"} 1"#), "\(metrics.split(separator: "\n").filter { $0.contains("held") })")
+            let onBAfter = try await firstTime(302, within: .seconds(5), every: .milliseconds(20)) { try await onB.request("/x").status }
+            #expect(onBAfter != nil, "B refuses the session once the logout is applied (published to the fleet)")
+            #expect(try await stale.request("/x").status == 302, "and so does A, from the store now")
+        }
+    }
+
+    @Test("Apple's consent-revoked while Redis is down, and another while Apple's keys are unreachable, are both answered 200 and take effect once each answers")
+    func notificationsDuringOutage() async throws {
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        let logs = LogRecorder()
+        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
+                                     storeTimeout: .seconds(1), localCacheTTL: .seconds(3600), logs: logs) { h in
+            let notifications = h.origin + "/_auth/apple/notifications"
+            let (alice, bob, carol) = (h.simulator.createUser(), h.simulator.createUser(), h.simulator.createUser())
+            var browsers: [String: TestBrowser] = [:]
+            for sub in [alice, bob, carol] {
+                let browser = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await browser.signIn(from: "/x", as: sub)
+                #expect(try await browser.request("/x").status == 200)  // and cached here
+                browsers[sub] = browser
+            }
+            // Redis restarted with its data (a snapshot first), down meanwhile.
+            _ = try RedisCommand.send(["SAVE"], port: redis.port)
+            redis.crash()
+            let duringStore = await h.simulator.sendNotification(.consentRevoked, sub: alice, to: notifications, retryDelays: [])
+            #expect(duringStore.status == 200 && duringStore.attempts == 1, "held, not refused: Apple's retries are not relied on (\(duringStore))")
+            let aliceDuring = try await browsers[alice]!.request("/x")
+            #expect(aliceDuring.status == 302, "the verified revocation is refused here at once: \(aliceDuring.status) \(logs.all.suffix(6))")
+
+            // Apple's key rotated while its key endpoint fails: not verifiable yet, held too.
+            _ = try h.simulator.rotateKeys()
+            h.simulator.setFaults { $0.keysFailureStatus = 503 }
+            let duringKeys = await h.simulator.sendNotification(.consentRevoked, sub: bob, to: notifications, retryDelays: [])
+            #expect(duringKeys.status == 200, "kept and verified later, not refused: \(duringKeys)")
+            #expect(try await Self.metric(h, "sessiongate_held_revocations") == "2.0")
+
+            try redis.start()
+            try await Poll.within(.seconds(10), "alice's notification is applied") { logs.all.contains { $0.contains("a held revocation was applied") } }
+            #expect(try await browsers[carol]!.request("/x").status == 200, "the store came back with its data: others' sessions live on")
+            #expect(try await browsers[alice]!.request("/x").status == 302)
+            #expect(try await browsers[bob]!.request("/x").status == 200, "not verified yet: bob is not refused on its say-so")
+            #expect(try await Self.metric(h, "sessiongate_held_revocations") == "1.0", "bob's waits for Apple's keys, behind nothing")
+
+            h.simulator.setFaults { $0.keysFailureStatus = nil }
+            let bobRefused = try await firstTime(302, within: .seconds(10), every: .milliseconds(200)) { try await browsers[bob]!.request("/x").status }
+            #expect(bobRefused != nil, "verified once Apple's keys answer, then applied")
+            #expect(try await Self.metric(h, "sessiongate_held_revocations") == "0.0")
+            let again = await h.simulator.sendNotification(.consentRevoked, sub: bob, to: notifications, jti: duringKeys.jti, retryDelays: [])
+            #expect(again.status == 200, "Apple's redelivery of an applied one: a duplicate, answered 200")
+        }
+    }
+
+    @Test("with store.state_dir a logout held at shutdown is kept on disk: the next start refuses the session from the first request, and applies it once Redis answers")
+    func keptAcrossRestart() async throws {
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        let state = try HeldQueueTests.directory()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let logs = LogRecorder()
+        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
+                                     storeTimeout: .seconds(1), localCacheTTL: .seconds(3600)) { h in
+            let b = try await h.addInstance(logs: logs) { $0.store.stateDir = state }
+            let onA = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await onA.signIn(from: "/x", as: h.simulator.createUser())  // Apple returns to A's address
+            let cookie = try #require(onA.cookies[Self.cookie])
+            let onB = TestBrowser(gatewayOrigin: b.origin)
+            onB.cookies[Self.cookie] = cookie
+            #expect(try await onB.request("/x").status == 200)
+
+            redis.freeze()
+            #expect(try await onB.request("/_auth/logout", method: .POST, form: []).status == 303)
+            await h.stopInstance(b.service)
+            #expect(logs.all.contains { $0.contains("revocations still held at shutdown: kept in store.state_dir") })
+            let journal = try String(contentsOfFile: state + "/" + HeldJournal.fileName, encoding: .utf8)
+            #expect(journal.contains(#""session""#) && !journal.contains(cookie), "the store key is kept, never the session id")
+
+            // The next start (Redis still frozen) refuses the session at once.
+            let c = try await h.addInstance(logs: logs) { $0.store.stateDir = state }
+            #expect(logs.all.contains { $0.contains("revocations held by the last run") })
+            let onC = TestBrowser(gatewayOrigin: c.origin)
+            onC.cookies[Self.cookie] = cookie
+            #expect(try await onC.request("/x").status == 302, "refused before the store answers")
+
+            redis.thaw()
+            let cAdmin = try #require(c.service.adminAddress?.port)
+            try await Poll.within(.seconds(10), "the held logout is applied") {
+                try await Self.metric(h, "sessiongate_held_revocation_changes_total{result=\"applied\"}", admin: cAdmin) == "1"
+            }
+            let onAAfter = try await firstTime(302, within: .seconds(5), every: .milliseconds(20)) { try await onA.request("/x").status }
+            #expect(onAAfter != nil, "A, whose cache held the session for an hour, refuses it once the logout is applied")
+            try await Poll.within(.seconds(5), "the journal is emptied") {
+                (try? String(contentsOfFile: state + "/" + HeldJournal.fileName, encoding: .utf8))?.isEmpty == true
+            }
+        }
+    }
+}
