@@ -23,8 +23,9 @@ public final class RawClient: @unchecked Sendable {
 
     public enum Failure: Error { case connect(Int32), timeout, closed, malformed(String) }
 
-    /// `source`: the loopback address to connect from (another client, as the gateway sees it).
-    public init(port: Int, timeoutSeconds: Int = 10, source: String? = nil) throws {
+    /// `source`: the loopback address to connect from (another client, as the gateway sees it);
+    /// `host`: the one to connect to.
+    public init(port: Int, timeoutSeconds: Int = 10, source: String? = nil, host: String = "127.0.0.1") throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var tv = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
@@ -41,7 +42,7 @@ public final class RawClient: @unchecked Sendable {
             var addr = sockaddr_in()
             addr.sin_family = sa_family_t(AF_INET)
             addr.sin_port = in_port_t(UInt16(port).bigEndian)
-            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            addr.sin_addr.s_addr = inet_addr(host)
             rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
         }
         if rc != 0 {

@@ -22,10 +22,10 @@ public enum RedisCommand {
         public let description: String
     }
 
-    /// Sends `arguments` to `127.0.0.1:port` on a new connection; the reply (seconds at most).
+    /// Sends `arguments` to `host:port` on a new connection; the reply (seconds at most).
     /// With a `password`, `AUTH` goes first on the same connection (its refusal is thrown).
-    public static func send(_ arguments: [String], port: Int, password: String? = nil, timeout seconds: Int = 2) throws -> Reply {
-        try Connection(port: port, password: password, timeout: seconds).send(arguments)
+    public static func send(_ arguments: [String], port: Int, host: String = "127.0.0.1", password: String? = nil, timeout seconds: Int = 2) throws -> Reply {
+        try Connection(port: port, host: host, password: password, timeout: seconds).send(arguments)
     }
 
     /// One connection for many commands (a resharding sends thousands), one at a time.
@@ -33,12 +33,12 @@ public enum RedisCommand {
         public let port: Int
         private let client: RawClient
 
-        /// Connects to `127.0.0.1:port` and, with a `password`, authenticates (a refusal is
+        /// Connects to `host:port` and, with a `password`, authenticates (a refusal is
         /// thrown). `seconds`: the longest wait for any one reply.
-        public init(port: Int, password: String? = nil, timeout seconds: Int = 2) throws {
+        public init(port: Int, host: String = "127.0.0.1", password: String? = nil, timeout seconds: Int = 2) throws {
             self.port = port
             do {
-                client = try RawClient(port: port, timeoutSeconds: seconds)
+                client = try RawClient(port: port, timeoutSeconds: seconds, host: host)
             } catch RawClient.Failure.connect(let code) {
                 throw Failure(description: "connect to \(port): \(String(cString: strerror(code)))")
             }
@@ -61,8 +61,8 @@ public enum RedisCommand {
     }
 
     /// `INFO` as key/value pairs (empty when the server does not answer).
-    public static func info(port: Int, password: String? = nil) -> [String: String] {
-        guard let text = (try? send(["INFO"], port: port, password: password))?.string else { return [:] }
+    public static func info(port: Int, host: String = "127.0.0.1", password: String? = nil) -> [String: String] {
+        guard let text = (try? send(["INFO"], port: port, host: host, password: password))?.string else { return [:] }
         var values: [String: String] = [:]
         for line in text.split(whereSeparator: \.isNewline) {
             let parts = line.split(separator: ":", maxSplits: 1)

@@ -1,0 +1,85 @@
+import Foundation
+import TestSupport
+import Testing
+
+/// A managed Redis fails over as ElastiCache or Memorystore do (issue 37 §1): the replica is
+/// promoted, the old primary demoted to its replica, and the service's DNS name moved to the new
+/// primary. The gateway is the real process, resolving a real name through the system's
+/// resolver: its own `/etc/hosts` (a file bind-mounted over it in a mount namespace of its own,
+/// `unshare`), rewritten in place to move the name. The two servers listen on the same port at
+/// two loopback addresses, as the two hosts behind one name would.
+@Suite("A managed failover that moves the store's name (process)", .serialized, .timeLimit(.minutes(2)))
+struct MovedNameProcessTests {
+    static let name = "redis.failover.test"
+
+    static func hosts(_ path: String, _ address: String) throws {
+        // In place (the bind mount is of this inode): truncated and written, never renamed.
+        let handle = try #require(FileHandle(forWritingAtPath: path))
+        try handle.truncate(atOffset: 0)
+        try handle.write(contentsOf: Data("127.0.0.1 localhost\n\(address) \(name)\n".utf8))
+        try handle.close()
+    }
+
+    @Test("the primary demoted, then its name moved to the promoted replica: the gateway says read-only at once, then writes to the new primary within seconds of the move, without a restart")
+    func nameMoved() async throws {
+        let port = try closedPort()
+        let a = try RedisServerProcess(port: port, arguments: ["--bind", "127.0.0.2", "--dbfilename", "sessiongate-test-\(port)-a.rdb"])
+        defer { a.stop() }
+        let b = try RedisServerProcess(port: port, arguments: ["--bind", "127.0.0.3", "--dbfilename", "sessiongate-test-\(port)-b.rdb",
+                                                               "--replicaof", "127.0.0.2", String(port)])
+        defer { b.stop() }
+        try Poll.until(Date().addingTimeInterval(20), "the replica syncs") { RedisCommand.info(port: port, host: "127.0.0.3")["master_link_status"] == "up" }
+
+        let directory = try makeSecretsDirectory("moved-name")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let hostsFile = directory + "/hosts"
+        FileManager.default.createFile(atPath: hostsFile, contents: nil)
+        try Self.hosts(hostsFile, "127.0.0.2")
+        let path = directory + "/sessiongate.yaml"
+        try """
+            server:
+              listen: "127.0.0.1:0"
+              admin_listen: "127.0.0.1:0"
+              access_log: "off"
+            session:
+              secret_file: "\(directory)/session.key"
+            store:
+              redis_url: "redis://\(Self.name):\(port)/0"
+            routes:
+              - name: a
+                upstream: "http://127.0.0.1:1"
+                auth: public
+
+            """.write(toFile: path, atomically: true, encoding: .utf8)
+        let wrapped = ["--mount", "--propagation", "private", "sh", "-c", #"mount --bind "$0" /etc/hosts && exec "$@""#, hostsFile,
+                       sessiongateBinary, "serve", "--config", path]
+        try await GatewayProcess.with(arguments: wrapped, executable: "/usr/bin/unshare") { gateway in
+            let ports = try await gateway.ports()
+            func storeUp() throws -> String? {
+                let admin = try RawClient(port: ports.admin, timeoutSeconds: 5)
+                try admin.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+                return try admin.readResponse().text.split(separator: "\n").first { $0.hasPrefix("sessiongate_store_up ") }.map { String($0.dropFirst(21)) }
+            }
+            try await Poll.within(.seconds(5), "the store answers") { (try? storeUp()) == "1.0" }
+
+            // The failover: B promoted, A its replica; the name still on A.
+            _ = try RedisCommand.send(["REPLICAOF", "NO", "ONE"], port: port, host: "127.0.0.3")
+            _ = try RedisCommand.send(["REPLICAOF", "127.0.0.3", String(port)], port: port, host: "127.0.0.2")
+            _ = try RedisCommand.send(["DEL", "sg:alive"], port: port, host: "127.0.0.3")  // replicated from A before
+            try await Poll.within(.seconds(5), "the log names a read-only replica") {
+                gateway.output.contains { $0.contains("session store is a read-only replica") }
+            }
+            #expect(try storeUp() == "0.0")
+            #expect(try RedisCommand.send(["EXISTS", "sg:alive"], port: port, host: "127.0.0.3").integer == 0, "nothing written to B while the name is on A")
+
+            try Self.hosts(hostsFile, "127.0.0.3")
+            let moved = ContinuousClock.now
+            try await Poll.within(.seconds(10), "the gateway writes to the new primary") {
+                (try? RedisCommand.send(["EXISTS", "sg:alive"], port: port, host: "127.0.0.3"))?.integer == 1
+            }
+            print("managed failover: the gateway wrote to the new primary \(ContinuousClock.now - moved) after the name moved")
+            try await Poll.within(.seconds(5), "the log says the store is back") { gateway.output.contains { $0.contains("session store reachable") } }
+            #expect(try storeUp() == "1.0")
+        }
+    }
+}
