@@ -76,13 +76,19 @@ extension SessionStore {
     /// Queues every refresh token the store holds for `sub` (their sessions' and the ones kept
     /// per client) for revocation at Apple, sealed as stored; answers the jobs' ids. Done before
     /// the sessions are deleted.
-    /// - Parameter keys: when given (a gateway), a token stored twice (in a session and per
-    ///   client) is queued once; without (the CLI), Apple answers the second revocation 200.
-    public func queueAppleRevocations(of sub: String, now t: Int64, keys: SessionKeys? = nil, on loop: any EventLoop) async throws -> [String] {
-        var revocations = try await sessions(of: sub, on: loop).get().compactMap { session in
+    /// - Parameters:
+    ///   - upTo: only what was granted up to this time (Unix ms; nil: everything).
+    ///   - keys: when given (a gateway), a token stored twice (in a session and per client) is
+    ///     queued once; without (the CLI), Apple answers the second revocation 200.
+    public func queueAppleRevocations(of sub: String, now t: Int64, upTo: Int64? = nil, keys: SessionKeys? = nil, on loop: any EventLoop) async throws -> [String] {
+        let sessions = try await sessions(of: sub, on: loop).get()
+        var revocations = sessions.filter { $0.created <= upTo ?? .max }.compactMap { session in
             session.sealedRefreshToken.map { AppleRevocation(clientID: session.clientID, context: session.handle.key, sealedToken: $0) }
         }
-        for (clientID, sealed) in try await refreshTokens(of: sub, on: loop).get().sorted(by: { $0.key < $1.key }) {
+        // The tokens kept per client are the latest grant's: a sign-in after `upTo` (a new
+        // consent, e.g. while a disconnect was held through a store outage) keeps them.
+        let kept = sessions.contains { $0.created > upTo ?? .max } ? [:] : try await refreshTokens(of: sub, on: loop).get()
+        for (clientID, sealed) in kept.sorted(by: { $0.key < $1.key }) {
             revocations.append(AppleRevocation(clientID: clientID, context: SessionKeys.userContext(sub), sealedToken: sealed))
         }
         var ids: [String] = []

@@ -1,6 +1,8 @@
 import AppleIDSimulator
 import Foundation
 @testable import Gateway
+import Logging
+import NIOConcurrencyHelpers
 import GatewayConfig
 import Sessions
 import TestSupport
@@ -43,13 +45,15 @@ struct HeldQueueTests {
         var q = HeldQueue()
         #expect(q.hold(.session(key: "k", sub: nil), deny: nil, keep: 1, now: 0) != .full)
         #expect(q.hold(.session(key: "k", sub: nil), deny: nil, keep: 1, now: 0) == .duplicate)
-        #expect(q.hold(.notification(body: "b", verified: false), deny: nil, keep: 1, now: 0) != .duplicate)
-        #expect(q.hold(.notification(body: "b", verified: true), deny: nil, keep: 1, now: 0) == .duplicate, "Apple redelivered it")
+        #expect(q.hold(.notification(body: "b"), deny: nil, keep: 1, now: 0) != .duplicate)
+        #expect(q.hold(.notification(body: "b"), deny: nil, keep: 1, now: 0) == .duplicate, "Apple redelivered it")
+        #expect(q.hold(.notification(body: String(repeating: "x", count: HeldQueue.bodyLimit + 1)), deny: nil, keep: 1, now: 0) == .full,
+                "a body far beyond Apple's is not kept")
         #expect(q.count == 2)
         for i in 1..<HeldQueue.unverifiedCapacity {
-            #expect(q.hold(.notification(body: "b\(i)", verified: false), deny: nil, keep: 1, now: 0) != .full)
+            #expect(q.hold(.notification(body: "b\(i)"), deny: nil, keep: 1, now: 0) != .full)
         }
-        #expect(q.hold(.notification(body: "one more", verified: false), deny: nil, keep: 1, now: 0) == .full)
+        #expect(q.hold(.notification(body: "one more"), deny: nil, keep: 1, now: 0) == .full)
         #expect(q.hold(.session(key: "a logout still fits", sub: nil), deny: nil, keep: 1, now: 0) != .full, "they never crowd out logouts")
         while q.count < HeldQueue.capacity {
             _ = q.hold(.session(key: "s\(q.count)", sub: nil), deny: nil, keep: 1, now: 0)
@@ -58,19 +62,69 @@ struct HeldQueueTests {
         #expect(q.oldest == 0)
     }
 
+    struct Refused: Error {}
+
+    @Test("a replay goes past an entry the store fails, stops after three failures in a row, passes over the other unverified notifications once Apple's keys fail, and applies a verified notification as what it says at once")
+    func replayRules() async throws {
+        let held = try HeldRevocations(journal: nil, metrics: GatewayMetrics(), logger: Logger(label: "held"), now: { 0 })
+        let actions: [HeldRevocation.Action] = [.session(key: "fails", sub: nil), .notification(body: "n1"), .notification(body: "n2"),
+                                                .session(key: "ok", sub: nil), .notification(body: "verifies")]
+        for action in actions { #expect(await held.hold(action, deny: action.deny, keep: 1, why: Refused())) }
+        let seen = NIOLockedValueBox<[String]>([])
+        let keysDown = NIOLockedValueBox(true)
+        held.replay { entry in
+            let name: String = switch entry.action {
+            case .session(let key, _): key
+            case .notification(let body): body
+            case .user(let sub, _, _, _, _, _, _, _): "user " + sub
+            case .email: "email"
+            }
+            seen.withLockedValue { $0.append(name) }
+            switch entry.action {
+            case .session(let key, _): return key == "fails" ? .retry : .done
+            case .notification(let body) where body == "verifies" && !keysDown.withLockedValue({ $0 }):
+                return .replace(HeldQueueTests.user("u9", at: 5))
+            case .notification: return keysDown.withLockedValue { $0 } ? .later : .drop
+            case .user: return .done
+            case .email: return .done
+            }
+        }
+        await held.replay()
+        #expect(seen.withLockedValue { $0 } == ["fails", "n1", "ok"], "past the failure; n2 and the last not asked once the keys failed")
+        #expect(held.entries.map(\.action) == [actions[0], actions[1], actions[2], actions[4]])
+
+        keysDown.withLockedValue { $0 = false }
+        seen.withLockedValue { $0 = [] }
+        await held.replay()
+        #expect(seen.withLockedValue { $0 } == ["fails", "n1", "n2", "verifies", "user u9"], "verified, then applied in the same pass")
+        #expect(held.entries.map(\.action) == [actions[0]], "n1 and n2 never verify: dropped")
+
+        for action in [HeldRevocation.Action.session(key: "f2", sub: nil), .session(key: "fails2", sub: nil), .session(key: "ok2", sub: nil)] {
+            _ = await held.hold(action, deny: nil, keep: 1, why: Refused())
+        }
+        held.replay { entry in
+            seen.withLockedValue { $0.append("\(entry.id)") }
+            return .retry
+        }
+        seen.withLockedValue { $0 = [] }
+        await held.replay()
+        #expect(seen.withLockedValue { $0.count } == HeldRevocations.failuresInARow, "the store is failing again: the rest waits")
+        #expect(held.count == 4)
+    }
+
     static func directory() throws -> String {
         let d = NSTemporaryDirectory() + "held-\(UInt64.random(in: 0 ... .max))"
         try FileManager.default.createDirectory(atPath: d, withIntermediateDirectories: true)
         return d
     }
 
-    @Test("the journal gives back what is held, in order, without what was done; a last line cut short is ignored; the file is 0600")
+    @Test("the journal gives back what is held, in order, once each, without what was done; a record cut short is skipped and the next one is whole; the file is 0600")
     func journalRoundTrip() throws {
         let d = try Self.directory()
         defer { try? FileManager.default.removeItem(atPath: d) }
         var q = HeldQueue()
         var held: [HeldRevocation] = []
-        for action in [HeldRevocation.Action.session(key: "k1", sub: "u1"), Self.user("u2", at: 5), .notification(body: #"{"payload":"x"}"#, verified: false)] {
+        for action in [HeldRevocation.Action.session(key: "k1", sub: "u1"), Self.user("u2", at: 5), .notification(body: #"{"payload":"a/b"}"#)] {
             guard case .held(let entry) = q.hold(action, deny: action.deny, keep: 7, now: 1) else { Issue.record("not held"); return }
             held.append(entry)
         }
@@ -81,20 +135,25 @@ struct HeldQueueTests {
             try journal.append(.done(held[0].id))
             journal.close()
         }
+        // A crash mid-write (the record cut short), then a whole record after it.
         let handle = try #require(FileHandle(forWritingAtPath: d + "/" + HeldJournal.fileName))
         handle.seekToEndOfFile()
-        handle.write(Data(#"{"hold":{"_0":{"id":99,"rec"#.utf8))  // a crash mid-write
+        handle.write(Data(("\n" + #"{"hold":{"_0":{"id":99,"rec"#).utf8))
+        handle.write(Data("\n".utf8) + (try JSONEncoder().encode(HeldJournal.Line.done(held[1].id))))
         try handle.close()
 
         let journal = try HeldJournal(directory: d)
-        #expect(try journal.load() == Array(held.dropFirst()))
+        #expect(try journal.load() == [held[2]])
         let mode = try #require(try FileManager.default.attributesOfItem(atPath: journal.path)[.posixPermissions] as? Int)
         #expect(mode == 0o600)
         var reloaded = HeldQueue(try journal.load())
         #expect(reloaded.hold(.session(key: "new", sub: nil), deny: nil, keep: 1, now: 2)
             == .held(HeldRevocation(id: held[2].id + 1, received: 2, keep: 1, action: .session(key: "new", sub: nil), deny: nil)),
                 "ids go on after the last one kept")
-        try journal.clear(if: { true })
+        try journal.append(.hold(held[2]))  // written again (a hold racing a compaction): kept once
+        #expect(try journal.load() == [held[2]])
+        try journal.compact { [] }
+        #expect(try String(contentsOfFile: journal.path, encoding: .utf8).isEmpty, "nothing held: an empty file")
         #expect(try journal.load().isEmpty)
     }
 

@@ -188,6 +188,24 @@ struct SessionStoreContractTests {
         }
     }
 
+    @Test("Apple revocations queued up to a time: the sessions' tokens from up to it, the per-client ones only when no later sign-in replaced them", arguments: StoreKind.allCases)
+    func appleRevocationsUpTo(kind: StoreKind) async throws {
+        try await StoreFixture.with(kind) { f in
+            let (_, before) = record("user.up", created: now, token: "rt-before")
+            try await f.store.create(before, profile: UserProfile(sub: "user.up"), expiresAt: now + 60_000, on: f.loop).get()
+            try await f.store.saveRefreshToken(keys.seal("rt-kept", context: SessionKeys.userContext("user.up")), clientID: "com.example.app", grantedAt: now,
+                                               of: "user.up", on: f.loop).get()
+            #expect(try await f.store.queueAppleRevocations(of: "user.up", now: now, upTo: now, on: f.loop).count == 2, "nothing newer: both")
+            for job in try await f.store.jobs(on: f.loop).get() { try await f.store.removeJob(id: job.id, on: f.loop).get() }
+
+            let (_, after) = record("user.up", created: now + 50, token: "rt-after")
+            try await f.store.create(after, profile: UserProfile(sub: "user.up"), expiresAt: now + 60_000, on: f.loop).get()
+            let ids = try await f.store.queueAppleRevocations(of: "user.up", now: now, upTo: now, keys: keys, on: f.loop)
+            #expect(ids.count == 1, "only the earlier session's token: a sign-in after it keeps its grant's tokens (\(ids))")
+            #expect(try await f.store.queueAppleRevocations(of: "user.up", now: now, on: f.loop).count == 3, "without upTo, every token")
+        }
+    }
+
     @Test(arguments: StoreKind.allCases)
     func lateRevocationKeepsNewerSessionsAndForgets(kind: StoreKind) async throws {
         try await StoreFixture.with(kind) { f in

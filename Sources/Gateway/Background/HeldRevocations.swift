@@ -1,4 +1,5 @@
 import Atomics
+import Crypto
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
@@ -10,17 +11,19 @@ import Sessions
 /// once it answers, and what this instance refuses until then.
 struct HeldRevocation: Codable, Sendable, Equatable {
     enum Action: Codable, Sendable, Equatable {
-        /// `Revocations.revokeUser`; `atApple`: the user's disconnect, whose refresh tokens are
-        /// queued for revocation at Apple first.
+        /// `Revocations.revokeUser` (reaching what was granted up to `at`); `atApple`: the
+        /// user's disconnect, whose refresh tokens from up to `at` are queued for revocation at
+        /// Apple first.
         case user(sub: String, source: Revocations.Source, at: Int64, happened: Int64?, forget: Forgetting,
                   event: AppEventKind?, reason: String?, atApple: Bool)
         /// A logout: the session with this store key (the SHA-256 of its id, never the id);
         /// its user when known.
         case session(key: String, sub: String?)
-        /// Apple's notification, its body as posted, acted on again from the start (verified,
-        /// its `jti` claimed); `verified`: it was (its claim may be ours), else Apple's keys were
-        /// unreachable and it is verified once they answer.
-        case notification(body: String, verified: Bool)
+        /// Apple's verified email notification: the stored email and its forwarding.
+        case email(sub: String, email: String?, privateEmail: Bool?, enabled: Bool, at: Int64?)
+        /// Apple's notification as posted, not verified yet (Apple's keys were unreachable):
+        /// verified once they answer, then held as what it says (`user` or `email`).
+        case notification(body: String)
     }
 
     /// What this instance refuses until the revocation is applied.
@@ -48,6 +51,9 @@ struct HeldQueue: Sendable {
     /// Of which notifications not yet verified (anyone can post one while Apple's keys are
     /// unreachable): their own, smaller bound, so they never crowd out logouts.
     static let unverifiedCapacity = 1_000
+    /// A notification body longer than this is not held (Apple's are about 1 KiB): 1,000 of
+    /// them fit in 8 MiB of memory and of `store.state_dir`.
+    static let bodyLimit = 8 * 1024
 
     private(set) var entries: [HeldRevocation] = []
     private var users: [String: Int64] = [:]
@@ -73,12 +79,12 @@ struct HeldQueue: Sendable {
     var isEmpty: Bool { entries.isEmpty }
     var count: Int { entries.count }
     /// When the oldest was received (nil: none held).
-    var oldest: Int64? { entries.first?.received }
+    var oldest: Int64? { entries.map(\.received).min() }
 
     mutating func hold(_ action: HeldRevocation.Action, deny: HeldRevocation.Deny?, keep: Int64, now: Int64) -> Holding {
         if let work = action.work, works.contains(work) { return .duplicate }
         if entries.count >= Self.capacity { return .full }
-        if case .notification(_, verified: false) = action, unverified >= Self.unverifiedCapacity { return .full }
+        if case .notification(let body) = action, unverified >= Self.unverifiedCapacity || body.utf8.count > Self.bodyLimit { return .full }
         let entry = HeldRevocation(id: nextID, received: now, keep: keep, action: action, deny: deny)
         nextID += 1
         entries.append(entry)
@@ -87,11 +93,12 @@ struct HeldQueue: Sendable {
     }
 
     /// The entry is applied (or can never be): it goes, and so does what it denied.
-    mutating func remove(_ id: Int64) {
-        guard let i = entries.firstIndex(where: { $0.id == id }) else { return }
+    @discardableResult
+    mutating func remove(_ id: Int64) -> HeldRevocation? {
+        guard let i = entries.firstIndex(where: { $0.id == id }) else { return nil }
         let entry = entries.remove(at: i)
         if let work = entry.action.work { works.remove(work) }
-        if case .notification(_, verified: false) = entry.action { unverified -= 1 }
+        if case .notification = entry.action { unverified -= 1 }
         switch entry.deny {
         case .user(let sub, _):
             // The latest of what else is held for the user.
@@ -101,6 +108,18 @@ struct HeldQueue: Sendable {
         case .session(let key): sessions.remove(key)
         case nil: break
         }
+        return entry
+    }
+
+    /// A notification verified: held from now on as what it says, in its place and with its
+    /// age (a new id: the journal records the change as that entry held, the old one done).
+    mutating func replace(_ id: Int64, with action: HeldRevocation.Action, deny: HeldRevocation.Deny?) -> HeldRevocation? {
+        guard let i = entries.firstIndex(where: { $0.id == id }), let old = remove(id) else { return nil }
+        let entry = HeldRevocation(id: nextID, received: old.received, keep: old.keep, action: action, deny: deny)
+        nextID += 1
+        entries.insert(entry, at: i)
+        index(entry)
+        return entry
     }
 
     /// Whether a held revocation reaches this session (`key`, of `sub`, created at `created`).
@@ -119,19 +138,41 @@ struct HeldQueue: Sendable {
         case .session(let key): sessions.insert(key)
         case nil: break
         }
-        if case .notification(_, verified: false) = entry.action { unverified += 1 }
+        if case .notification = entry.action { unverified += 1 }
         if let work = entry.action.work { works.insert(work) }
     }
 }
 
 extension HeldRevocation.Action {
     /// What makes two holdings one: the same logout (a session's key), the same notification
-    /// (Apple redelivered its body); a user's revocations are each their own.
+    /// (Apple redelivered its body: its digest); a user's revocations are each their own.
     var work: String? {
         switch self {
         case .session(let key, _): "s" + key
-        case .notification(let body, _): "n" + body
-        case .user: nil
+        case .notification(let body): "n" + SHA256.hash(data: Array(body.utf8)).map { String($0, radix: 16) }.joined()
+        case .user, .email: nil
+        }
+    }
+
+    /// What this instance refuses while the action is held: a user's sessions up to the
+    /// revocation (every one, for an account deleted), or the session logged out. An email
+    /// change refuses nothing; neither does a notification until it is verified (anyone can
+    /// post one).
+    var deny: HeldRevocation.Deny? {
+        switch self {
+        case .user(let sub, _, let at, _, let forget, _, _, _): .user(sub: sub, upTo: forget == .everything ? .max : at)
+        case .session(let key, _): .session(key: key)
+        case .email, .notification: nil
+        }
+    }
+
+    /// A log label: what was held (never who, nor the session).
+    var kind: String {
+        switch self {
+        case .user(_, let source, _, _, _, _, _, _): "revocation (\(source.rawValue))"
+        case .session: "logout"
+        case .email: "apple email notification"
+        case .notification: "apple notification (not verified yet)"
         }
     }
 }
@@ -139,21 +180,36 @@ extension HeldRevocation.Action {
 /// Revocations the store did not take, kept until it does: held in memory and, with
 /// `store.state_dir`, in its journal (`HeldJournal`, written before the client is answered, read
 /// again at start); denied by this instance meanwhile (`denies`, on every admission); applied
-/// in order once the store answers (`replay`, after each good store ping), then published to
-/// the fleet as any revocation is.
+/// once the store answers (`replay`, every second while it does, and once more at shutdown),
+/// then published to the fleet as any revocation is.
 final class HeldRevocations: Sendable {
-    /// What a replay of one entry came to: applied; the store failed again (the replay stops:
-    /// what follows waits with it); something else must answer first (Apple's keys: the entry
-    /// stays, the replay goes on); it can never apply (dropped).
-    enum Applied: Sendable { case done, retry, later, drop }
-    /// An action `Revocations.apply` does not do (a notification is `AuthCore`'s).
+    /// What a replay of one entry came to: applied; the store failed again; something else must
+    /// answer first (Apple's keys: it stays, and so do the other unverified notifications this
+    /// pass); verified, to be held as this instead (and applied at once); it can never apply.
+    enum Applied: Sendable, Equatable {
+        case done, retry, later, drop
+        case replace(HeldRevocation.Action)
+    }
+    /// An action `Revocations.apply` does not do (`AuthCore.apply` does).
     struct NotApplicable: Error {}
 
-    private let queue: NIOLockedValueBox<HeldQueue>
-    /// The queue's size, read without the lock by admission (0: nothing to check).
+    /// A replay stops after this many entries in a row failed: the store is failing again.
+    static let failuresInARow = 3
+
+    private struct State {
+        var queue: HeldQueue
+        /// Held, but not yet in the journal: not replayed until they are (a replay's `done`
+        /// must follow its `hold` in the file).
+        var unwritten: Set<Int64> = []
+    }
+
+    private let state: NIOLockedValueBox<State>
+    /// The queue's size, read without the lock by admission (0: nothing to check); stored
+    /// under the lock at every change.
     private let held = ManagedAtomic(0)
     private let journal: HeldJournal?
     private let replaying = ManagedAtomic(false)
+    private let replayer = NIOLockedValueBox<(@Sendable (HeldRevocation) async -> Applied)?>(nil)
     let metrics: GatewayMetrics
     let logger: Logger
     let now: @Sendable () -> Int64
@@ -165,7 +221,7 @@ final class HeldRevocations: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.now = now
-        queue = NIOLockedValueBox(HeldQueue(kept))
+        state = NIOLockedValueBox(State(queue: HeldQueue(kept)))
         held.store(kept.count, ordering: .releasing)
         if !kept.isEmpty {
             logger.warning("revocations held by the last run, refused here until the session store takes them",
@@ -174,51 +230,69 @@ final class HeldRevocations: Sendable {
         recordMetrics()
     }
 
+    /// How an entry is applied (`AuthCore.replay`): set once the core is built.
+    func replay(with apply: @escaping @Sendable (HeldRevocation) async -> Applied) {
+        replayer.withLockedValue { $0 = apply }
+    }
+
     var isEmpty: Bool { held.load(ordering: .acquiring) == 0 }
     var count: Int { held.load(ordering: .acquiring) }
-    var entries: [HeldRevocation] { queue.withLockedValue { $0.entries } }
-    var journalDirectory: String? { journal?.directory }
+    var entries: [HeldRevocation] { state.withLockedValue { $0.queue.entries } }
 
     /// Whether a held revocation reaches this session: admission refuses it (from the local
     /// cache, which keeps it: the store may not answer).
     func denies(key: String, sub: String, created: Int64) -> Bool {
         guard !isEmpty else { return false }
-        return queue.withLockedValue { $0.denies(key: key, sub: sub, created: created) }
+        return state.withLockedValue { $0.queue.denies(key: key, sub: sub, created: created) }
     }
 
     /// Whether the session with this store key was logged out: refused before the store is asked.
     func denies(key: String) -> Bool {
         guard !isEmpty else { return false }
-        return queue.withLockedValue { $0.denies(key: key) }
+        return state.withLockedValue { $0.queue.denies(key: key) }
+    }
+
+    private func change<T>(_ body: (inout State) -> T) -> T {
+        state.withLockedValue { state in
+            defer { held.store(state.queue.count, ordering: .releasing) }
+            return body(&state)
+        }
     }
 
     /// Keeps `action` (on disk first, when there is a journal) until the store takes it:
     /// true once kept (or already held), false when the queue is full or the journal could not
     /// be written — the caller then answers with the store's failure.
     func hold(_ action: HeldRevocation.Action, deny: HeldRevocation.Deny?, keep: Int64, why: any Error) async -> Bool {
-        let outcome = queue.withLockedValue { $0.hold(action, deny: deny, keep: keep, now: now()) }
+        let outcome = change { state -> HeldQueue.Holding in
+            let outcome = state.queue.hold(action, deny: deny, keep: keep, now: now())
+            if case .held(let entry) = outcome { state.unwritten.insert(entry.id) }
+            return outcome
+        }
         switch outcome {
         case .duplicate:
             return true
         case .full:
             metrics.recordHeldRevocation(.refused)
             logger.error("a revocation the session store did not take was refused: the held queue is full; the client is answered 503",
-                         metadata: ["held": .stringConvertible(count), "error": "\(why)"])
+                         metadata: ["held": .stringConvertible(count), "kind": "\(action.kind)", "error": "\(why)"])
             return false
         case .held(let entry):
-            held.wrappingIncrement(ordering: .releasing)  // denied from now on
+            // Denied from now on.
             if let journal {
                 do {
                     try await NIOThreadPool.singleton.runIfActive { try journal.append(.hold(entry)) }
                 } catch {
-                    queue.withLockedValue { $0.remove(entry.id) }
-                    held.wrappingDecrement(ordering: .releasing)
+                    change { state in
+                        state.unwritten.remove(entry.id)
+                        state.queue.remove(entry.id)
+                    }
                     metrics.recordHeldRevocation(.refused)
                     logger.error("a revocation the session store did not take could not be written to store.state_dir: the client is answered 503",
                                  metadata: ["state_dir": "\(journal.directory)", "error": "\(error)"])
                     return false
                 }
             }
+            change { _ = $0.unwritten.remove(entry.id) }
             metrics.recordHeldRevocation(.held)
             recordMetrics()
             logger.warning("the session store did not take a revocation: held, refused here, applied once the store answers",
@@ -227,31 +301,64 @@ final class HeldRevocations: Sendable {
         }
     }
 
-    /// Applies what is held, oldest first, with `apply`; stops at the first the store fails
-    /// again. One replay at a time.
-    func replay(_ apply: @Sendable (HeldRevocation) async -> Applied) async {
-        guard !isEmpty, replaying.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else { return }
+    /// Applies what is held, oldest first. An entry the store fails again stays and the next
+    /// is tried, until `giveUpAfter` fail in a row (the store is down again: the rest waits for
+    /// the next pass). One replay at a time.
+    func replay(giveUpAfter limit: Int = failuresInARow) async {
+        guard !isEmpty, let apply = replayer.withLockedValue({ $0 }),
+              replaying.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else { return }
         defer { replaying.store(false, ordering: .releasing) }
-        for entry in entries {
-            let applied = await apply(entry)
-            if applied == .retry { break }
-            if applied == .later { continue }
-            queue.withLockedValue { $0.remove(entry.id) }
-            held.wrappingDecrement(ordering: .releasing)
-            metrics.recordHeldRevocation(applied == .done ? .applied : .dropped)
-            let waited = max(0, now() - entry.received)
-            if applied == .done {
-                logger.info("a held revocation was applied", metadata: ["kind": "\(entry.action.kind)", "held_ms": .stringConvertible(waited)])
-            } else {
-                logger.warning("a held notification was dropped: it can never be verified", metadata: ["held_ms": .stringConvertible(waited)])
+        var failed = 0
+        var keysUnavailable = false
+        let pass = state.withLockedValue { state in state.queue.entries.filter { !state.unwritten.contains($0.id) } }
+        for var entry in pass {
+            if case .notification = entry.action, keysUnavailable { continue }
+            var applied = await apply(entry)
+            if case .replace(let action) = applied {
+                guard let replacement = await replace(entry, with: action) else { continue }
+                entry = replacement
+                applied = await apply(entry)
             }
-            if let journal {
-                let empty = isEmpty
-                try? await NIOThreadPool.singleton.runIfActive { try journal.append(.done(entry.id)) }
-                if empty { try? await NIOThreadPool.singleton.runIfActive { try journal.clear(if: { self.isEmpty }) } }
+            if applied == .done || applied == .drop {
+                failed = 0
+                await finish(entry, applied: applied == .done)
+            } else if applied == .later {
+                keysUnavailable = true
+            } else if applied == .retry {
+                failed += 1
+                if failed >= limit { break }
             }
         }
         recordMetrics()
+    }
+
+    private func replace(_ entry: HeldRevocation, with action: HeldRevocation.Action) async -> HeldRevocation? {
+        guard let replacement = change({ $0.queue.replace(entry.id, with: action, deny: action.deny) }) else { return nil }
+        if let journal {
+            // The verified form first: a crash between the two lines replays both (idempotent).
+            try? await NIOThreadPool.singleton.runIfActive {
+                try journal.append(.hold(replacement))
+                try journal.append(.done(entry.id))
+            }
+        }
+        logger.info("a held notification was verified: held as what it says", metadata: ["kind": "\(action.kind)"])
+        return replacement
+    }
+
+    private func finish(_ entry: HeldRevocation, applied: Bool) async {
+        change { _ = $0.queue.remove(entry.id) }
+        metrics.recordHeldRevocation(applied ? .applied : .dropped)
+        let waited = max(0, now() - entry.received)
+        if applied {
+            logger.info("a held revocation was applied", metadata: ["kind": "\(entry.action.kind)", "held_ms": .stringConvertible(waited)])
+        } else {
+            logger.warning("a held notification was dropped: it does not verify", metadata: ["held_ms": .stringConvertible(waited)])
+        }
+        guard let journal else { return }
+        try? await NIOThreadPool.singleton.runIfActive {
+            try journal.append(.done(entry.id))
+            try journal.compact { self.entries }
+        }
     }
 
     /// At shutdown: what is still held is said (kept on disk, or lost without a state directory).
@@ -260,7 +367,7 @@ final class HeldRevocations: Sendable {
         let left = count
         guard left > 0 else { return }
         if let journal {
-            logger.warning("revocations still held at shutdown: kept in store.state_dir, applied after the next start",
+            logger.warning("revocations still held at shutdown: kept in store.state_dir, applied after the next start there",
                            metadata: ["held": .stringConvertible(left), "state_dir": "\(journal.directory)"])
         } else {
             logger.error("revocations still held at shutdown are lost (set store.state_dir to keep them across restarts)",
@@ -269,29 +376,7 @@ final class HeldRevocations: Sendable {
     }
 
     func recordMetrics() {
-        let (depth, oldest) = queue.withLockedValue { ($0.count, $0.oldest) }
+        let (depth, oldest) = state.withLockedValue { ($0.queue.count, $0.queue.oldest) }
         metrics.recordHeldRevocations(depth: depth, oldestSeconds: oldest.map { max(0, now() - $0) / 1000 } ?? 0)
-    }
-}
-
-extension HeldRevocation.Action {
-    /// What this instance refuses while the action is held: a user's sessions up to the
-    /// revocation (every one, for an account deleted), or the session logged out. A
-    /// notification's is known once it is verified (`AppleNotificationIntake`).
-    var deny: HeldRevocation.Deny? {
-        switch self {
-        case .user(let sub, _, let at, _, let forget, _, _, _): .user(sub: sub, upTo: forget == .everything ? .max : at)
-        case .session(let key, _): .session(key: key)
-        case .notification: nil
-        }
-    }
-
-    /// A log label: what was held (never who, nor the session).
-    var kind: String {
-        switch self {
-        case .user(_, let source, _, _, _, _, _, _): "revocation (\(source.rawValue))"
-        case .session: "logout"
-        case .notification(_, let verified): verified ? "apple notification" : "apple notification (not verified yet)"
-        }
     }
 }

@@ -76,7 +76,7 @@ final class Revocations: Sendable {
     /// What a revocation that must not be lost came to.
     enum Durable: Sendable {
         /// The store took it.
-        case applied(Revocation)
+        case applied
         /// The store did not: held (`HeldRevocations`), refused here at once, applied when the
         /// store answers.
         case held
@@ -86,19 +86,32 @@ final class Revocations: Sendable {
     /// fails: the caller answers success either way. Throws the store's error only when it
     /// could not be held either (the queue full, the journal unwritable).
     func durably(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop,
-                 apply: (() async throws -> Revocation)? = nil) async throws -> Durable {
+                 apply: (() async throws -> Void)? = nil) async throws -> Durable {
         do {
-            if let apply { return .applied(try await apply()) }
-            return .applied(try await self.apply(action, keep: keep, on: loop))
+            if let apply { try await apply() } else { _ = try await self.apply(action, keep: keep, on: loop) }
+            return .applied
         } catch {
-            // Refused here from now on (`Authenticator`), from the local cache as it stands.
-            guard await held.hold(action, deny: action.deny, keep: keep, why: error) else { throw error }
+            guard await hold(action, keep: keep, why: error) else { throw error }
             return .held
         }
     }
 
+    /// Holds what the store did not take (`HeldRevocations.hold`); once held, its tunnels end
+    /// (a tunnel is not admitted again: the held denial cannot reach it).
+    func hold(_ action: HeldRevocation.Action, keep: Int64, why: any Error) async -> Bool {
+        let deny = action.deny
+        guard await held.hold(action, deny: deny, keep: keep, why: why) else { return false }
+        switch deny {
+        case .user(let sub, _): tunnels.tunnels(of: sub).forEach { $0.lease.end() }
+        case .session(let key): tunnels.tunnels(ofSession: key).forEach { $0.lease.end() }
+        case nil: break
+        }
+        return true
+    }
+
     /// A logout or a user's revocation, applied to the store (live, or replayed from
-    /// `HeldRevocations`); the disconnect's tokens at Apple and the notifications are `AuthCore`'s.
+    /// `HeldRevocations`); the disconnect's tokens at Apple and the email changes are
+    /// `AuthCore.apply`'s.
     func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Revocation {
         switch action {
         case .user(let sub, let source, let at, let happened, let forget, let event, let reason, _):
@@ -111,7 +124,7 @@ final class Revocations: Sendable {
             }
             try await endSession(handle, sub: stored.session.sub, reason: .logout, on: loop).get()
             return Revocation(ended: 1, superseded: false)
-        case .notification:
+        case .email, .notification:
             throw HeldRevocations.NotApplicable()
         }
     }

@@ -39,11 +39,11 @@ struct AuthCore: Sendable {
     let now: @Sendable () -> Int64
 
     /// Queues every refresh token the store holds for the user (their sessions' and the ones kept
-    /// per client) for revocation at Apple, and tries them now (bounded by `apple.timeout` each).
-    /// Answers how many were queued and how many Apple confirmed; the rest stay in the outbox and
-    /// are retried until Apple answers.
-    func revokeAtApple(_ sub: String, on loop: any EventLoop) async throws -> (queued: Int, revoked: Int) {
-        let ids = try await store.queueAppleRevocations(of: sub, now: now(), keys: keys, on: loop)
+    /// per client) granted up to `upTo` for revocation at Apple, and tries them now (bounded by
+    /// `apple.timeout` each). Answers how many were queued and how many Apple confirmed; the
+    /// rest stay in the outbox and are retried until Apple answers.
+    func revokeAtApple(_ sub: String, upTo: Int64, on loop: any EventLoop) async throws -> (queued: Int, revoked: Int) {
+        let ids = try await store.queueAppleRevocations(of: sub, now: now(), upTo: upTo, keys: keys, on: loop)
         let done = await outbox.runDue(only: Set(ids))
         return (ids.count, done.count)
     }

@@ -28,6 +28,8 @@ struct CoreResources: Service {
     func close() async {
         outbox.stop()
         await outbox.drain()
+        // One last pass over what is held: the store may answer now (one failure ends it).
+        await held.replay(giveUpAfter: 1)
         held.close()
         await backend?.shutdown()
         try? await http?.shutdown()

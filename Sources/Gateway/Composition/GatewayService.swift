@@ -1,3 +1,4 @@
+import Atomics
 import GatewayConfig
 import HTTPProxy
 import Logging
@@ -31,6 +32,8 @@ public final class GatewayService: Service, Sendable {
     let core: AuthCore
     private let parts: GatewayComposition.Parts
     private let phase = NIOLockedValueBox(Phase.starting(waiters: []))
+    /// The store watcher's last ping answered: held revocations are replayed meanwhile.
+    private let storeAnswers = ManagedAtomic(false)
     /// One reload at a time: the generation read, the checks and the swap are one step.
     let reloading = NIOLock()
     /// systemd's `Type=notify` (`NOTIFY_SOCKET`): ready, reloading, stopping.
@@ -165,14 +168,6 @@ public final class GatewayService: Service, Sendable {
         return failure == nil
     }
 
-    /// Applies the revocations the store did not take, once it answers again.
-    private func replayHeld() async {
-        let held = core.revocations.held
-        held.recordMetrics()
-        guard !held.isEmpty else { return }
-        let loop = group.next()
-        await held.replay { await self.core.replay($0, on: loop) }
-    }
 
     /// What an operator reads when the store stops taking writes (the log, systemd's status).
     static func outage(_ fault: StoreFault) -> String {
@@ -230,8 +225,15 @@ public final class GatewayService: Service, Sendable {
         services.append(parts.resources)
         if let subscriber = parts.subscriber { services.append(subscriber) }
         services.append(PeriodicTask(every: .seconds(1)) {
-            if await self.checkStore() { await self.replayHeld() }
+            self.storeAnswers.store(await self.checkStore(), ordering: .releasing)
             self.metrics.collectProcessMetrics()
+        })
+        // The revocations the store did not take, applied while it answers: beside the
+        // watcher, whose once-a-second truth a long replay must not hold up.
+        services.append(PeriodicTask(every: .seconds(1)) {
+            let held = self.core.revocations.held
+            held.recordMetrics()
+            if self.storeAnswers.load(ordering: .acquiring) { await held.replay() }
         })
         if let reloads { services.append(reloads) }
         services.append(Draining(listeners: listeners, delay: { self.running.withLockedValue { $0.configuration.server.timeouts.drainDelay } },

@@ -18,20 +18,19 @@ extension AuthEndpointGuard {
         guard core.apple != nil else { return Self.notConfigured() }
         let bytes = Array(body.readableBytesView)
         let held: HeldRevocation.Action
-        let deny: HeldRevocation.Deny?
         let failure: any Error
         let type: GatewayMetrics.NotificationType
-        switch await core.takeNotification(bytes, claimedBefore: false, keep: auth.absoluteTimeout, on: loop) {
+        switch await core.takeNotification(bytes, keep: auth.absoluteTimeout, on: loop) {
         case .taken:
             return LocalResponse(status: .ok)
         case .unverifiable(let error):
             return .error(.badRequest, "unverifiable notification: \(error.rawValue)")
         case .keysUnavailable(let error):
-            (held, deny, failure, type) = (.notification(body: String(decoding: bytes, as: UTF8.self), verified: false), nil, error, .unverified)
-        case .storeFailed(let t, let d, let error):
-            (held, deny, failure, type) = (.notification(body: String(decoding: bytes, as: UTF8.self), verified: true), d, error, t)
+            (held, failure, type) = (.notification(body: String(decoding: bytes, as: UTF8.self)), error, .unverified)
+        case .storeFailed(let t, let action, let error):
+            (held, failure, type) = (action, error, t)
         }
-        guard await core.revocations.held.hold(held, deny: deny, keep: auth.absoluteTimeout, why: failure) else {
+        guard await core.revocations.hold(held, keep: auth.absoluteTimeout, why: failure) else {
             core.metrics.recordNotification(type: type, result: .storeUnavailable)
             return .error(.serviceUnavailable, "the session store did not answer; retry")
         }
@@ -57,14 +56,7 @@ extension AuthEndpointGuard {
         do {
             // Done, or held until the store takes it (the tokens at Apple then too).
             _ = try await core.revocations.durably(action, keep: auth.absoluteTimeout, on: loop) {
-                if core.apple != nil {
-                    let (queued, revoked) = try await core.revokeAtApple(sub, on: loop)
-                    if revoked < queued {
-                        core.logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
-                                            metadata: ["queued": .stringConvertible(queued), "revoked": .stringConvertible(revoked)])
-                    }
-                }
-                return try await core.revocations.apply(action, keep: auth.absoluteTimeout, on: loop)
+                _ = try await core.apply(action, keep: auth.absoluteTimeout, on: loop)
             }
         } catch {
             return AuthResponses.storeUnavailable(head)

@@ -8,111 +8,144 @@ enum NotificationTaken {
     case taken
     /// It can never verify (malformed, forged, not ours): 400.
     case unverifiable(AppleTokenRejection)
-    /// Apple's keys did not answer: it is verified later.
+    /// Apple's keys did not answer: it is held as posted, and verified later.
     case keysUnavailable(AppleTokenRejection)
-    /// Verified, but the store did not take what it says; `deny`: what this instance refuses
-    /// until it does.
-    case storeFailed(GatewayMetrics.NotificationType, deny: HeldRevocation.Deny?, any Error)
+    /// Verified, but the store did not take what it says: `action`, to be held.
+    case storeFailed(GatewayMetrics.NotificationType, HeldRevocation.Action, any Error)
 }
 
 extension AuthCore {
-    /// Verifies one notification body, claims its `jti` (Apple redelivers: a `jti` is acted on
-    /// once, fleet-wide, kept a week) and acts on it — the endpoint's first attempt and a held
-    /// one's replay alike. `claimedBefore`: an earlier attempt got past verification, so the
-    /// claim may be its own; the notification is acted on whatever the claim says.
-    /// - Parameter keep: how long a revocation is kept (the absolute session timeout).
-    func takeNotification(_ body: [UInt8], claimedBefore: Bool, keep: Int64, on loop: any EventLoop) async -> NotificationTaken {
-        guard let apple else { return .unverifiable(.malformed) }
+    /// Verifies one notification body and says what it asks for: the held action (nil: an
+    /// unknown type, nothing to do), its kind and `jti`.
+    func verifyNotification(_ body: [UInt8]) async -> Result<(AppleNotification, HeldRevocation.Action?), AppleTokenRejection> {
+        guard let apple else { return .failure(.malformed) }
         let event: AppleNotification
         do {
             event = try await apple.notifications.verify(body: body)
         } catch {
-            if error.isTransient { return .keysUnavailable(error) }
-            metrics.recordNotification(type: .unverified, result: .rejected)
-            logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
-            return .unverifiable(error)
+            return .failure(error)
         }
-        let type = GatewayMetrics.NotificationType(event.kind)
         // When it happened (Apple's `event_time`, in whole seconds once normalized: the end of
         // that second; clamped to now): a late or retried notification never undoes what
         // happened after it.
         let eventAt = event.eventTime.map { min($0 * 1000 + 999, now()) }
-        let deny: HeldRevocation.Deny? = switch event.kind {
-        case .consentRevoked: .user(sub: event.subject, upTo: eventAt ?? now())
-        case .accountDeleted: .user(sub: event.subject, upTo: .max)
-        case .emailDisabled, .emailEnabled, .unknown: nil
+        let action: HeldRevocation.Action? = switch event.kind {
+        case .consentRevoked:
+            // A disconnect, not a deletion: the sessions created before the event end with the
+            // tokens granted up to it; the profile and the link to a legacy account stay, so a
+            // user who comes back is the same account. A sign-in after the event (a new
+            // consent) lives on, and the app is then not told.
+            .user(sub: event.subject, source: .appleNotification, at: eventAt ?? now(), happened: eventAt, forget: .grants,
+                  event: .userRevoked, reason: "consent_revoked", atApple: false)
+        case .accountDeleted:
+            // The Apple account is gone: its `sub` can never sign in again, so every session
+            // ends and everything is forgotten, whatever Apple's clock said (`event_time` behind
+            // ours must not let a session survive the deletion).
+            .user(sub: event.subject, source: .appleNotification, at: now(), happened: eventAt, forget: .everything,
+                  event: .userDeleted, reason: "account_deleted", atApple: false)
+        case .emailDisabled, .emailEnabled:
+            .email(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail, enabled: event.kind == .emailEnabled, at: eventAt)
+        case .unknown(let name):
+            { logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"]); return nil }()
+        }
+        return .success((event, action))
+    }
+
+    /// One notification from Apple: verified, its `jti` claimed (Apple redelivers: a `jti` is
+    /// acted on once, fleet-wide, kept a week), acted on.
+    /// - Parameter keep: how long a revocation is kept (the absolute session timeout).
+    func takeNotification(_ body: [UInt8], keep: Int64, on loop: any EventLoop) async -> NotificationTaken {
+        let event: AppleNotification
+        let action: HeldRevocation.Action?
+        switch await verifyNotification(body) {
+        case .failure(let error) where error.isTransient:
+            return .keysUnavailable(error)
+        case .failure(let error):
+            metrics.recordNotification(type: .unverified, result: .rejected)
+            logger.warning("Apple notification rejected", metadata: ["reason": "\(error.rawValue)"])
+            return .unverifiable(error)
+        case .success(let verified):
+            (event, action) = verified
+        }
+        let type = GatewayMetrics.NotificationType(event.kind)
+        guard let action else {
+            metrics.recordNotification(type: type, result: .processed)
+            return .taken
         }
         do {
             if let jti = event.jti {
-                let first = try await store.claim(.notification(jti: jti), ttl: 7 * 86_400_000, on: loop).get()
-                guard first || claimedBefore else {
+                guard try await store.claim(.notification(jti: jti), ttl: 7 * 86_400_000, on: loop).get() else {
                     metrics.recordNotification(type: type, result: .duplicate)
                     return .taken
                 }
             }
-            switch event.kind {
-            case .consentRevoked:
-                // A disconnect, not a deletion: the sessions created before the event end with
-                // the tokens granted up to it; the profile and the link to a legacy account stay,
-                // so a user who comes back is the same account. A sign-in after the event (a new
-                // consent) lives on, and the app is then not told.
-                _ = try await revocations.revokeUser(event.subject, source: .appleNotification, at: eventAt, happened: eventAt, keep: keep, forget: .grants,
-                                                     event: (.userRevoked, "consent_revoked"), on: loop).get()
-            case .accountDeleted:
-                // The Apple account is gone: its `sub` can never sign in again, so every session
-                // ends and everything is forgotten, whatever Apple's clock said (`event_time`
-                // behind ours must not let a session survive the deletion).
-                _ = try await revocations.revokeUser(event.subject, source: .appleNotification, happened: eventAt, keep: keep, forget: .everything,
-                                                     event: (.userDeleted, "account_deleted"), on: loop).get()
-            case .emailDisabled, .emailEnabled:
-                if let profile = try await store.profile(of: event.subject, on: loop).get() {
-                    if let applied = profile.emailEventAt, let eventAt, eventAt < applied {
-                        logger.info("an email notification older than the last one applied: ignored", metadata: ["type": "\(type)"])
-                        metrics.recordNotification(type: type, result: .stale)
-                        return .taken
-                    }
-                    let update = UserProfile(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail,
-                                             emailForwarding: event.kind == .emailEnabled ? "enabled" : "disabled", emailEventAt: eventAt)
-                    try await store.saveProfile(update, on: loop).get()
-                    revocations.invalidateUser(event.subject, on: loop)
-                    events?.emit(AppEvent(kind: .emailChanged, sub: event.subject, reason: type.rawValue, happenedAt: eventAt,
-                                          email: event.email ?? profile.email, emailForwarding: update.emailForwarding))
-                }
-            case .unknown(let name):
-                logger.info("Apple notification of an unknown type ignored", metadata: ["type": "\(name.prefix(64))"])
+            if try await apply(action, keep: keep, on: loop) == .stale {
+                metrics.recordNotification(type: type, result: .stale)
+                return .taken
             }
         } catch {
-            // Forget the jti (when the store answers that) so that the replay is not a duplicate.
+            // Held as what it says (applied without a claim: it is idempotent); the jti released
+            // when the store answers that, so that Apple's redelivery is acted on too.
             if let jti = event.jti { store.release(.notification(jti: jti), on: loop).whenFailure { _ in } }
             logger.warning("Apple notification could not be processed", metadata: ["type": "\(type)", "error": "\(error)"])
-            return .storeFailed(type, deny: deny, error)
+            return .storeFailed(type, action, error)
         }
         metrics.recordNotification(type: type, result: .processed)
         return .taken
     }
 
-    /// Applies one held revocation again (`HeldRevocations.replay`): a notification from the
-    /// start, a disconnect's tokens queued for Apple before the user's revocation, the rest
-    /// `Revocations.apply`.
-    func replay(_ entry: HeldRevocation, on loop: any EventLoop) async -> HeldRevocations.Applied {
-        switch entry.action {
-        case .notification(let body, let verified):
-            switch await takeNotification(Array(body.utf8), claimedBefore: verified, keep: entry.keep, on: loop) {
-            case .taken: return .done
-            case .unverifiable: return .drop
-            case .keysUnavailable: return .later
-            case .storeFailed: return .retry
+    enum Applied: Equatable { case applied, stale }
+
+    /// Does one revocation (live, or replayed from `HeldRevocations`): a disconnect's tokens at
+    /// Apple first (those granted up to it), a user's revocation or a logout (`Revocations`),
+    /// an email change from Apple (`stale`: older than the last one applied).
+    func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Applied {
+        switch action {
+        case .user(let sub, _, let at, _, _, _, _, let atApple):
+            if atApple, apple != nil {
+                let (queued, revoked) = try await revokeAtApple(sub, upTo: at, on: loop)
+                if revoked < queued {
+                    logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
+                                   metadata: ["queued": .stringConvertible(queued), "revoked": .stringConvertible(revoked)])
+                }
             }
-        case .user(let sub, _, _, _, _, _, _, let atApple):
-            do {
-                if atApple, apple != nil { _ = try await revokeAtApple(sub, on: loop) }
-                _ = try await revocations.apply(entry.action, keep: entry.keep, on: loop)
-                return .done
-            } catch {
-                return .retry
-            }
+            _ = try await revocations.apply(action, keep: keep, on: loop)
         case .session:
-            return (try? await revocations.apply(entry.action, keep: entry.keep, on: loop)) == nil ? .retry : .done
+            _ = try await revocations.apply(action, keep: keep, on: loop)
+        case .email(let sub, let email, let privateEmail, let enabled, let at):
+            // An unknown user: nothing to update.
+            guard let profile = try await store.profile(of: sub, on: loop).get() else { return .applied }
+            if let applied = profile.emailEventAt, let at, at < applied {
+                logger.info("an email notification older than the last one applied: ignored")
+                return .stale
+            }
+            let update = UserProfile(sub: sub, email: email, privateEmail: privateEmail, emailForwarding: enabled ? "enabled" : "disabled", emailEventAt: at)
+            try await store.saveProfile(update, on: loop).get()
+            revocations.invalidateUser(sub, on: loop)
+            events?.emit(AppEvent(kind: .emailChanged, sub: sub, reason: enabled ? "email-enabled" : "email-disabled", happenedAt: at,
+                                  email: email ?? profile.email, emailForwarding: update.emailForwarding))
+        case .notification:
+            throw HeldRevocations.NotApplicable()
+        }
+        return .applied
+    }
+
+    /// Applies one held revocation again (`HeldRevocations.replay`); a notification not verified
+    /// yet is verified first, then held as what it says.
+    func replay(_ entry: HeldRevocation, on loop: any EventLoop) async -> HeldRevocations.Applied {
+        if case .notification(let body) = entry.action {
+            switch await verifyNotification(Array(body.utf8)) {
+            case .failure(let error) where error.isTransient: return .later
+            case .failure: return .drop
+            case .success((_, nil)): return .done
+            case .success((_, let action?)): return .replace(action)
+            }
+        }
+        do {
+            _ = try await apply(entry.action, keep: entry.keep, on: loop)
+            return .done
+        } catch {
+            return .retry
         }
     }
 }
