@@ -13,14 +13,21 @@ import Testing
 struct FirstAuthorizationNameTests {
     enum Fault: String, CaseIterable, CustomTestStringConvertible {
         case appleKeysUnavailable, storeDown
+        /// Apple rotated its key while its key endpoint is down: the token names a key the
+        /// gateway has never seen (issue 37 §3): Apple unavailable, not a forgery.
+        case keyRotatedDuringKeysOutage
         var testDescription: String { rawValue }
     }
 
-    @Test("a first callback that fails on Apple's keys or on the store keeps the name: the user's retry signs them in with it", arguments: Fault.allCases)
+    @Test("a first callback that fails on Apple's keys (down, or rotated while down) or on the store keeps the name: the user's retry signs them in with it", arguments: Fault.allCases)
     func nameSurvivesAFailedFirstCallback(fault: Fault) async throws {
         let process = fault == .storeDown ? try RedisServerProcess() : nil
         let redis = process.map { TestRedis(host: "127.0.0.1", port: 0, database: 0, process: $0) }
         try await SignInHarness.with(store: fault == .storeDown ? .redis : .memory, redis: redis, storeTimeout: .seconds(1)) { h in
+            if fault == .keyRotatedDuringKeysOutage {
+                // The gateway has Apple's current key set, from a sign-in before the rotation.
+                _ = try await TestBrowser(gatewayOrigin: h.origin).signIn(from: "/x", as: h.simulator.createUser())
+            }
             let sub = h.simulator.createUser(privateEmail: false, firstName: "Ada", lastName: "Lovelace")
             let browser = TestBrowser(gatewayOrigin: h.origin)
             let first = try await browser.signIn(from: "/x", as: sub, stopBeforeCallback: true).form
@@ -28,6 +35,9 @@ struct FirstAuthorizationNameTests {
 
             switch fault {
             case .appleKeysUnavailable: h.simulator.setFaults { $0.keysFailureStatus = 503 }
+            case .keyRotatedDuringKeysOutage:
+                _ = try h.simulator.rotateKeys()
+                h.simulator.setFaults { $0.keysFailureStatus = 503 }
             case .storeDown: process?.stop()
             }
             let failed = try await browser.request(first.action, method: .POST, form: first.fields)
@@ -38,6 +48,19 @@ struct FirstAuthorizationNameTests {
 
             switch fault {
             case .appleKeysUnavailable: h.simulator.setFaults { $0.keysFailureStatus = nil }
+            case .keyRotatedDuringKeysOutage:
+                h.simulator.setFaults { $0.keysFailureStatus = nil }
+                // The failed refetch is tried again a second later: until then the new key is
+                // still unknown. Another user's native sign-in says when the gateway has it.
+                var attempt = 0
+                let fetched = try await firstTime(200, within: .seconds(10), every: .milliseconds(200)) {
+                    attempt += 1
+                    let nonce = "rotated-\(attempt)"
+                    let credential = try h.simulator.nativeAuthorization(sub: h.simulator.createUser(), clientID: SignInHarness.appClient, nonce: nonce)
+                    let body = #"{"identity_token":"\#(credential.identityToken)","authorization_code":"\#(credential.authorizationCode)","nonce":"\#(nonce)"}"#
+                    return try await TestBrowser(gatewayOrigin: h.origin).request("/_auth/native", method: .POST, headers: [("accept", "application/json")], json: body).status
+                }
+                #expect(fetched != nil, "the gateway fetches the new key set once the endpoint answers")
             case .storeDown:
                 // The gateway has seen the store go (its readiness says so), then come back.
                 try await Self.waitForReadiness("ready; the session store is unreachable: guarded routes answer 503\n", h, browser)

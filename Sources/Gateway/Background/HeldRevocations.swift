@@ -347,6 +347,7 @@ final class HeldRevocations: Sendable {
 
     private func finish(_ entry: HeldRevocation, applied: Bool) async {
         change { _ = $0.queue.remove(entry.id) }
+        recordMetrics()  // before the log line: what it says is what the gauges say
         metrics.recordHeldRevocation(applied ? .applied : .dropped)
         let waited = max(0, now() - entry.received)
         if applied {
