@@ -2,7 +2,7 @@
 """Raw HTTP/2 frames against a server, for tests: what a well-behaved client library would
 never send (malformed header blocks, floods), and what came back, one line a frame.
 
-    scripts/h2-frames.py [--tls] [--timeout SECONDS] HOST PORT < frames.jsonl
+    scripts/h2-frames.py [--tls [--handshake-after PATH]] [--timeout SECONDS] HOST PORT < frames.jsonl
 
 Standard input holds one JSON object a line, sent in order (a reader thread collects what the
 server sends meanwhile, so a flood never dead-locks against the server's answers):
@@ -36,6 +36,7 @@ written before the server stopped taking them). Lines look like
 """
 
 import argparse
+import os
 import json
 import socket
 import ssl
@@ -179,6 +180,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds a wait_for waits at most")
     parser.add_argument("--settle", type=float, default=None,
                         help="after the last line, seconds without a frame before printing (default: --timeout)")
+    parser.add_argument("--handshake-after", metavar="PATH", default=None,
+                        help="connect, then start TLS only once PATH exists (a connection mid-handshake)")
     parser.add_argument("host")
     parser.add_argument("port", type=int)
     args = parser.parse_args()
@@ -188,6 +191,8 @@ def main():
     # ACK of the previous one (Nagle's algorithm behind the server's delayed ACK).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if args.tls:
+        while args.handshake_after and not os.path.exists(args.handshake_after):
+            time.sleep(0.01)
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

@@ -81,6 +81,18 @@ public final class RedisClient: Sendable {
         }
     }
 
+    /// Resolves the configured host again (off the event loops) and closes each connection that
+    /// is to another address, to dial again at once: a name moved with no failover to force a
+    /// reconnect (a reload asks). Answers the address the name resolves to (`ip:port`).
+    public func followName() async throws -> String {
+        let target = configuration.resolver?(RedisAddress(host: configuration.host, port: configuration.port))
+            ?? RedisAddress(host: configuration.host, port: configuration.port)
+        let resolved = try await NIOThreadPool.singleton.runIfActive { try RedisDialer.resolve(target) }
+        let at = RedisAddress(host: resolved.ipAddress ?? target.host, port: target.port).description
+        reconnect(unlessConnectedTo: at)
+        return at
+    }
+
     /// Sends a command on `eventLoop`'s connection (default: the current loop, else any).
     public func send(_ arguments: [RedisArgument], on eventLoop: (any EventLoop)? = nil) -> EventLoopFuture<RESPValue> {
         let loop = eventLoop ?? (MultiThreadedEventLoopGroup.currentEventLoop.flatMap { connections[ObjectIdentifier($0)] != nil ? $0 : nil } ?? group.next())

@@ -44,9 +44,11 @@ public final class RedisSubscriber: Sendable {
 
     /// Drops the connection and subscribes again at once, without backoff (the sentinels
     /// announced a new master).
-    public func reconnect() {
+    /// Closes the subscription and subscribes again at once — unless it is to `address`
+    /// (`ip:port`: the name still resolves to the server it listens on).
+    public func reconnect(unlessConnectedTo address: String? = nil) {
         let state = self.state
-        eventLoop.execute { state.value.reconnectNow() }
+        eventLoop.execute { state.value.reconnectNow(unlessConnectedTo: address) }
     }
 
     public func start() {
@@ -116,7 +118,11 @@ final class SubscriberState {
         }
     }
 
-    func reconnectNow() {
+    func reconnectNow(unlessConnectedTo address: String?) {
+        if let address, let remote = channel?.remoteAddress, let ip = remote.ipAddress, let port = remote.port,
+           RedisAddress(host: ip, port: port).description == address {
+            return
+        }
         backoff = configuration.minimumBackoff
         if let channel {
             channel.close(promise: nil)

@@ -66,6 +66,9 @@ public final class RedisSessionBackend: Sendable {
     private let channel: String
     private let subscriber: RedisSubscriber?
     private let watcher: RedisSentinelWatcher?
+    /// The one server's client (not behind sentinels, not a cluster): `followName`'s.
+    private let named: RedisClient?
+    private let logger: Logger
 
     /// The receiving side of the channel.
     public struct Listener: Sendable {
@@ -97,6 +100,8 @@ public final class RedisSessionBackend: Sendable {
         }
         store = RedisSessionStore(client: client, keyPrefix: keyPrefix)
         channel = keyPrefix + "invalidate"
+        named = configuration.sentinel == nil ? single : nil
+        self.logger = logger
         guard let listener else {
             subscriber = nil
             watcher = nil
@@ -123,6 +128,21 @@ public final class RedisSessionBackend: Sendable {
             }
         } else {
             watcher = nil
+        }
+    }
+
+    /// Resolves `redis_url`'s host again and redials what is connected elsewhere, the
+    /// subscription too (a reload: the name may have moved with the old server still up, so
+    /// nothing else would make the gateway follow it). Sentinels and cluster nodes are followed
+    /// by their own announcements.
+    public func followName() async {
+        guard let named else { return }
+        do {
+            let at = try await named.followName()
+            subscriber?.reconnect(unlessConnectedTo: at)
+            logger.info("store.redis_url's host resolved again: connections to another address are redialled", metadata: ["address": "\(at)"])
+        } catch {
+            logger.warning("store.redis_url's host did not resolve at the reload: the connections stay", metadata: ["error": "\(error)"])
         }
     }
 

@@ -423,6 +423,39 @@ struct GatewayProcessTests {
         }
     }
 
+    @Test("SIGTERM with an HTTP/2 connection kept open after its request: GOAWAY, closed, and the process exits long before server.timeouts.shutdown")
+    func http2ConnectionAtShutdown() async throws {
+        try await TestUpstream.with { upstream in
+            try await GatewayProcess.with(yaml: gatewayYAML(upstreamPort: upstream.port, extraServer: "  http2_cleartext: true\n  timeouts:\n    shutdown: 10s")) { gateway in
+                let ports = try await gateway.ports()
+                let client = Process()
+                client.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+                client.arguments = [repositoryRoot + "/scripts/h2-frames.py", "--timeout", "15", "--settle", "0.2", "127.0.0.1", String(ports.proxy)]
+                let (input, output) = (Pipe(), Pipe())
+                (client.standardInput, client.standardOutput, client.standardError) = (input, output, FileHandle.nullDevice)
+                try client.run()
+                let request = #"{"frame":"headers","stream":1,"flags":["END_HEADERS","END_STREAM"],"headers":[[":method","GET"],[":scheme","http"],[":authority","a"],[":path","/echo"]]}"#
+                input.fileHandleForWriting.write(Data((#"{"frame":"preface"}"# + "\n" + request + "\n" + #"{"wait_for":"GOAWAY"}"# + "\n").utf8))
+                try input.fileHandleForWriting.close()
+                try await Poll.within(.seconds(10), "the app answered the request") { upstream.stats.withLockedValue { $0.completed.count } == 1 }
+
+                gateway.signal(SIGTERM)
+                let signalled = ContinuousClock.now
+                #expect(await gateway.waitForExit() == 0)
+                let exited = ContinuousClock.now - signalled
+                let lines = try await blocking { () -> [String] in
+                    let data = output.fileHandleForReading.readDataToEndOfFile()
+                    client.waitUntilExit()
+                    return String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+                }
+                #expect(lines.contains { $0.hasPrefix("HEADERS stream=1") && $0.contains(":status=200") }, "\(lines)")
+                #expect(lines.contains { $0.hasPrefix("GOAWAY") && $0.contains("code=NO_ERROR") } && lines.contains("CLOSED"), "\(lines)")
+                print("HTTP/2 connection open at SIGTERM: the process exited \(exited) later (shutdown deadline 10 s)")
+                #expect(exited < .seconds(5), "nothing in flight: the drain ends at once, not at the deadline (\(exited))")
+            }
+        }
+    }
+
     @Test("a response cut at the shutdown deadline still gets its one access-log line, aborted")
     func cutAtTheDeadlineIsLogged() async throws {
         try await TestUpstream.with { upstream in

@@ -20,16 +20,19 @@ struct MovedNameProcessTests {
         try handle.close()
     }
 
-    @Test("the primary demoted, then its name moved to the promoted replica: the gateway says read-only at once, then writes to the new primary within seconds of the move, without a restart")
-    func nameMoved() async throws {
+    /// Two redis-servers on one port at 127.0.0.2 (A, where the name points) and 127.0.0.3
+    /// (B: A's replica with `replicate`, else a primary of its own), and the gateway process on
+    /// the name; `body` gets the port, the hosts file and the gateway.
+    static func withMovableName(replicate: Bool, _ body: (_ port: Int, _ hostsFile: String, _ gateway: GatewayProcess, _ ports: GatewayProcess.Ports) async throws -> Void) async throws {
         let port = try closedPort()
         let a = try RedisServerProcess(port: port, arguments: ["--bind", "127.0.0.2", "--dbfilename", "sessiongate-test-\(port)-a.rdb"])
         defer { a.stop() }
-        let b = try RedisServerProcess(port: port, arguments: ["--bind", "127.0.0.3", "--dbfilename", "sessiongate-test-\(port)-b.rdb",
-                                                               "--replicaof", "127.0.0.2", String(port)])
+        let b = try RedisServerProcess(port: port, arguments: ["--bind", "127.0.0.3", "--dbfilename", "sessiongate-test-\(port)-b.rdb"]
+                                           + (replicate ? ["--replicaof", "127.0.0.2", String(port)] : []))
         defer { b.stop() }
-        try Poll.until(Date().addingTimeInterval(20), "the replica syncs") { RedisCommand.info(port: port, host: "127.0.0.3")["master_link_status"] == "up" }
-
+        if replicate {
+            try Poll.until(Date().addingTimeInterval(20), "the replica syncs") { RedisCommand.info(port: port, host: "127.0.0.3")["master_link_status"] == "up" }
+        }
         let directory = try makeSecretsDirectory("moved-name")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let hostsFile = directory + "/hosts"
@@ -53,14 +56,25 @@ struct MovedNameProcessTests {
             """.write(toFile: path, atomically: true, encoding: .utf8)
         let wrapped = ["--mount", "--propagation", "private", "sh", "-c", #"mount --bind "$0" /etc/hosts && exec "$@""#, hostsFile,
                        sessiongateBinary, "serve", "--config", path]
-        try await GatewayProcess.with(arguments: wrapped, executable: "/usr/bin/unshare") { gateway in
-            let ports = try await gateway.ports()
-            func storeUp() throws -> String? {
-                let admin = try RawClient(port: ports.admin, timeoutSeconds: 5)
-                try admin.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
-                return try admin.readResponse().text.split(separator: "\n").first { $0.hasPrefix("sessiongate_store_up ") }.map { String($0.dropFirst(21)) }
-            }
-            try await Poll.within(.seconds(5), "the store answers") { (try? storeUp()) == "1.0" }
+        try await GatewayProcess.with(arguments: wrapped, configPath: path, executable: "/usr/bin/unshare") { gateway in
+            try await body(port, hostsFile, gateway, try await gateway.ports())
+        }
+    }
+
+    static func storeUp(_ ports: GatewayProcess.Ports) throws -> String? {
+        let admin = try RawClient(port: ports.admin, timeoutSeconds: 5)
+        try admin.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+        return try admin.readResponse().text.split(separator: "\n").first { $0.hasPrefix("sessiongate_store_up ") }.map { String($0.dropFirst(21)) }
+    }
+
+    static func alive(_ port: Int, at host: String) -> Bool {
+        (try? RedisCommand.send(["EXISTS", "sg:alive"], port: port, host: host))?.integer == 1
+    }
+
+    @Test("the primary demoted, then its name moved to the promoted replica: the gateway says read-only at once, then writes to the new primary within seconds of the move, without a restart")
+    func nameMoved() async throws {
+        try await Self.withMovableName(replicate: true) { port, hostsFile, gateway, ports in
+            try await Poll.within(.seconds(5), "the store answers") { (try? Self.storeUp(ports)) == "1.0" }
 
             // The failover: B promoted, A its replica; the name still on A.
             _ = try RedisCommand.send(["REPLICAOF", "NO", "ONE"], port: port, host: "127.0.0.3")
@@ -69,17 +83,40 @@ struct MovedNameProcessTests {
             try await Poll.within(.seconds(5), "the log names a read-only replica") {
                 gateway.output.contains { $0.contains("session store is a read-only replica") }
             }
-            #expect(try storeUp() == "0.0")
-            #expect(try RedisCommand.send(["EXISTS", "sg:alive"], port: port, host: "127.0.0.3").integer == 0, "nothing written to B while the name is on A")
+            #expect(try Self.storeUp(ports) == "0.0")
+            #expect(!Self.alive(port, at: "127.0.0.3"), "nothing written to B while the name is on A")
 
             try Self.hosts(hostsFile, "127.0.0.3")
             let moved = ContinuousClock.now
-            try await Poll.within(.seconds(10), "the gateway writes to the new primary") {
-                (try? RedisCommand.send(["EXISTS", "sg:alive"], port: port, host: "127.0.0.3"))?.integer == 1
-            }
+            try await Poll.within(.seconds(10), "the gateway writes to the new primary") { Self.alive(port, at: "127.0.0.3") }
             print("managed failover: the gateway wrote to the new primary \(ContinuousClock.now - moved) after the name moved")
             try await Poll.within(.seconds(5), "the log says the store is back") { gateway.output.contains { $0.contains("session store reachable") } }
-            #expect(try storeUp() == "1.0")
+            #expect(try Self.storeUp(ports) == "1.0")
+        }
+    }
+
+    /// Clients connected to the server at `host` (this question's own connection included).
+    static func clients(_ port: Int, at host: String) -> Int {
+        Int(RedisCommand.info(port: port, host: host)["connected_clients"] ?? "") ?? 0
+    }
+
+    @Test("a planned move (the name moved, the old server still a primary, nothing fails): a reload follows the name, every connection and the subscription")
+    func reloadFollowsTheName() async throws {
+        try await Self.withMovableName(replicate: false) { port, hostsFile, gateway, ports in
+            try await Poll.within(.seconds(5), "the gateway writes to A") { Self.alive(port, at: "127.0.0.2") }
+            #expect(Self.clients(port, at: "127.0.0.2") >= 3, "the gateway's command connection and its subscription are on A")
+            try Self.hosts(hostsFile, "127.0.0.3")
+
+            gateway.signal(SIGHUP)
+            try await Poll.within(.seconds(10), "the reload resolves the name again") {
+                gateway.output.contains { $0.contains("store.redis_url's host resolved again") && $0.contains("127.0.0.3") }
+            }
+            // Nothing failed on A: only the reload moves the connections (new dials then resolve to B too).
+            try await Poll.within(.seconds(10), "no gateway connection is left on A") { Self.clients(port, at: "127.0.0.2") == 1 }
+            _ = try RedisCommand.send(["DEL", "sg:alive"], port: port, host: "127.0.0.3")
+            try await Poll.within(.seconds(10), "the gateway writes to B") { Self.alive(port, at: "127.0.0.3") }
+            #expect(Self.clients(port, at: "127.0.0.3") >= 3, "the command connection and the subscription on B")
+            #expect(try Self.storeUp(ports) == "1.0")
         }
     }
 }

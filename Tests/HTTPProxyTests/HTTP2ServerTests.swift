@@ -45,7 +45,7 @@ struct HTTP2ServerTests {
             return Server(proxy: proxy)
         }
 
-        func stop() async { await proxy.shutdown(deadline: .seconds(1)) }
+        func stop(deadline: TimeAmount = .seconds(1)) async { await proxy.shutdown(deadline: deadline) }
 
         /// Runs `body` with the server, stopping it afterwards.
         static func with<T>(tls: Bool = false, cleartext: Bool = true, alpn: [String] = ["h2", "http/1.1"], settings: HTTP2Settings = HTTP2Settings(),
@@ -102,10 +102,13 @@ struct HTTP2ServerTests {
     /// Sends `lines` (after the preface) with the frame script: the lines it printed.
     /// `timeout`: the longest a `wait_for` line waits; `settle`: how long the server may stay
     /// silent after the last line before the script reports (a connection closed ends it at once).
-    static func frames(_ port: Int, _ lines: [String], tls: Bool = false, timeout: Double = 3, settle: Double = 0.3) async throws -> [String] {
+    /// `handshakeAfter`: with `tls`, connect at once but start the handshake only once this file exists.
+    static func frames(_ port: Int, _ lines: [String], tls: Bool = false, handshakeAfter: String? = nil, timeout: Double = 3,
+                       settle: Double = 0.3) async throws -> [String] {
         let input = ([line(["frame": "preface"])] + lines).joined(separator: "\n") + "\n"
         var arguments = [root + "/scripts/h2-frames.py", "--timeout", String(timeout), "--settle", String(settle)]
         if tls { arguments.append("--tls") }
+        if let handshakeAfter { arguments += ["--handshake-after", handshakeAfter] }
         let output = try await run("/usr/bin/python3", arguments + ["127.0.0.1", String(port)], input: input)
         return output.split(separator: "\n").map(String.init)
     }
@@ -404,6 +407,30 @@ struct HTTP2ServerTests {
         await stopped
         #expect(types.contains(7), "GOAWAY (frame type 7) among \(types)")
         #expect(closedAfter < .milliseconds(900), "closed by the GOAWAY, not at the 1 s deadline: \(closedAfter)")
+    }
+
+    @Test("a TLS connection still in its handshake when the drain starts gets GOAWAY once it speaks HTTP/2, not a cut at the deadline")
+    func drainDuringTLSHandshake() async throws {
+        let server = try await Server.start(tls: true, cleartext: false)
+        let port = server.port
+        let go = NSTemporaryDirectory() + "handshake-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: go) }
+        async let output = Self.frames(port, [Self.line(["wait_for": "GOAWAY"])], tls: true, handshakeAfter: go, timeout: 8)
+        // Accepted, its ClientHello not sent yet.
+        try await Poll.within(.seconds(10), every: .milliseconds(5), "the server accepts the client") { server.proxy.clientConnectionCount == 1 }
+        let started = ContinuousClock.now
+        async let stopped: Void = server.stop(deadline: .seconds(5))
+        try await Poll.within(.seconds(5), every: .milliseconds(5), "the listener closes: the drain has begun") {
+            (try? RawClient(port: port, timeoutSeconds: 1)) == nil
+        }
+        FileManager.default.createFile(atPath: go, contents: nil)
+        let lines = try await output
+        let closedAfter = ContinuousClock.now - started
+        await stopped
+        #expect(lines.first == "ALPN h2", "\(lines)")
+        #expect(lines.contains("GOAWAY last_stream=0 code=NO_ERROR") && lines.contains("CLOSED"), "\(lines)")
+        // The deadline is 5 s away: a connection missed by the drain would be cut only then.
+        #expect(closedAfter < .seconds(4), "closed by the GOAWAY, not at the deadline: \(closedAfter)")
     }
 
     @Test("h2c: the preface's 24 bytes choose HTTP/2; a byte that differs chooses HTTP/1.1 at once; a strict prefix waits")

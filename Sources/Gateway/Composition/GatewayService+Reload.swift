@@ -39,7 +39,10 @@ extension GatewayService {
         let report = reloading.withLock { attemptReload(configPath, dryRun: dryRun) }
         guard !dryRun else { return report }
         switch report.outcome {
-        case .applied: metrics.reloadsSucceeded.increment()
+        case .applied:
+            metrics.reloadsSucceeded.increment()
+            // The store's name may have moved (a planned migration): followed now.
+            if let backend = parts.resources.backend { Task { await backend.followName() } }
         case .invalid: metrics.reloadsFailed.increment()
         case .refused: metrics.reloadsRefused.increment()
         }

@@ -30,7 +30,7 @@ public final class GatewayService: Service, Sendable {
     /// The running configuration and the sign-in settings built from it: swapped together.
     let running: NIOLockedValueBox<(configuration: GatewayConfiguration, auth: Authenticator)>
     let core: AuthCore
-    private let parts: GatewayComposition.Parts
+    let parts: GatewayComposition.Parts
     private let phase = NIOLockedValueBox(Phase.starting(waiters: []))
     /// The store watcher's last ping answered: held revocations are replayed meanwhile.
     private let storeAnswers = ManagedAtomic(false)
