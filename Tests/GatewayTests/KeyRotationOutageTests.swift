@@ -6,8 +6,9 @@ import Testing
 /// the gateway has never seen and cannot fetch. That is "Apple unavailable", not a forgery.
 @Suite("Apple's key rotated during a key-endpoint outage")
 struct KeyRotationOutageTests {
-    @Test("native sign-in with a token signed by the new key is 502 apple_unavailable while the key endpoint fails, never 401; it signs in once the endpoint answers")
-    func nativeSignIn() async throws {
+    @Test("native sign-in with a token signed by the new key is 502 apple_unavailable while the key endpoint fails (5xx, 429), never 401; it signs in once the endpoint answers",
+          arguments: [503, 500, 429])
+    func nativeSignIn(failure: Int) async throws {
         try await SignInHarness.with { h in
             let app = TestBrowser(gatewayOrigin: h.origin)
             func signIn(_ sub: String, nonce: String) async throws -> (Int, String) {
@@ -19,10 +20,10 @@ struct KeyRotationOutageTests {
             #expect(try await signIn(h.simulator.createUser(), nonce: "n-0").0 == 200, "the key set is fetched")
 
             _ = try h.simulator.rotateKeys()
-            h.simulator.setFaults { $0.keysFailureStatus = 503 }
+            h.simulator.setFaults { $0.keysFailureStatus = failure }
             let sub = h.simulator.createUser()
             let (status, body) = try await signIn(sub, nonce: "n-1")
-            #expect(status == 502 && body.contains(#""error":"apple_unavailable""#), "\(status) \(body)")
+            #expect(status == 502 && body.contains(#""error":"apple_unavailable""#), "\(failure): \(status) \(body)")
 
             h.simulator.setFaults { $0.keysFailureStatus = nil }
             // The failed refetch is tried again a second later: polled, since the wait is the key set's own.
