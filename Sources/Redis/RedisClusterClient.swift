@@ -114,7 +114,7 @@ public final class RedisClusterClient: RedisCommands {
                 return loop.makeFailedFuture(error)
             case .retry(let next, let refresh, let delay):
                 if refresh { self.invalidate() }
-                let again = { self.attempt(slot, on: loop, deadline: deadline, at: next, askable: askable, body) }
+                let again: @Sendable () -> EventLoopFuture<Reply> = { self.attempt(slot, on: loop, deadline: deadline, at: next, askable: askable, body) }
                 guard delay > .zero else { return again() }
                 return loop.scheduleTask(in: delay) {}.futureResult.flatMap(again)
             }

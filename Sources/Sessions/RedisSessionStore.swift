@@ -109,8 +109,9 @@ public final class RedisSessionStore: SessionStore {
         commands.append(["PERSIST", .string(userTokensKey(profile.sub))])
         // In its user's slot: one transaction. A handle without its user (only a session
         // carried over from before names none) is stored in its own slot first.
-        guard session.handle.sub == nil else { return transaction(record + commands, on: loop).map { _ in } }
-        return transaction(record, on: loop).flatMap { _ in self.transaction(commands, on: loop) }.map { _ in }
+        let userCommands = commands
+        guard session.handle.sub == nil else { return transaction(record + userCommands, on: loop).map { _ in } }
+        return transaction(record, on: loop).flatMap { _ in self.transaction(userCommands, on: loop) }.map { _ in }
     }
 
     /// `account:{id}` for ARGV[1] (the sub): answers the holder when another sub holds it,
