@@ -101,11 +101,12 @@ RSS_A=$(awk '/VmHWM/ {print $2}' "/proc/$PID_A/status"); RSS_B=$(awk '/VmHWM/ {p
 RSS_C=$(awk '/VmHWM/ {print $2}' "/proc/$PID_C/status"); RSS_D=$(awk '/VmHWM/ {print $2}' "/proc/$PID_D/status")
 python3 bench/summarize_auth.py "$WORK" "$CONNECTIONS" "$REPS" "$SCENARIOS" | tee "$WORK/table.md"
 CACHE_A=$(for f in "$WORK"/cache-*.txt; do
-  [ -f "$f" ] && awk -v run="$(basename "$f" .txt | sed 's/^cache-//')" '{h = $1 - $4; n = h + $2 - $5
-    printf "%s: %.1f %% hits of %d lookups, %d evictions\n", run, n ? 100 * h / n : 0, n, $3 - $6}' "$f"
+  # (no file: the run had no cached scenario)
+  if [ -f "$f" ]; then awk -v run="$(basename "$f" .txt | sed 's/^cache-//')" '{h = $1 - $4; n = h + $2 - $5
+    printf "%s: %.1f %% hits of %d lookups, %d evictions\n", run, n ? 100 * h / n : 0, n, $3 - $6}' "$f"; fi
 done | paste -sd ';' | sed 's/;/; /g')
 echo "cache A during the cached runs (connections-rep): $CACHE_A"
 record "authenticated, $SESSIONS distinct sessions" \
-  "\`make bench\` → \`${STORE:+STORE=$STORE }bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared; redis-shared: shared, cache off." \
+  "\`make bench\` → \`${STORE:+STORE=$STORE }bench/auth.sh\` (DURATION=$DURATION, REPS=$REPS, CONNECTIONS="$CONNECTIONS", SCENARIOS="$SCENARIOS"), $(nproc) cores shared by wrk, nginx, Redis and sessiongate; 100-byte responses; cookies rotate through all sessions (\`bench/rotate.lua\`), except the browser-like rows (one session per connection, wrk with a thread per connection, compared with nginx-browser). nginx is \`proxy_pass\` without any auth. cached/browser: upstream_reuse principal; shared/browser-shared: upstream_reuse shared; redis-shared: shared, cache off." \
   "Peak RSS: instance A (cache on) $((RSS_A / 1024)) MiB, instance B (cache off) $((RSS_B / 1024)) MiB, instance C (shared reuse) $((RSS_C / 1024)) MiB, instance D (shared reuse, cache off) $((RSS_D / 1024)) MiB; B took the seeding sign-ins." \
   ${CACHE_A:+"Instance A's cache during the cached runs (connections-rep): $CACHE_A."}
