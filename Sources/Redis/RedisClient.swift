@@ -76,21 +76,26 @@ public final class RedisClient: Sendable {
     /// announced a new master) — except a connection already to `master` (`host:port`, as the
     /// sentinels name it): one that found the new master by itself keeps serving.
     public func reconnect(unlessConnectedTo master: String? = nil) {
+        reconnect(unlessConnectedToAnyOf: master.map { [$0] })
+    }
+
+    /// The same, keeping a connection to any of `addresses` (`ip:port`; nil: none is kept). A
+    /// dial under way is checked once it connects.
+    func reconnect(unlessConnectedToAnyOf addresses: Set<String>?) {
         for (_, box) in connections {
-            box.eventLoop.execute { box.value.reconnect(unlessConnectedTo: master) }
+            box.eventLoop.execute { box.value.reconnect(unlessConnectedToAnyOf: addresses) }
         }
     }
 
     /// Resolves the configured host again (off the event loops) and closes each connection that
-    /// is to another address, to dial again at once: a name moved with no failover to force a
-    /// reconnect (a reload asks). Answers the address the name resolves to (`ip:port`).
-    public func followName() async throws -> String {
+    /// is to none of its addresses, to dial again at once: a name moved with no failover to
+    /// force a reconnect (a reload asks). Answers the addresses (`ip:port`).
+    public func followName() async throws -> Set<String> {
         let target = configuration.resolver?(RedisAddress(host: configuration.host, port: configuration.port))
             ?? RedisAddress(host: configuration.host, port: configuration.port)
-        let resolved = try await NIOThreadPool.singleton.runIfActive { try RedisDialer.resolve(target) }
-        let at = RedisAddress(host: resolved.ipAddress ?? target.host, port: target.port).description
-        reconnect(unlessConnectedTo: at)
-        return at
+        let addresses = try await NIOThreadPool.singleton.runIfActive { try RedisDialer.resolveAll(target) }
+        reconnect(unlessConnectedToAnyOf: addresses)
+        return addresses
     }
 
     /// Sends a command on `eventLoop`'s connection (default: the current loop, else any).
@@ -152,6 +157,8 @@ final class LoopConnection {
     private var retryAt: NIODeadline = .uptimeNanoseconds(0)
     /// The connection is being closed by `reconnect`.
     private var reconnecting = false
+    /// A `reconnect` came while dialling: the connection made is kept only if it is to one of these.
+    private var recheck: Set<String>? = nil
     private let recovered: RecoveryBroadcast
 
     init(loop: any EventLoop, dialer: RedisDialer, configuration: RedisClient.Configuration, logger: Logger, recovered: RecoveryBroadcast) {
@@ -228,6 +235,10 @@ final class LoopConnection {
             connection.backoff = configuration.minimumBackoff
             connection.recovered.recovered(on: connection.loop)
             channel.closeFuture.whenComplete { _ in this.value.connectionClosed() }
+            if let addresses = connection.recheck {
+                connection.recheck = nil
+                connection.close(channel, unlessConnectedToAnyOf: addresses)
+            }
             return boundHandler
         }.flatMapErrorThrowing { error in
             this.value.connectFailed(error)
@@ -253,14 +264,21 @@ final class LoopConnection {
         reconnecting = false
     }
 
-    func reconnect(unlessConnectedTo master: String?) {
+    func reconnect(unlessConnectedToAnyOf addresses: Set<String>?) {
         backoff = configuration.minimumBackoff
         retryAt = .uptimeNanoseconds(0)
-        guard case .connected(let channel, _) = state else { return }
-        if let master, let remote = channel.remoteAddress, let ip = remote.ipAddress, let port = remote.port,
-           RedisAddress(host: ip, port: port).description == master {
-            return
+        switch state {
+        case .connecting:
+            if let addresses { recheck = addresses }
+        case .connected(let channel, _):
+            close(channel, unlessConnectedToAnyOf: addresses)
+        case .idle, .closed:
+            break
         }
+    }
+
+    private func close(_ channel: any Channel, unlessConnectedToAnyOf addresses: Set<String>?) {
+        if let addresses, let peer = channel.redisPeer, addresses.contains(peer) { return }
         reconnecting = true
         channel.close(promise: nil)
     }

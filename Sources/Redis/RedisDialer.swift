@@ -190,6 +190,36 @@ struct RedisDialer: Sendable {
             ?? SocketAddress.makeAddressResolvingHost(address.host, port: address.port)
     }
 
+    /// Every address `address` resolves to (`ip:port`), as `getaddrinfo` answers; blocking.
+    static func resolveAll(_ address: RedisAddress) throws -> Set<String> {
+        if isIPAddress(address.host) { return [address.description] }
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var list: UnsafeMutablePointer<addrinfo>? = nil
+        let rc = getaddrinfo(address.host, String(address.port), &hints, &list)
+        guard rc == 0, let first = list else { throw RedisError.unavailable }
+        defer { freeaddrinfo(first) }
+        var found: Set<String> = []
+        var next: UnsafeMutablePointer<addrinfo>? = first
+        while let info = next {
+            if let sockaddr = info.pointee.ai_addr {
+                var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+                let ok: Bool
+                switch Int32(sockaddr.pointee.sa_family) {
+                case AF_INET:
+                    ok = sockaddr.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { var a = $0.pointee.sin_addr; return inet_ntop(AF_INET, &a, &text, socklen_t(text.count)) != nil }
+                case AF_INET6:
+                    ok = sockaddr.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { var a = $0.pointee.sin6_addr; return inet_ntop(AF_INET6, &a, &text, socklen_t(text.count)) != nil }
+                default:
+                    ok = false
+                }
+                if ok { found.insert(RedisAddress(host: String(cString: text), port: address.port).description) }
+            }
+            next = info.pointee.ai_next
+        }
+        return found
+    }
+
     static func isIPAddress(_ host: String) -> Bool {
         (try? SocketAddress(ipAddress: host, port: 0)) != nil
     }
@@ -285,4 +315,12 @@ public final class RedisSentinelWatcher: Sendable {
 
     public func start() { subscriber.start() }
     public func stop() async { await subscriber.stop() }
+}
+
+extension Channel {
+    /// The server it is connected to, as `RedisAddress` names it (`ip:port`).
+    var redisPeer: String? {
+        guard let remote = remoteAddress, let ip = remote.ipAddress, let port = remote.port else { return nil }
+        return RedisAddress(host: ip, port: port).description
+    }
 }

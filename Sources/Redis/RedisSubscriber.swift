@@ -44,11 +44,12 @@ public final class RedisSubscriber: Sendable {
 
     /// Drops the connection and subscribes again at once, without backoff (the sentinels
     /// announced a new master).
-    /// Closes the subscription and subscribes again at once — unless it is to `address`
-    /// (`ip:port`: the name still resolves to the server it listens on).
-    public func reconnect(unlessConnectedTo address: String? = nil) {
+    /// Closes the subscription and subscribes again at once — unless it is to one of
+    /// `addresses` (`ip:port`: the name still resolves to the server it listens on). A dial under
+    /// way is checked once it connects.
+    public func reconnect(unlessConnectedToAnyOf addresses: Set<String>? = nil) {
         let state = self.state
-        eventLoop.execute { state.value.reconnectNow(unlessConnectedTo: address) }
+        eventLoop.execute { state.value.reconnectNow(unlessConnectedToAnyOf: addresses) }
     }
 
     public func start() {
@@ -92,6 +93,8 @@ final class SubscriberState {
 
     private var pendingRetry: Scheduled<Void>? = nil
     private var connecting = false
+    /// A `reconnect` came while dialling: the subscription made is kept only if it is to one of these.
+    private var recheck: Set<String>? = nil
 
     func connect() {
         guard !stopped, !connecting else { return }
@@ -113,16 +116,25 @@ final class SubscriberState {
                 guard !state.stopped else { channel.close(promise: nil); return }
                 state.channel = channel
                 channel.closeFuture.whenComplete { _ in this.value.retry() }
+                if let addresses = state.recheck {
+                    state.recheck = nil
+                    if channel.redisPeer.map({ !addresses.contains($0) }) ?? true {
+                        state.backoff = state.configuration.minimumBackoff
+                        channel.close(promise: nil)
+                        return
+                    }
+                }
                 state.startSubscription(bound.value)
             }
         }
     }
 
-    func reconnectNow(unlessConnectedTo address: String?) {
-        if let address, let remote = channel?.remoteAddress, let ip = remote.ipAddress, let port = remote.port,
-           RedisAddress(host: ip, port: port).description == address {
+    func reconnectNow(unlessConnectedToAnyOf addresses: Set<String>?) {
+        if connecting {
+            if let addresses { recheck = addresses }
             return
         }
+        if let addresses, let peer = channel?.redisPeer, addresses.contains(peer) { return }
         backoff = configuration.minimumBackoff
         if let channel {
             channel.close(promise: nil)

@@ -85,9 +85,10 @@ extension SessionStore {
         var revocations = sessions.filter { $0.created <= upTo ?? .max }.compactMap { session in
             session.sealedRefreshToken.map { AppleRevocation(clientID: session.clientID, context: session.handle.key, sealedToken: $0) }
         }
-        // The tokens kept per client are the latest grant's: a sign-in after `upTo` (a new
-        // consent, e.g. while a disconnect was held through a store outage) keeps them.
-        let kept = sessions.contains { $0.created > upTo ?? .max } ? [:] : try await refreshTokens(of: sub, on: loop).get()
+        // The token kept per client is that client's latest grant's: a sign-in to it after
+        // `upTo` (a new consent, e.g. while a disconnect was held through a store outage) keeps it.
+        let regranted = Set(sessions.filter { $0.created > upTo ?? .max }.map(\.clientID))
+        let kept = try await refreshTokens(of: sub, on: loop).get().filter { !regranted.contains($0.key) }
         for (clientID, sealed) in kept.sorted(by: { $0.key < $1.key }) {
             revocations.append(AppleRevocation(clientID: clientID, context: SessionKeys.userContext(sub), sealedToken: sealed))
         }

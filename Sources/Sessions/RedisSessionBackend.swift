@@ -138,9 +138,10 @@ public final class RedisSessionBackend: Sendable {
     public func followName() async {
         guard let named else { return }
         do {
-            let at = try await named.followName()
-            subscriber?.reconnect(unlessConnectedTo: at)
-            logger.info("store.redis_url's host resolved again: connections to another address are redialled", metadata: ["address": "\(at)"])
+            let addresses = try await named.followName()
+            subscriber?.reconnect(unlessConnectedToAnyOf: addresses)
+            logger.info("store.redis_url's host resolved again: connections to another address are redialled",
+                        metadata: ["address": "\(addresses.sorted().joined(separator: ","))"])
         } catch {
             logger.warning("store.redis_url's host did not resolve at the reload: the connections stay", metadata: ["error": "\(error)"])
         }

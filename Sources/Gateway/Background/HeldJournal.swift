@@ -130,32 +130,30 @@ final class HeldJournal: @unchecked Sendable {
     }
 
     /// A new file with `entries`, fsynced, renamed over the journal (the directory fsynced too),
-    /// then appended to. A crash at any point leaves the old file or the new one, whole.
+    /// then appended to through the same descriptor. A crash at any point leaves the old file
+    /// or the new one, whole; a failure before the rename leaves the old one in use.
     private func rewrite(_ entries: [HeldRevocation]) throws {
         let temporary = path + ".tmp"
-        let out = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let out = open(temporary, O_RDWR | O_APPEND | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard out >= 0 else { throw Failure(description: "cannot open \(temporary): \(String(cString: strerror(errno)))") }
         do {
             var bytes: [UInt8] = []
             for entry in entries { bytes += try record(.hold(entry)) }
             try Self.write(out, bytes, path: temporary)
             guard fsync(out) == 0 else { throw Failure(description: "fsync \(temporary): \(String(cString: strerror(errno)))") }
+            guard rename(temporary, path) == 0 else { throw Failure(description: "renaming \(temporary): \(String(cString: strerror(errno)))") }
         } catch {
             Foundation.close(out)
             throw error
         }
-        Foundation.close(out)
-        guard rename(temporary, path) == 0 else { throw Failure(description: "renaming \(temporary): \(String(cString: strerror(errno)))") }
-        let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dir >= 0 {
-            _ = fsync(dir)
-            Foundation.close(dir)
-        }
-        let reopened = open(path, O_RDWR | O_APPEND | O_CLOEXEC)
-        guard reopened >= 0 else { throw Failure(description: "cannot open \(path): \(String(cString: strerror(errno)))") }
+        // The descriptor is the journal now: nothing can fail between the rename and the swap.
         if fd >= 0 { Foundation.close(fd) }
-        fd = reopened
+        fd = out
         records = entries.count
+        let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dir >= 0 else { throw Failure(description: "cannot open \(directory) to fsync the rename: \(String(cString: strerror(errno)))") }
+        defer { Foundation.close(dir) }
+        guard fsync(dir) == 0 else { throw Failure(description: "fsync \(directory): \(String(cString: strerror(errno)))") }
     }
 
     private static func write(_ fd: Int32, _ bytes: [UInt8], path: String) throws {

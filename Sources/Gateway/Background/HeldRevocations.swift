@@ -1,5 +1,4 @@
 import Atomics
-import Crypto
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
@@ -122,6 +121,14 @@ struct HeldQueue: Sendable {
         return entry
     }
 
+    /// These go after the others (a replay that ended on them tries the rest first next time:
+    /// one that fails for good never holds up what is behind it).
+    mutating func moveToBack(_ ids: [Int64]) {
+        let moving = entries.filter { ids.contains($0.id) }
+        entries.removeAll { ids.contains($0.id) }
+        entries += moving
+    }
+
     /// Whether a held revocation reaches this session (`key`, of `sub`, created at `created`).
     func denies(key: String, sub: String, created: Int64) -> Bool {
         if denies(key: key) { return true }
@@ -149,7 +156,7 @@ extension HeldRevocation.Action {
     var work: String? {
         switch self {
         case .session(let key, _): "s" + key
-        case .notification(let body): "n" + SHA256.hash(data: Array(body.utf8)).map { String($0, radix: 16) }.joined()
+        case .notification(let body): "n" + sha256Hex(body)
         case .user, .email: nil
         }
     }
@@ -308,7 +315,7 @@ final class HeldRevocations: Sendable {
         guard !isEmpty, let apply = replayer.withLockedValue({ $0 }),
               replaying.compareExchange(expected: false, desired: true, ordering: .acquiring).exchanged else { return }
         defer { replaying.store(false, ordering: .releasing) }
-        var failed = 0
+        var failed: [Int64] = []
         var keysUnavailable = false
         let pass = state.withLockedValue { state in state.queue.entries.filter { !state.unwritten.contains($0.id) } }
         for var entry in pass {
@@ -320,13 +327,18 @@ final class HeldRevocations: Sendable {
                 applied = await apply(entry)
             }
             if applied == .done || applied == .drop {
-                failed = 0
+                failed = []
                 await finish(entry, applied: applied == .done)
             } else if applied == .later {
                 keysUnavailable = true
             } else if applied == .retry {
-                failed += 1
-                if failed >= limit { break }
+                failed.append(entry.id)
+                if failed.count >= limit {
+                    // The store is failing again, or these fail for good: either way the rest
+                    // is tried first next time.
+                    change { $0.queue.moveToBack(failed) }
+                    break
+                }
             }
         }
         recordMetrics()

@@ -16,8 +16,9 @@ enum NotificationTaken {
 
 extension AuthCore {
     /// Verifies one notification body and says what it asks for: the held action (nil: an
-    /// unknown type, nothing to do), its kind and `jti`.
-    func verifyNotification(_ body: [UInt8]) async -> Result<(AppleNotification, HeldRevocation.Action?), AppleTokenRejection> {
+    /// unknown type, nothing to do), its kind and `jti`. `received`: when it reached us (a held
+    /// one's), the time of a revocation Apple's event does not date (default now).
+    func verifyNotification(_ body: [UInt8], received: Int64? = nil) async -> Result<(AppleNotification, HeldRevocation.Action?), AppleTokenRejection> {
         guard let apple else { return .failure(.malformed) }
         let event: AppleNotification
         do {
@@ -29,19 +30,20 @@ extension AuthCore {
         // that second; clamped to now): a late or retried notification never undoes what
         // happened after it.
         let eventAt = event.eventTime.map { min($0 * 1000 + 999, now()) }
+        let at = received ?? now()
         let action: HeldRevocation.Action? = switch event.kind {
         case .consentRevoked:
             // A disconnect, not a deletion: the sessions created before the event end with the
             // tokens granted up to it; the profile and the link to a legacy account stay, so a
             // user who comes back is the same account. A sign-in after the event (a new
             // consent) lives on, and the app is then not told.
-            .user(sub: event.subject, source: .appleNotification, at: eventAt ?? now(), happened: eventAt, forget: .grants,
+            .user(sub: event.subject, source: .appleNotification, at: eventAt ?? at, happened: eventAt, forget: .grants,
                   event: .userRevoked, reason: "consent_revoked", atApple: false)
         case .accountDeleted:
             // The Apple account is gone: its `sub` can never sign in again, so every session
             // ends and everything is forgotten, whatever Apple's clock said (`event_time` behind
             // ours must not let a session survive the deletion).
-            .user(sub: event.subject, source: .appleNotification, at: now(), happened: eventAt, forget: .everything,
+            .user(sub: event.subject, source: .appleNotification, at: at, happened: eventAt, forget: .everything,
                   event: .userDeleted, reason: "account_deleted", atApple: false)
         case .emailDisabled, .emailEnabled:
             .email(sub: event.subject, email: event.email, privateEmail: event.isPrivateEmail, enabled: event.kind == .emailEnabled, at: eventAt)
@@ -134,7 +136,7 @@ extension AuthCore {
     /// yet is verified first, then held as what it says.
     func replay(_ entry: HeldRevocation, on loop: any EventLoop) async -> HeldRevocations.Applied {
         if case .notification(let body) = entry.action {
-            switch await verifyNotification(Array(body.utf8)) {
+            switch await verifyNotification(Array(body.utf8), received: entry.received) {
             case .failure(let error) where error.isTransient: return .later
             case .failure: return .drop
             case .success((_, nil)): return .done
