@@ -389,7 +389,11 @@ struct HTTP2ServerTests {
         try client.send(Array(HTTP2PrefaceSniffer.preface[0..<10]))  // undecided: a strict prefix
         try await Poll.within(.seconds(5), every: .milliseconds(5), "the server accepts the connection") { server.proxy.clientConnectionCount == 1 }
         let started = ContinuousClock.now
-        async let stopped: Void = server.stop()  // deadline 1 s
+        // The deadline 5 s away (it was 1 s): the test's own next steps (the polls, a thread for
+        // the blocking client) must come well before it, or a loaded run cuts the connection at
+        // the deadline for the test's own slowness, and both expectations below fail (as two
+        // unnamed issues of a red CI run may have been).
+        async let stopped: Void = server.stop(deadline: .seconds(5))
         try await Poll.within(.seconds(5), every: .milliseconds(5), "the listener closes: the drain has begun") {
             (try? RawClient(port: port, timeoutSeconds: 1)) == nil
         }
@@ -406,7 +410,7 @@ struct HTTP2ServerTests {
         let closedAfter = ContinuousClock.now - started
         await stopped
         #expect(types.contains(7), "GOAWAY (frame type 7) among \(types)")
-        #expect(closedAfter < .milliseconds(900), "closed by the GOAWAY, not at the 1 s deadline: \(closedAfter)")
+        #expect(closedAfter < .seconds(4), "closed by the GOAWAY, not at the 5 s deadline: \(closedAfter)")
     }
 
     @Test("a TLS connection still in its handshake when the drain starts gets GOAWAY once it speaks HTTP/2, not a cut at the deadline")
