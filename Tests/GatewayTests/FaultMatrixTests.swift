@@ -16,32 +16,10 @@ import Testing
 struct FaultMatrixTests {
     static let cookie = "__Host-sessiongate"
 
-    /// The admin listener's `/metrics` lines with this prefix.
-    static func metrics(_ h: SignInHarness, _ prefix: String) async throws -> [String] {
-        let port = try #require(h.service.adminAddress?.port)
-        let body = try await TestBrowser(gatewayOrigin: h.origin).request("http://127.0.0.1:\(port)/metrics").body
-        return body.split(separator: "\n").filter { $0.hasPrefix(prefix) }.map(String.init)
-    }
-
-    static func readyz(_ h: SignInHarness) async throws -> (Int, String) {
-        let port = try #require(h.service.adminAddress?.port)
-        let answer = try await TestBrowser(gatewayOrigin: h.origin).request("http://127.0.0.1:\(port)/readyz")
-        return (answer.status, answer.body)
-    }
-
-    /// The gateway on a redis-server of the test's own, its local cache off: every admission asks the store.
-    static func onRedis(_ logs: LogRecorder, storeTimeout: Duration = .seconds(1),
-                        _ body: (SignInHarness, RedisServerProcess) async throws -> Void) async throws {
-        let redis = try RedisServerProcess()
-        defer { redis.stop() }
-        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
-                                     storeTimeout: storeTimeout, localCacheTTL: .zero, logs: logs) { h in try await body(h, redis) }
-    }
-
     @Test("Redis killed: guarded routes 503 + Retry-After with the cookie kept, public routes served, store_up 0 and the log within seconds, a logout held; restarted with its data, every session is back and the logout applied")
     func redisKilled() async throws {
         let logs = LogRecorder()
-        try await Self.onRedis(logs) { h, redis in
+        try await SignInHarness.withOwnRedis(storeTimeout: .seconds(1), localCacheTTL: .zero, logs: logs) { h, redis in
             let (stays, leaves) = (TestBrowser(gatewayOrigin: h.origin), TestBrowser(gatewayOrigin: h.origin))
             _ = try await stays.signIn(from: "/x", as: h.simulator.createUser())
             _ = try await leaves.signIn(from: "/x", as: h.simulator.createUser())
@@ -56,8 +34,8 @@ struct FaultMatrixTests {
             #expect(try await stays.request("/public/p").status == 200, "public routes need no store")
             try await Poll.within(.seconds(5), "the log says the store is unreachable") { logs.all.contains { $0.contains("session store unreachable") } }
             print("fault matrix: Redis killed → the log said so \(ContinuousClock.now - killed) later")
-            #expect(try await Self.metrics(h, "sessiongate_store_up ") == ["sessiongate_store_up 0.0"])
-            #expect(try await Self.readyz(h) == (200, "ready; the session store is unreachable: guarded routes answer 503\n"))
+            #expect(try await h.metricLines("sessiongate_store_up ") == ["sessiongate_store_up 0.0"])
+            #expect(try await h.admin("/readyz") == (200, "ready; the session store is unreachable: guarded routes answer 503\n"))
             #expect(try await leaves.request("/_auth/logout", method: .POST, form: []).status == 303, "a logout is held, not refused")
 
             try redis.start()
@@ -68,14 +46,14 @@ struct FaultMatrixTests {
             let stale = TestBrowser(gatewayOrigin: h.origin)
             stale.cookies[Self.cookie] = left
             #expect(try await stale.request("/x").status == 302, "the logout held through the outage ended the session in the store")
-            #expect(try await Self.metrics(h, "sessiongate_store_up ") == ["sessiongate_store_up 1.0"])
+            #expect(try await h.metricLines("sessiongate_store_up ") == ["sessiongate_store_up 1.0"])
         }
     }
 
     @Test("Redis frozen (SIGSTOP): a guarded request is 503 within store.timeout, not held until the client gives up; store_up 0 and the log name the timeout (fault=timeout); thawed, the same session is admitted")
     func redisFrozen() async throws {
         let logs = LogRecorder()
-        try await Self.onRedis(logs) { h, redis in
+        try await SignInHarness.withOwnRedis(storeTimeout: .seconds(1), localCacheTTL: .zero, logs: logs) { h, redis in
             let browser = TestBrowser(gatewayOrigin: h.origin)
             _ = try await browser.signIn(from: "/x", as: h.simulator.createUser())
             redis.freeze()
@@ -89,7 +67,7 @@ struct FaultMatrixTests {
             try await Poll.within(.seconds(5), "the log names the timeout") {
                 logs.all.contains { $0.contains("session store unreachable") && $0.contains("fault=timeout") }
             }
-            #expect(try await Self.metrics(h, "sessiongate_store_up ") == ["sessiongate_store_up 0.0"])
+            #expect(try await h.metricLines("sessiongate_store_up ") == ["sessiongate_store_up 0.0"])
             redis.thaw()
             try await Poll.within(.seconds(10), "the store is back") { logs.all.contains { $0.contains("session store reachable") } }
             #expect(try await browser.request("/x").status == 200)
@@ -118,7 +96,7 @@ struct FaultMatrixTests {
             #expect(failed.status == 502, "\(fault.rawValue): \(failed.status) \(TestBrowser.visibleText(failed.body).prefix(300))")
             #expect(failed.body.contains("Start again"), "\(fault.rawValue): says what to do")
             #expect(browser.cookies[Self.cookie] == nil, "no session")
-            let counted = try await Self.metrics(h, #"sessiongate_sign_ins_total{flow="web",outcome="apple_unavailable"}"#)
+            let counted = try await h.metricLines(#"sessiongate_sign_ins_total{flow="web",outcome="apple_unavailable"}"#)
             #expect(counted == [#"sessiongate_sign_ins_total{flow="web",outcome="apple_unavailable"} 1"#], "\(counted)")
 
             h.simulator.setFaults { $0 = SimulatedAppleID.Faults() }
@@ -136,7 +114,7 @@ struct FaultMatrixTests {
             await #expect(throws: (any Error).self, "a response cut short is not passed on as whole") {
                 _ = try await browser.request("/reset")
             }
-            let kinds = try await Self.metrics(h, "sessiongate_upstream_errors_total{").filter { !$0.hasSuffix(" 0") }
+            let kinds = try await h.metricLines("sessiongate_upstream_errors_total{").filter { !$0.hasSuffix(" 0") }
             #expect(kinds.contains { $0.contains(#"kind="response_timeout""#) && $0.hasSuffix(" 1") }, "\(kinds)")
             #expect(kinds.contains { $0.contains(#"kind="reset_during_response""#) && $0.hasSuffix(" 1") }, "\(kinds)")
             #expect(try await browser.request("/x").status == 200, "an app failure ends no session")

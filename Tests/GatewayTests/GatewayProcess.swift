@@ -202,6 +202,28 @@ final class GatewayProcess: @unchecked Sendable {
     }
 }
 
+/// A gateway on Redis with no app behind it (one public route to a closed port), for the tests
+/// of the store itself: the secret in `directory` (`makeSecretsDirectory`), the access log off;
+/// `store` lines go under `store.redis_url`.
+func redisGatewayYAML(directory: String, redisURL: String, store: String = "") -> String {
+    """
+    server:
+      listen: "127.0.0.1:0"
+      admin_listen: "127.0.0.1:0"
+      access_log: "off"
+    session:
+      secret_file: "\(directory)/session.key"
+    store:
+      redis_url: "\(redisURL)"
+    \(store)
+    routes:
+      - name: app
+        upstream: "http://127.0.0.1:1"
+        auth: public
+
+    """
+}
+
 func gatewayYAML(upstreamPort: Int, extraServer: String = "", routes: String? = nil) -> String {
     """
     server:

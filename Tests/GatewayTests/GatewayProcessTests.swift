@@ -93,6 +93,13 @@ struct GatewayProcessTests {
         #expect(try await store.sessions(of: "user.b", on: loop).get().count == 1, "other users keep theirs")
         await client.close()
 
+        // The store down: nothing is held by a one-shot command (README: "Held revocations"), so
+        // it says so and exits 1, for the operator to run it again.
+        stop()
+        let (failed, failedLines) = try await run(["sessions", "revoke", "--sub", "user.b", "--config", path])
+        #expect(failed == 1 && failedLines.contains { $0.hasPrefix("session store unavailable") } && !failedLines.contains { $0.hasPrefix("revoked") },
+                "\(failedLines)")
+
         let (memory, memoryLines) = try await run(["sessions", "list", "--sub", "user.a", "--config", "conf/demo.yaml"])
         #expect(memory == 1 && memoryLines.contains { $0.contains("store.redis_url is not set") })
     }

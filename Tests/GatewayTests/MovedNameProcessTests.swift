@@ -39,21 +39,7 @@ struct MovedNameProcessTests {
         FileManager.default.createFile(atPath: hostsFile, contents: nil)
         try Self.hosts(hostsFile, "127.0.0.2")
         let path = directory + "/sessiongate.yaml"
-        try """
-            server:
-              listen: "127.0.0.1:0"
-              admin_listen: "127.0.0.1:0"
-              access_log: "off"
-            session:
-              secret_file: "\(directory)/session.key"
-            store:
-              redis_url: "redis://\(Self.name):\(port)/0"
-            routes:
-              - name: a
-                upstream: "http://127.0.0.1:1"
-                auth: public
-
-            """.write(toFile: path, atomically: true, encoding: .utf8)
+        try redisGatewayYAML(directory: directory, redisURL: "redis://\(Self.name):\(port)/0").write(toFile: path, atomically: true, encoding: .utf8)
         let wrapped = ["--mount", "--propagation", "private", "sh", "-c", #"mount --bind "$0" /etc/hosts && exec "$@""#, hostsFile,
                        sessiongateBinary, "serve", "--config", path]
         try await GatewayProcess.with(arguments: wrapped, configPath: path, executable: "/usr/bin/unshare") { gateway in

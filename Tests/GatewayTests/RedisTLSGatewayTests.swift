@@ -8,34 +8,11 @@ import TestSupport
 @Suite("Redis over TLS (process)", .serialized, .timeLimit(.minutes(3)))
 struct RedisTLSGatewayTests {
     static func yaml(directory: String, redisPort: Int, ca: String, client: TestCA.Leaf?) -> String {
-        var text = """
-            server:
-              listen: "127.0.0.1:0"
-              admin_listen: "127.0.0.1:0"
-              access_log: "off"
-            session:
-              secret_file: "\(directory)/session.key"
-            store:
-              redis_url: "rediss://127.0.0.1:\(redisPort)/0"
-              timeout: 2s
-              tls:
-                ca_file: "\(ca)"
-
-            """
+        var store = "  timeout: 2s\n  tls:\n    ca_file: \"\(ca)\""
         if let client {
-            text += """
-                    certificate_file: "\(client.certificateFile)"
-                    private_key_file: "\(client.privateKeyFile)"
-
-                """
+            store += "\n    certificate_file: \"\(client.certificateFile)\"\n    private_key_file: \"\(client.privateKeyFile)\""
         }
-        return text + """
-            routes:
-              - name: app
-                upstream: "http://127.0.0.1:9"
-                auth: public
-
-            """
+        return redisGatewayYAML(directory: directory, redisURL: "rediss://127.0.0.1:\(redisPort)/0", store: store)
     }
 
     static func readyz(_ admin: Int) async throws -> (Int, String) {

@@ -357,3 +357,31 @@ func firstTime(_ status: Int, within limit: Duration, every interval: Duration =
     }
     return nil
 }
+
+extension SignInHarness {
+    /// `with` on a redis-server of the test's own, to kill, freeze or restart (stopped after).
+    static func withOwnRedis<Result>(storeTimeout: Duration = .seconds(3), localCacheTTL: Duration = .seconds(5), logs: LogRecorder? = nil,
+                                     _ body: (SignInHarness, RedisServerProcess) async throws -> Result) async throws -> Result {
+        let redis = try RedisServerProcess()
+        defer { redis.stop() }
+        return try await with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
+                              storeTimeout: storeTimeout, localCacheTTL: localCacheTTL, logs: logs) { try await body($0, redis) }
+    }
+
+    /// GET `path` on the admin listener (this harness's, or another instance's `port`): its status and body.
+    func admin(_ path: String, port: Int? = nil) async throws -> (Int, String) {
+        guard let port = port ?? service.adminAddress?.port else { throw TestBrowser.Failure.unexpected("no admin listener") }
+        let answer = try await TestBrowser(gatewayOrigin: origin).request("http://127.0.0.1:\(port)\(path)")
+        return (answer.status, answer.body)
+    }
+
+    /// The lines of `/metrics` that start with `prefix`.
+    func metricLines(_ prefix: String, port: Int? = nil) async throws -> [String] {
+        try await admin("/metrics", port: port).1.split(separator: "\n").filter { $0.hasPrefix(prefix) }.map(String.init)
+    }
+
+    /// One series' value as rendered ("1.0" for a gauge, "1" for a counter); nil: not exported.
+    func metric(_ series: String, port: Int? = nil) async throws -> String? {
+        try await metricLines(series + " ", port: port).first.map { String($0.dropFirst(series.count + 1)) }
+    }
+}

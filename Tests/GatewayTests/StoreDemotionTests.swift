@@ -8,37 +8,22 @@ import Testing
 /// what the user and the operator see while it lasts, and that it ends without a restart.
 @Suite("Gateway on a demoted Redis primary", .serialized, .timeLimit(.minutes(2)))
 struct StoreDemotionTests {
-    static func admin(_ h: SignInHarness, _ path: String) async throws -> (Int, String) {
-        let port = try #require(h.service.adminAddress?.port)
-        let answer = try await TestBrowser(gatewayOrigin: h.origin).request("http://127.0.0.1:\(port)\(path)")
-        return (answer.status, answer.body)
-    }
-
-    /// `sessiongate_store_up` as the metrics endpoint renders it ("1.0", "0.0").
-    static func storeUp(_ h: SignInHarness) async throws -> String? {
-        try await admin(h, "/metrics").1.split(separator: "\n").first { $0.hasPrefix("sessiongate_store_up ") }
-            .map { String($0.dropFirst("sessiongate_store_up ".count)) }
-    }
-
     @Test("a full Redis (maxmemory, noeviction): store_up 0 and a log line saying it is full within seconds; given room, reachable again")
     func full() async throws {
-        let redis = try RedisServerProcess()
-        defer { redis.stop() }
         let logs = LogRecorder()
-        try await SignInHarness.with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
-                                     localCacheTTL: .zero, logs: logs) { h in
-            #expect(try await Self.storeUp(h) == "1.0")
+        try await SignInHarness.withOwnRedis(localCacheTTL: .zero, logs: logs) { h, redis in
+            #expect(try await h.metric("sessiongate_store_up") == "1.0")
             let before = logs.all.count
             _ = try RedisCommand.send(["CONFIG", "SET", "maxmemory-policy", "noeviction"], port: redis.port)
             _ = try RedisCommand.send(["CONFIG", "SET", "maxmemory", "1"], port: redis.port)
             try await Poll.within(.seconds(5), "the log says the store is full") {
                 logs.all.dropFirst(before).contains { $0.contains("session store is full (maxmemory)") && $0.contains("fault=outOfMemory") }
             }
-            #expect(try await Self.storeUp(h) == "0.0", "a PING would still pass: the watcher's write does not")
+            #expect(try await h.metric("sessiongate_store_up") == "0.0", "a PING would still pass: the watcher's write does not")
             let full = logs.all.count
             _ = try RedisCommand.send(["CONFIG", "SET", "maxmemory", "0"], port: redis.port)
             try await Poll.within(.seconds(5), "the log says the store is back") { logs.all.dropFirst(full).contains { $0.contains("session store reachable") } }
-            #expect(try await Self.storeUp(h) == "1.0")
+            #expect(try await h.metric("sessiongate_store_up") == "1.0")
         }
     }
 
@@ -58,9 +43,7 @@ struct StoreDemotionTests {
             let stale = TestBrowser(gatewayOrigin: h.origin)
             stale.cookies = other.cookies
             #expect(try await stale.request("/x").status == 200)
-            func admin(_ path: String) async throws -> (Int, String) { try await Self.admin(h, path) }
-            func storeUp() async throws -> String? { try await Self.storeUp(h) }
-            let up = try await storeUp()
+            let up = try await h.metric("sessiongate_store_up")
             #expect(up == "1.0", "\(up ?? "no store_up")")
 
             // Demoted: B promoted, A its replica, the gateway still on A.
@@ -70,8 +53,8 @@ struct StoreDemotionTests {
                 logs.all.contains { $0.contains("session store is a read-only replica") && $0.contains("fault=readOnly") }
             }
             let seen = ContinuousClock.now - demoted
-            #expect(try await storeUp() == "0.0", "store_up")
-            #expect(try await admin("/readyz") == (200, "ready; the session store is unreachable: guarded routes answer 503\n"), "/readyz")
+            #expect(try await h.metric("sessiongate_store_up") == "0.0", "store_up")
+            #expect(try await h.admin("/readyz") == (200, "ready; the session store is unreachable: guarded routes answer 503\n"), "/readyz")
             print("gateway on a demoted primary: the log and store_up said so \(seen) after the demotion")
             #expect(seen < .seconds(3), "within a second of the first failed write (the watcher writes every second)")
 
@@ -84,7 +67,7 @@ struct StoreDemotionTests {
             _ = try RedisCommand.send(["REPLICAOF", "NO", "ONE"], port: a.port)
             let linesBefore = logs.all.count
             try await Poll.within(.seconds(10), "the log says the store is back") { logs.all.dropFirst(linesBefore).contains { $0.contains("session store reachable") } }
-            #expect(try await storeUp() == "1.0")
+            #expect(try await h.metric("sessiongate_store_up") == "1.0")
             try await Poll.within(.seconds(5), "the held logout is applied") { logs.all.dropFirst(linesBefore).contains { $0.contains("a held revocation was applied") } }
             #expect(try await stale.request("/x").status == 302, "ended in the store, not only refused here")
             let after = try await browser.request("/x")

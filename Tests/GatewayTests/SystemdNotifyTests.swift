@@ -63,21 +63,7 @@ struct SystemdNotifyTests {
         let redis = try RedisServerProcess()
         defer { redis.stop() }
         let path = directory + "/sessiongate.yaml"
-        try """
-            server:
-              listen: "127.0.0.1:0"
-              admin_listen: "127.0.0.1:0"
-              access_log: "off"
-            session:
-              secret_file: "\(directory)/session.key"
-            store:
-              redis_url: "redis://127.0.0.1:\(redis.port)/0"
-            routes:
-              - name: a
-                upstream: "http://127.0.0.1:1"
-                auth: public
-
-            """.write(toFile: path, atomically: true, encoding: .utf8)
+        try redisGatewayYAML(directory: directory, redisURL: "redis://127.0.0.1:\(redis.port)/0").write(toFile: path, atomically: true, encoding: .utf8)
         try await GatewayProcess.with(arguments: ["serve", "--config", path], environment: ["NOTIFY_SOCKET": socket.path]) { gateway in
             _ = try await gateway.ports()
             #expect(try await socket.next() == "READY=1\nSTATUS=listening; the session store answered")

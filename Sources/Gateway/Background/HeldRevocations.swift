@@ -39,7 +39,7 @@ struct HeldRevocation: Codable, Sendable, Equatable {
     /// How long the store keeps the revocation once applied (the absolute session timeout).
     var keep: Int64
     var action: Action
-    var deny: Deny?
+    var deny: Deny? { action.deny }
 }
 
 /// The held revocations, oldest first, and the denials they imply: a pure value (the
@@ -75,16 +75,15 @@ struct HeldQueue: Sendable {
         entries.forEach { index($0) }
     }
 
-    var isEmpty: Bool { entries.isEmpty }
     var count: Int { entries.count }
     /// When the oldest was received (nil: none held).
     var oldest: Int64? { entries.map(\.received).min() }
 
-    mutating func hold(_ action: HeldRevocation.Action, deny: HeldRevocation.Deny?, keep: Int64, now: Int64) -> Holding {
+    mutating func hold(_ action: HeldRevocation.Action, keep: Int64, now: Int64) -> Holding {
         if let work = action.work, works.contains(work) { return .duplicate }
         if entries.count >= Self.capacity { return .full }
         if case .notification(let body) = action, unverified >= Self.unverifiedCapacity || body.utf8.count > Self.bodyLimit { return .full }
-        let entry = HeldRevocation(id: nextID, received: now, keep: keep, action: action, deny: deny)
+        let entry = HeldRevocation(id: nextID, received: now, keep: keep, action: action)
         nextID += 1
         entries.append(entry)
         index(entry)
@@ -112,9 +111,9 @@ struct HeldQueue: Sendable {
 
     /// A notification verified: held from now on as what it says, in its place and with its
     /// age (a new id: the journal records the change as that entry held, the old one done).
-    mutating func replace(_ id: Int64, with action: HeldRevocation.Action, deny: HeldRevocation.Deny?) -> HeldRevocation? {
+    mutating func replace(_ id: Int64, with action: HeldRevocation.Action) -> HeldRevocation? {
         guard let i = entries.firstIndex(where: { $0.id == id }), let old = remove(id) else { return nil }
-        let entry = HeldRevocation(id: nextID, received: old.received, keep: old.keep, action: action, deny: deny)
+        let entry = HeldRevocation(id: nextID, received: old.received, keep: old.keep, action: action)
         nextID += 1
         entries.insert(entry, at: i)
         index(entry)
@@ -237,8 +236,8 @@ final class HeldRevocations: Sendable {
         recordMetrics()
     }
 
-    /// How an entry is applied (`AuthCore.replay`): set once the core is built.
-    func replay(with apply: @escaping @Sendable (HeldRevocation) async -> Applied) {
+    /// How `replay` applies an entry (`AuthCore.replay`): set once the core is built.
+    func setApply(_ apply: @escaping @Sendable (HeldRevocation) async -> Applied) {
         replayer.withLockedValue { $0 = apply }
     }
 
@@ -269,9 +268,9 @@ final class HeldRevocations: Sendable {
     /// Keeps `action` (on disk first, when there is a journal) until the store takes it:
     /// true once kept (or already held), false when the queue is full or the journal could not
     /// be written — the caller then answers with the store's failure.
-    func hold(_ action: HeldRevocation.Action, deny: HeldRevocation.Deny?, keep: Int64, why: any Error) async -> Bool {
+    func hold(_ action: HeldRevocation.Action, keep: Int64, why: any Error) async -> Bool {
         let outcome = change { state -> HeldQueue.Holding in
-            let outcome = state.queue.hold(action, deny: deny, keep: keep, now: now())
+            let outcome = state.queue.hold(action, keep: keep, now: now())
             if case .held(let entry) = outcome { state.unwritten.insert(entry.id) }
             return outcome
         }
@@ -341,11 +340,10 @@ final class HeldRevocations: Sendable {
                 }
             }
         }
-        recordMetrics()
     }
 
     private func replace(_ entry: HeldRevocation, with action: HeldRevocation.Action) async -> HeldRevocation? {
-        guard let replacement = change({ $0.queue.replace(entry.id, with: action, deny: action.deny) }) else { return nil }
+        guard let replacement = change({ $0.queue.replace(entry.id, with: action) }) else { return nil }
         if let journal {
             // The verified form first: a crash between the two lines replays both (idempotent).
             try? await NIOThreadPool.singleton.runIfActive {

@@ -279,7 +279,7 @@ final class Revalidator: Sendable {
                 logger.info("Apple refused a refresh token: the sessions of its grant and older end", metadata: ["sub": "\(session.sub)", "error": "\(error)"])
                 // Revoked, or held until the store takes it (refused here meanwhile): Apple's
                 // answer is never lost to a store outage. The fleet's record after it.
-                _ = try await revocations.durably(.user(sub: session.sub, source: .appleInvalidGrant, at: session.created, happened: t, forget: .grants,
+                try await revocations.durably(.user(sub: session.sub, source: .appleInvalidGrant, at: session.created, happened: t, forget: .grants,
                                                         event: nil, reason: nil, atApple: false), keep: keep, on: loop)
                 try? await store.recordValidation(ValidationRecord(result: .revoked, at: t), of: tokenHash, ttl: times.after, on: loop).get()
                 return .revoked

@@ -39,8 +39,8 @@ final class Revocations: Sendable {
     }
 
     /// Revokes a user: `revoked_at` recorded (kept for `keep` ms: the absolute session timeout),
-    /// the sessions created up to it deleted, the user dropped from this instance's cache at
-    /// once and from every other instance's through pub/sub.
+    /// the sessions created up to it deleted, then the user dropped from this instance's cache
+    /// and from every other instance's through pub/sub.
     /// - Parameters:
     ///   - at: what the revocation reaches: sessions and grants up to this time (a notification's
     ///     `event_time`, the grant time of a token Apple refused), clamped to now. A session or
@@ -73,35 +73,24 @@ final class Revocations: Sendable {
         }
     }
 
-    /// What a revocation that must not be lost came to.
-    enum Durable: Sendable {
-        /// The store took it.
-        case applied
-        /// The store did not: held (`HeldRevocations`), refused here at once, applied when the
-        /// store answers.
-        case held
-    }
-
     /// Does `action` (`apply`, by default `apply(_:keep:on:)`), or holds it when the store
-    /// fails: the caller answers success either way. Throws the store's error only when it
-    /// could not be held either (the queue full, the journal unwritable).
+    /// fails (`HeldRevocations`: refused here at once, applied when the store answers): the
+    /// caller answers success either way. Throws the store's error only when it could not be
+    /// held either (the queue full, the journal unwritable).
     func durably(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop,
-                 apply: (() async throws -> Void)? = nil) async throws -> Durable {
+                 apply: (() async throws -> Void)? = nil) async throws {
         do {
-            if let apply { try await apply() } else { _ = try await self.apply(action, keep: keep, on: loop) }
-            return .applied
+            if let apply { try await apply() } else { try await self.apply(action, keep: keep, on: loop) }
         } catch {
             guard await hold(action, keep: keep, why: error) else { throw error }
-            return .held
         }
     }
 
     /// Holds what the store did not take (`HeldRevocations.hold`); once held, its tunnels end
     /// (a tunnel is not admitted again: the held denial cannot reach it).
     func hold(_ action: HeldRevocation.Action, keep: Int64, why: any Error) async -> Bool {
-        let deny = action.deny
-        guard await held.hold(action, deny: deny, keep: keep, why: why) else { return false }
-        switch deny {
+        guard await held.hold(action, keep: keep, why: why) else { return false }
+        switch action.deny {
         case .user(let sub, _): tunnels.tunnels(of: sub).forEach { $0.lease.end() }
         case .session(let key): tunnels.tunnels(ofSession: key).forEach { $0.lease.end() }
         case nil: break
@@ -112,18 +101,15 @@ final class Revocations: Sendable {
     /// A logout or a user's revocation, applied to the store (live, or replayed from
     /// `HeldRevocations`); the disconnect's tokens at Apple and the email changes are
     /// `AuthCore.apply`'s.
-    func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Revocation {
+    func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws {
         switch action {
         case .user(let sub, let source, let at, let happened, let forget, let event, let reason, _):
-            return try await revokeUser(sub, source: source, at: at, happened: happened, keep: keep, forget: forget,
-                                        event: event.map { ($0, reason ?? source.rawValue) }, on: loop).get()
+            _ = try await revokeUser(sub, source: source, at: at, happened: happened, keep: keep, forget: forget,
+                                     event: event.map { ($0, reason ?? source.rawValue) }, on: loop).get()
         case .session(let key, let sub):
             // The session the store holds under the key, if any (gone already: nothing to end).
-            guard let handle = SessionHandle(key: key, sub: sub), let stored = try await store.load(handle, on: loop).get() else {
-                return Revocation(ended: 0, superseded: false)
-            }
+            guard let handle = SessionHandle(key: key, sub: sub), let stored = try await store.load(handle, on: loop).get() else { return }
             try await endSession(handle, sub: stored.session.sub, reason: .logout, on: loop).get()
-            return Revocation(ended: 1, superseded: false)
         case .email, .notification:
             throw HeldRevocations.NotApplicable()
         }

@@ -151,7 +151,7 @@ enum GatewayComposition {
                             exchanges: NIOLockedValueBox(RateWindows()), anonymousWrites: NIOLockedValueBox(AnonymousWrites()),
                             tracer: tracer, metrics: metrics, logger: logger, now: now)
         let replayLoop = backgroundLoop
-        held.replay { await core.replay($0, on: replayLoop) }
+        held.setApply { await core.replay($0, on: replayLoop) }
         let subscriber = signals.map { FleetSubscriber(signals: $0, revocations: revocations, revalidator: revalidator) }
         return Parts(core: core, subscriber: subscriber, resources: CoreResources(outbox: outbox, backend: backend, http: http, held: held), tracer: tracer)
     }

@@ -1,4 +1,3 @@
-import Atomics
 import GatewayConfig
 import HTTPProxy
 import Logging
@@ -32,8 +31,6 @@ public final class GatewayService: Service, Sendable {
     let core: AuthCore
     let parts: GatewayComposition.Parts
     private let phase = NIOLockedValueBox(Phase.starting(waiters: []))
-    /// The store watcher's last ping answered: held revocations are replayed meanwhile.
-    private let storeAnswers = ManagedAtomic(false)
     /// One reload at a time: the generation read, the checks and the swap are one step.
     let reloading = NIOLock()
     /// systemd's `Type=notify` (`NOTIFY_SOCKET`): ready, reloading, stopping.
@@ -140,9 +137,8 @@ public final class GatewayService: Service, Sendable {
     }
 
     /// Pings the store (a write, bounded by `store.timeout`) and records the answer; a change is
-    /// logged and told to systemd. Answers whether the store answered.
-    @discardableResult
-    private func checkStore() async -> Bool {
+    /// logged and told to systemd.
+    private func checkStore() async {
         let loop = group.next()
         var failure: (any Error)? = nil
         do { _ = try await core.store.ping(on: loop).get() } catch { failure = error }
@@ -155,7 +151,7 @@ public final class GatewayService: Service, Sendable {
             phase = .running(listeners, store: store)
             return (changed, first)
         }
-        guard changed else { return failure == nil }
+        guard changed else { return }
         if let failure {
             let fault = StoreFault(failure)
             let what = Self.outage(fault)
@@ -165,7 +161,14 @@ public final class GatewayService: Service, Sendable {
             logger.info("session store reachable")
             if !first { notifier.status("listening; the session store answers") }
         }
-        return failure == nil
+    }
+
+    /// The store watcher's last ping answered (and the gateway is not draining): held
+    /// revocations are replayed meanwhile.
+    private var storeAnswers: Bool {
+        phase.withLockedValue { phase in
+            if case .running(_, .reachable) = phase { true } else { false }
+        }
     }
 
 
@@ -225,7 +228,7 @@ public final class GatewayService: Service, Sendable {
         services.append(parts.resources)
         if let subscriber = parts.subscriber { services.append(subscriber) }
         services.append(PeriodicTask(every: .seconds(1)) {
-            self.storeAnswers.store(await self.checkStore(), ordering: .releasing)
+            await self.checkStore()
             self.metrics.collectProcessMetrics()
         })
         // The revocations the store did not take, applied while it answers: beside the
@@ -233,7 +236,7 @@ public final class GatewayService: Service, Sendable {
         services.append(PeriodicTask(every: .seconds(1)) {
             let held = self.core.revocations.held
             held.recordMetrics()
-            if self.storeAnswers.load(ordering: .acquiring) { await held.replay() }
+            if self.storeAnswers { await held.replay() }
         })
         if let reloads { services.append(reloads) }
         services.append(Draining(listeners: listeners, delay: { self.running.withLockedValue { $0.configuration.server.timeouts.drainDelay } },

@@ -55,7 +55,7 @@ extension AuthEndpointGuard {
                                                 event: .userRevoked, reason: "disconnect", atApple: core.apple != nil)
         do {
             // Done, or held until the store takes it (the tokens at Apple then too).
-            _ = try await core.revocations.durably(action, keep: auth.absoluteTimeout, on: loop) {
+            try await core.revocations.durably(action, keep: auth.absoluteTimeout, on: loop) {
                 _ = try await core.apply(action, keep: auth.absoluteTimeout, on: loop)
             }
         } catch {

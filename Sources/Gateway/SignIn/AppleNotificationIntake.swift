@@ -96,12 +96,13 @@ extension AuthCore {
         return .taken
     }
 
-    enum Applied: Equatable { case applied, stale }
+    /// What `apply` did: applied, or nothing (an email change older than the last one applied).
+    enum Effect: Equatable { case applied, stale }
 
     /// Does one revocation (live, or replayed from `HeldRevocations`): a disconnect's tokens at
     /// Apple first (those granted up to it), a user's revocation or a logout (`Revocations`),
     /// an email change from Apple (`stale`: older than the last one applied).
-    func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Applied {
+    func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Effect {
         switch action {
         case .user(let sub, _, let at, _, _, _, _, let atApple):
             if atApple, apple != nil {
@@ -111,9 +112,9 @@ extension AuthCore {
                                    metadata: ["queued": .stringConvertible(queued), "revoked": .stringConvertible(revoked)])
                 }
             }
-            _ = try await revocations.apply(action, keep: keep, on: loop)
+            try await revocations.apply(action, keep: keep, on: loop)
         case .session:
-            _ = try await revocations.apply(action, keep: keep, on: loop)
+            try await revocations.apply(action, keep: keep, on: loop)
         case .email(let sub, let email, let privateEmail, let enabled, let at):
             // An unknown user: nothing to update.
             guard let profile = try await store.profile(of: sub, on: loop).get() else { return .applied }

@@ -143,7 +143,7 @@ struct AuthEndpointGuard: RequestGuard {
         core.cache.invalidate(handle)
         // Ended, or held until the store takes it (refused here meanwhile): done either way.
         return loop.makeFutureWithTask {
-            _ = try await core.revocations.durably(.session(key: handle.key, sub: handle.sub), keep: auth.absoluteTimeout, on: loop)
+            try await core.revocations.durably(.session(key: handle.key, sub: handle.sub), keep: auth.absoluteTimeout, on: loop)
             core.metrics.recordSessionEnded(reason: .logout)
             return done
         }.recover { _ in AuthResponses.storeUnavailable(head) }
