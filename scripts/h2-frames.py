@@ -5,7 +5,9 @@ never send (malformed header blocks, floods), and what came back, one line a fra
     scripts/h2-frames.py [--tls [--handshake-after PATH]] [--timeout SECONDS] HOST PORT < frames.jsonl
 
 Standard input holds one JSON object a line, sent in order (a reader thread collects what the
-server sends meanwhile, so a flood never dead-locks against the server's answers):
+server sends meanwhile, so a flood never dead-locks against the server's answers). The two
+threads never use the socket at once: an OpenSSL connection must not be read and written
+concurrently (a TLS read racing a write can see a clean end of stream the server never sent).
 
     {"frame": "preface"}                           the client preface and an empty SETTINGS
     {"frame": "settings", "ack": true}             SETTINGS (ack, or "settings": {"4": 65535})
@@ -38,6 +40,7 @@ written before the server stopped taking them). Lines look like
 import argparse
 import os
 import json
+import select
 import socket
 import ssl
 import sys
@@ -65,6 +68,7 @@ class Reader(threading.Thread):
     def __init__(self, sock):
         super().__init__(daemon=True)
         self.sock = sock
+        self.io = threading.Lock()  # held for each socket call, by this thread and the writer
         self.lines = []
         self.closed = False
         self.changed = threading.Condition()
@@ -82,7 +86,15 @@ class Reader(threading.Thread):
         buffer = b""
         try:
             while True:
-                chunk = self.sock.recv(65536)
+                pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
+                if not pending and not select.select([self.sock], [], [], 0.05)[0]:
+                    continue
+                with self.io:
+                    self.sock.setblocking(False)
+                    try:
+                        chunk = self.sock.recv(65536)
+                    except (ssl.SSLWantReadError, BlockingIOError):
+                        continue  # a record not yet whole, or a TLS message with no data
                 if not chunk:
                     break
                 buffer += chunk
@@ -199,7 +211,6 @@ def main():
         context.set_alpn_protocols(["h2"])
         sock = context.wrap_socket(sock, server_hostname=args.host)
         print(f"ALPN {sock.selected_alpn_protocol()}")
-    sock.settimeout(None)
     reader = Reader(sock)
     reader.start()
     encoder = hpack.Encoder()
@@ -215,12 +226,15 @@ def main():
             reader.wait_for(spec["wait_for"], args.timeout)
             continue
         if spec.get("shutdown") == "write":
-            sock.shutdown(socket.SHUT_WR)
+            with reader.io:
+                sock.shutdown(socket.SHUT_WR)
             continue
         for i in range(spec.get("repeat", 1)):
             step = dict(spec, stream=spec.get("stream", 0) + i * spec.get("stream_step", 0))
             try:
-                sock.sendall(frames(step, encoder))
+                with reader.io:
+                    sock.settimeout(30)
+                    sock.sendall(frames(step, encoder))
                 sent += 1
             except OSError:
                 failed = True
