@@ -22,7 +22,10 @@
 # Environment as bench/run.sh: DURATION, CONNECTIONS, REPS, SESSIONS (10000), BENCH_NOTE.
 # STORE=cluster: the gateways share a Redis Cluster of three masters instead of one Redis.
 # PROFILE=cached (or redis, forged, no-cookie): instead of measuring, sample that scenario with
-# perf once the cache is warm and print where its CPU goes (inclusive, our symbols first).
+# perf once the cache is warm and print where its CPU goes (inclusive, our symbols first);
+# PERF_DATA=<file> keeps the samples (perf report -i <file> --no-children: self time);
+# PERF_EVENT=<event> samples another event (e.g. probe_libc:malloc after `perf probe -x libc.so.6
+# malloc`: who allocates, every call counted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -84,10 +87,11 @@ for c in $CONNECTIONS; do
   for s in $SCENARIOS; do run "$s" "$c" warm "$([ "$s" = cached ] && echo "$WARM_CACHED" || echo 3s)"; done  # warms A's cache
   if [ -n "${PROFILE:-}" ]; then  # PROFILE=cached|redis|forged|no-cookie: where that scenario's CPU goes, then stop
     pid=$PID_A; [ "$PROFILE" = redis ] && pid=$PID_B; case $PROFILE in shared|browser-shared) pid=$PID_C ;; redis-shared) pid=$PID_D ;; esac
-    perf record -q -e cpu-clock:u -g -p "$pid" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
+    perf record -q -e "${PERF_EVENT:-cpu-clock:u}" -g -p "$pid" -o "$WORK/perf.data" -- sleep "${DURATION%s}" > /dev/null 2>&1 &
     PERF=$!
     run "$PROFILE" "$c" profile "$DURATION"
     wait $PERF || true
+    [ -n "${PERF_DATA:-}" ] && cp "$WORK/perf.data" "$PERF_DATA"
     grep Requests/sec "$WORK/wrk-$PROFILE-$c-profile.txt"
     perf report -q -i "$WORK/perf.data" --children --sort symbol --percent-limit 0.7 -g none 2>/dev/null | grep -E "^ +[0-9]" \
       | grep -vE "NIOPosix|start_thread|NIOThread" | cut -c1-200 | head -"${TOP:-70}"

@@ -65,7 +65,7 @@ struct ClientConnectionStateMachine {
         /// for it (nil: for this request only); it comes back as `connected(_:for:)`.
         case connect(exchange: UInt64, ProxyRoute, principal: UpstreamPrincipal?, pooled: Bool)
         /// Write the request head and what was buffered of the body to the new upstream connection.
-        indirect case startForwarding(UpstreamConnection, head: ByteBuffer, method: HTTPMethod, chunked: Bool, body: CircularBuffer<Part>)
+        indirect case startForwarding(UpstreamConnection, head: ByteBuffer, method: HTTPMethod, chunked: Bool, body: [Part])
         case forwardBody(UpstreamConnection, ByteBuffer)
         case forwardEnd(UpstreamConnection)
         /// Bytes for the client (a response head, an interim response).

@@ -54,7 +54,7 @@ extension ExchangeStateMachine.Action: Equatable {
         case (.answer(let x, _), .answer(let y, _)): return x == y
         case (.connect(let r, let p, let o), .connect(let s, let q, let n)): return r === s && p == q && o == n
         case (.startForwarding(let c, let h, let k, let p), .startForwarding(let d, let i, let l, let q)):
-            return c === d && h == i && k == l && Array(p) == Array(q)
+            return c === d && h == i && k == l && p == q
         case (.forwardBody(let c, let x), .forwardBody(let d, let y)): return c === d && x == y
         case (.forwardEnd(let c), .forwardEnd(let d)): return c === d
         case (.respond(let r, let c, let f), .respond(let s, let d, let g)): return r == s && c === d && f == g
@@ -79,7 +79,7 @@ extension ClientConnectionStateMachine.Action: Equatable {
         case (.answer(let i, let x, _), .answer(let j, let y, _)): return i == j && x == y
         case (.connect(let i, let r, let p, let o), .connect(let j, let s, let q, let n)): return i == j && r === s && p == q && o == n
         case (.startForwarding(let c, let h, let m, let k, let p), .startForwarding(let d, let i, let n, let l, let q)):
-            return c === d && h == i && m == n && k == l && Array(p) == Array(q)
+            return c === d && h == i && m == n && k == l && p == q
         case (.forwardBody(let c, let x), .forwardBody(let d, let y)): return c === d && x == y
         case (.forwardEnd(let c), .forwardEnd(let d)): return c === d
         case (.write(let x), .write(let y)): return x == y

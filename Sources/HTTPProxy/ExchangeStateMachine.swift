@@ -23,13 +23,14 @@ struct ExchangeStateMachine {
     enum State {
         /// The route's guard is deciding; body parts wait.
         /// (Boxed: the admitted request is most of an exchange's size, and is needed only here.)
-        indirect case awaitingVerdict(Admission.Admitted, waiting: CircularBuffer<Part>)
+        indirect case awaitingVerdict(Admission.Admitted, waiting: [Part])
         /// Reading a body for one of the gateway's own endpoints.
         case collecting(Collector)
         /// The endpoint has the body and is answering.
         case answering
-        /// Waiting for an upstream connection; body parts wait.
-        case connecting(Forward, waiting: CircularBuffer<Part>)
+        /// Waiting for an upstream connection; body parts wait (an array: an empty one is no
+        /// allocation, where a `CircularBuffer` allocated its storage for every request).
+        case connecting(Forward, waiting: [Part])
         /// The request goes to, and the response comes from, this upstream connection.
         case forwarding(Forward, UpstreamConnection, Response)
         /// The response is complete, or the exchange was aborted: nothing applies any more.
@@ -96,7 +97,7 @@ struct ExchangeStateMachine {
         /// this request only); it comes back as `connected`.
         case connect(ProxyRoute, principal: UpstreamPrincipal?, pooled: Bool)
         /// Write the request head and what waited of the body to the new connection.
-        case startForwarding(UpstreamConnection, head: ByteBuffer, chunked: Bool, body: CircularBuffer<Part>)
+        case startForwarding(UpstreamConnection, head: ByteBuffer, chunked: Bool, body: [Part])
         case forwardBody(UpstreamConnection, ByteBuffer)
         case forwardEnd(UpstreamConnection)
         /// A response the gateway makes; `upstream` is let go (counted with `failure`). Ends
@@ -150,7 +151,7 @@ struct ExchangeStateMachine {
         self.isWebSocket = admitted.inbound.isWebSocketUpgrade
         self.body = RequestBody(framing: admitted.inbound.framing, limit: admitted.route.maxBodyBytes,
                                 clock: admitted.inbound.framing != .none ? .init(start: now) : nil)
-        self.state = .awaitingVerdict(admitted, waiting: CircularBuffer())
+        self.state = .awaitingVerdict(admitted, waiting: [])
     }
 
     /// An exchange answered without the guard (`Admission.Refusal`): it begins answered.
@@ -466,9 +467,7 @@ struct ExchangeStateMachine {
                 // The pooled connection was closed by the upstream before answering: the request
                 // never reached it. Retry once on a fresh connection (RFC 9110 §9.2.2).
                 forward.retried = true
-                var waiting = CircularBuffer<Part>()
-                waiting.append(.end(nil))
-                state = .connecting(forward, waiting: waiting)
+                state = .connecting(forward, waiting: [.end(nil)])
                 return .connect(forward.route, principal: connection.principal, pooled: false)
             }
             return respond(.error(.badGateway, "upstream closed the connection before responding"), upstream: nil, failure: .closedBeforeResponse)

@@ -89,6 +89,12 @@ public enum HeaderName {
             return t.isEmpty ? nil : t.lowercased()
         }
     }
+
+    /// `list` with `value`'s tokens after it; a first `Connection` field's tokens are taken as
+    /// they are (appending them to an empty list allocated a copy of the shared common ones).
+    static func appendTokens(of value: String, to list: inout [String]) {
+        if list.isEmpty { list = tokens(value) } else { list += tokens(value) }
+    }
 }
 
 extension Substring {

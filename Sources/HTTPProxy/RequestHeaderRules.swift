@@ -190,7 +190,7 @@ final class RequestHeaderRules: Sendable {
                 // backend must frame the body as the proxy did.
                 if !head.valueIsExactly(field, "chunked") { edits.append(.init(index: index, value: "chunked")) }
             case .connection:
-                connectionTokens += HeaderName.tokens(head.value(field))
+                HeaderName.appendTokens(of: head.value(field), to: &connectionTokens)
                 edits.append(.init(index: index, value: nil))
             case .upgrade:
                 upgradeValue = head.value(field)

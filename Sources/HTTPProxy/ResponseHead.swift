@@ -20,7 +20,7 @@ struct ResponseHead {
             if head.nameIs(field, "content-length") {
                 hasContentLength = true
             } else if head.nameIs(field, "connection") {
-                connectionTokens += HeaderName.tokens(head.value(field))
+                HeaderName.appendTokens(of: head.value(field), to: &connectionTokens)
             } else if head.nameIs(field, "x-request-id") {
                 hasRequestID = true
             }

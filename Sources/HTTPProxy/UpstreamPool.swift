@@ -79,8 +79,11 @@ struct UpstreamPoolLimits: Sendable {
 /// closes end with a reset (`SO_LINGER` 0): an idle one holds nothing in flight, so neither side
 /// is left with a `TIME_WAIT` socket per eviction.
 final class UpstreamPool: UpstreamConnector {
-    /// One principal's connections to one upstream.
-    struct Principal {
+    /// One principal's connections to one upstream. A class: a request's take and give-back
+    /// read the entry from the dictionary and change it in place (a struct value there is
+    /// changed through the dictionary's `_modify` accessor, which heap-allocates its coroutine
+    /// frame: four allocations a request).
+    final class Principal {
         var idle: [UpstreamConnection] = []
         var inUse = 0
         /// The most in use at once in this window, and in the last one (`sweepIdle` rolls them).
@@ -90,13 +93,13 @@ final class UpstreamPool: UpstreamConnector {
         var isDormant: Bool { idle.isEmpty && inUse == 0 && peak == 0 && lastPeak == 0 }
 
         /// One more in use (taken, or being opened).
-        mutating func took() {
+        func took() {
             inUse += 1
             if inUse > peak { peak = inUse }
         }
 
         /// The most recently released idle connection, taken (in use from now on).
-        mutating func takeIdle() -> UpstreamConnection? {
+        func takeIdle() -> UpstreamConnection? {
             guard let connection = idle.popLast() else { return nil }
             took()
             return connection
@@ -104,7 +107,7 @@ final class UpstreamPool: UpstreamConnector {
 
         /// `connection` back from use: kept idle (true) while fewer than `budget` are, at most
         /// `shared` when it is given (the shared principals' budget is the upstream's).
-        mutating func giveBack(_ connection: UpstreamConnection, sharedBudget: Int?) -> Bool {
+        func giveBack(_ connection: UpstreamConnection, sharedBudget: Int?) -> Bool {
             inUse -= 1
             guard idle.count < (sharedBudget ?? budget) else { return false }
             idle.append(connection)
@@ -190,8 +193,8 @@ final class UpstreamPool: UpstreamConnector {
     func takeIdle(_ address: UpstreamAddress, for principal: UpstreamPrincipal) -> UpstreamConnection? {
         // An emptied entry stays (with its list's storage) for the principal's next release:
         // a user's requests take and give back the same connection. The sweep drops dormant ones.
-        guard let upstream = upstreams[address] else { return nil }
-        while let connection = upstream.principals[principal]?.takeIdle() {
+        guard let upstream = upstreams[address], let entry = upstream.principals[principal] else { return nil }
+        while let connection = entry.takeIdle() {
             idleCount -= 1
             connection.poolState = .inUse
             guard connection.isActive else {
@@ -206,8 +209,11 @@ final class UpstreamPool: UpstreamConnector {
 
     private func markInUse(_ principal: UpstreamPrincipal?, _ upstream: Upstream) {
         guard let principal else { return }
-        if case .client(let id) = principal, upstream.principals[principal] == nil { clientUpstreams[id, default: []].append(upstream) }
-        upstream.principals[principal, default: Principal()].took()
+        if let entry = upstream.principals[principal] { return entry.took() }
+        if case .client(let id) = principal { clientUpstreams[id, default: []].append(upstream) }
+        let entry = Principal()
+        upstream.principals[principal] = entry
+        entry.took()
     }
 
     func connect(_ address: UpstreamAddress, for principal: UpstreamPrincipal?, limit: Int, on loop: any EventLoop,
@@ -379,7 +385,7 @@ final class UpstreamPool: UpstreamConnector {
         connection.reused = true
         // The shared principals keep what the idle total allows (the upstream's budget bounds the rest).
         let shared = principal == .anyone || principal == .echoing ? limits.idleTotal : nil
-        guard upstream.principals[principal]?.giveBack(connection, sharedBudget: shared) == true else {
+        guard let entry = upstream.principals[principal], entry.giveBack(connection, sharedBudget: shared) else {
             retire(connection, upstream)
             return
         }
@@ -418,8 +424,8 @@ final class UpstreamPool: UpstreamConnector {
     }
 
     private func markReleased(_ principal: UpstreamPrincipal?, _ upstream: Upstream) {
-        guard let principal else { return }
-        upstream.principals[principal]?.inUse -= 1
+        guard let principal, let entry = upstream.principals[principal] else { return }
+        entry.inUse -= 1
     }
 
     /// The least recently released idle connection to `upstream` (to give way to a new one).
@@ -442,9 +448,9 @@ final class UpstreamPool: UpstreamConnector {
     /// An idle connection leaves its principal's list (it closed, or is being evicted).
     func remove(_ connection: UpstreamConnection) {
         guard case .idle = connection.poolState, let principal = connection.principal, let upstream = connection.poolUpstream,
-              let index = upstream.principals[principal]?.idle.firstIndex(where: { $0 === connection })
+              let entry = upstream.principals[principal], let index = entry.idle.firstIndex(where: { $0 === connection })
         else { return }
-        upstream.principals[principal]!.idle.remove(at: index)
+        entry.idle.remove(at: index)
         idleCount -= 1
         connection.poolState = .inUse
     }
@@ -517,9 +523,10 @@ final class UpstreamPool: UpstreamConnector {
     func closeAll() {
         sweep?.cancel()
         for upstream in upstreams.values {
-            for (principal, entry) in upstream.principals {
-                upstream.principals[principal]!.idle = []
-                for connection in entry.idle { retire(connection, upstream) }
+            for entry in upstream.principals.values {
+                let idle = entry.idle
+                entry.idle = []
+                for connection in idle { retire(connection, upstream) }
             }
         }
         clientUpstreams.removeAll()
@@ -540,7 +547,7 @@ final class UpstreamPool: UpstreamConnector {
         let cutoff = eventLoop.now - idleTimeout
         var anyLeft = false
         for upstream in upstreams.values {
-            for (principal, var entry) in upstream.principals {
+            for (principal, entry) in upstream.principals {
                 var stale: [UpstreamConnection] = []
                 entry.idle.removeAll { connection in
                     guard let since = connection.idleSince, since > cutoff else { stale.append(connection); return true }
@@ -553,7 +560,6 @@ final class UpstreamPool: UpstreamConnector {
                     upstream.principals.removeValue(forKey: principal)
                     if case .client(let id) = principal { forgetClient(id, upstream) }
                 } else {
-                    upstream.principals[principal] = entry
                     anyLeft = true
                 }
                 for connection in stale { retire(connection, upstream) }

@@ -25,12 +25,12 @@ struct CachedSessionAllocationTests {
 
     static let paths: [Path] = [
         // 106.8 before the cookie was read from the head's bytes.
-        Path(name: "a session in the local cache", store: .memory, localCacheTTL: .seconds(3600), threshold: 106),
+        Path(name: "a session in the local cache", store: .memory, localCacheTTL: .seconds(3600), threshold: 83),
         // The local cache off: every request reads Redis (one script, by its SHA-1): ~100 more
         // than a hit. 473.1 while hiredis read replies (its reply tree, copied into
         // `RESPValue`s, then the hash searched with generic algorithms); 475.8 before the
         // script's command was built in one array.
-        Path(name: "a miss: the session read from Redis", store: .redis, localCacheTTL: .zero, threshold: 210, slack: 3),
+        Path(name: "a miss: the session read from Redis", store: .redis, localCacheTTL: .zero, threshold: 187, slack: 3),
     ]
 
     @Test("heap allocations per signed-in request stay at the committed count", arguments: paths)

@@ -201,9 +201,7 @@ struct ExchangeStateMachineTests {
         Row(.answering, .body, "answering") { _ in .none },
         // Connecting: the connection, or why there is none.
         Row(.connecting, .connected, "forwarding(deadline)") { f in
-            var body = CircularBuffer<X.Part>()
-            body.append(.end(nil))
-            return .startForwarding(f.connection, head: f.upstreamHead, chunked: false, body: body)
+            .startForwarding(f.connection, head: f.upstreamHead, chunked: false, body: [.end(nil)])
         },
         Row(.connecting, .connectTimeout, "ended") { _ in
             .respond(.error(.gatewayTimeout, "upstream did not accept the connection in time"), upstream: nil, failure: .connectTimeout)
