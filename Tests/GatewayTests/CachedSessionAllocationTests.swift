@@ -24,7 +24,8 @@ struct CachedSessionAllocationTests {
     }
 
     static let paths: [Path] = [
-        // 106.8 before the cookie was read from the head's bytes.
+        // 106.8 before the cookie was read from the head's bytes; 106 before the pool's principal
+        // entries were objects (a struct changed in a dictionary allocated a coroutine frame).
         Path(name: "a session in the local cache", store: .memory, localCacheTTL: .seconds(3600), threshold: 83),
         // The local cache off: every request reads Redis (one script, by its SHA-1): ~100 more
         // than a hit. 473.1 while hiredis read replies (its reply tree, copied into
