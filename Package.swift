@@ -120,7 +120,7 @@ let package = Package(
         .executableTarget(
             name: "sessiongate",
             dependencies: [
-                "Gateway", "GatewayConfig", "AppleIDSimulator", "Sessions",
+                "Gateway", "AppleIDSimulator",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -3,7 +3,9 @@
 # `dependencies` must be the set of modules its Swift files `import` (our targets by name,
 # packages' products by module name), no more and no less, test targets included. A module
 # that compiles only because another dependency imports it (a transitive import) is reported,
-# and so is a dependency no file uses. Modules of the toolchain are exempt.
+# and so is a dependency no file uses. Modules of the toolchain are exempt. Our own modules
+# import each other only along the graph below (README "Development"), so that the CLI and the
+# data path cannot drift from it: a product target that declares one of ours outside it fails.
 #
 # Usage: scripts/check-imports.sh   (from anywhere; exit status 1 on any difference)
 set -euo pipefail
@@ -22,6 +24,19 @@ PRODUCTS = {
     "ServiceLifecycle": "swift-service-lifecycle", "UnixSignals": "swift-service-lifecycle",
     "ArgumentParser": "swift-argument-parser", "Yams": "Yams", "Crypto": "swift-crypto", "_CryptoExtras": "swift-crypto",
     "AsyncHTTPClient": "async-http-client", "NIOHTTP2": "swift-nio-http2", "NIOHPACK": "swift-nio-http2",
+}
+
+# Which of our modules each product target may import (test targets may import any).
+ALLOWED = {
+    "CHiredis": set(),            # the system's hiredis: linked by the tests only (the RESP oracle)
+    "Redis": set(),               # its own RESP reader and writer on NIO
+    "Sessions": {"Redis"},
+    "AppleID": set(),             # the relying party: no session state
+    "AppleIDSimulator": set(),    # never AppleID (the two check each other), nor HTTPProxy
+    "GatewayConfig": set(),
+    "HTTPProxy": {"GatewayConfig"},  # knows nothing of Apple or sessions
+    "Gateway": {"Sessions", "AppleID", "HTTPProxy", "GatewayConfig"},
+    "sessiongate": {"Gateway", "AppleIDSimulator"},  # the CLI: thin
 }
 
 def balanced(text, start, open_, close):
@@ -65,6 +80,12 @@ IMPORT = re.compile(r"^\s*(?:@\w+(?:\([^)]*\))?\s+)*(?:(?:public|package|interna
 names = {t[0] for t in targets} | {m.group(1) for m in re.finditer(r'\.systemLibrary\(\s*name:\s*"([^"]+)"', manifest)}
 problems = []
 for name, directory, declared in targets:
+    if not directory.startswith("Tests"):
+        if name not in ALLOWED:
+            problems.append("%s: not in the import graph (ALLOWED in scripts/check-imports.sh, README \"Development\")" % name)
+        for module in sorted(m for m in declared if m in names and m not in ALLOWED.get(name, set())):
+            problems.append("%s: imports %s, which the import graph does not allow (it may import: %s)"
+                            % (name, module, ", ".join(sorted(ALLOWED.get(name, set()))) or "none of ours"))
     imported = {}  # module -> first file:line
     for root, _, files in sorted(os.walk(directory)):
         for f in sorted(files):
@@ -95,5 +116,5 @@ for name, directory, declared in targets:
 
 for p in problems: print("check-imports: " + p)
 if problems: sys.exit(1)
-print("check-imports: %d targets, each declares exactly what it imports" % len(targets))
+print("check-imports: %d targets, each declares exactly what it imports, along the import graph" % len(targets))
 PY

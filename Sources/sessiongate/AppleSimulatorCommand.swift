@@ -2,7 +2,7 @@ import AppleIDSimulator
 import ArgumentParser
 import Crypto
 import Foundation
-import GatewayConfig
+import Gateway
 import UnixSignals
 
 struct AppleSimulatorCommand: AsyncParsableCommand {

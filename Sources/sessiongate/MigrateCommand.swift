@@ -1,10 +1,7 @@
 import ArgumentParser
 import Foundation
 import Gateway
-import GatewayConfig
 import Logging
-import NIOPosix
-import Sessions
 
 /// `sessiongate migrate`: an app transfer between teams (TN3159; README "Existing accounts and app transfers").
 struct MigrateCommand: AsyncParsableCommand {
@@ -25,30 +22,28 @@ struct MigrateCommand: AsyncParsableCommand {
     /// running gateway announces them, through the operator tools' core (which reads every file
     /// `serve` reads); their first attempt is made before this returns.
     static func run(_ options: ConfigOption, _ pace: Pace, events: Bool = false, _ body: (Migration) async throws -> Void) async throws {
-        let (backend, configuration) = try SessionsCommand.backend(options.config)
+        let (store, configuration) = try SessionsCommand.store(options.config)
         let tools: OperatorTools?
         do {
             tools = events && configuration.events.isEnabled ? try SessionsCommand.tools(options.config) : nil
         } catch {
-            await backend.shutdown()
+            await store.shutdown()
             throw error
         }
         var logger = makeLogger()
         logger.logLevel = .warning
         do {
-            let loop = MultiThreadedEventLoopGroup.singleton.next()
-            try await Migration.with(configuration: configuration, store: backend.store, clientID: pace.clientID, perSecond: pace.rate, logger: logger,
-                                     publish: { message in try? await backend.publish(message, on: loop).get() },
-                                     transferred: { user in tools?.transferred(user) }, body)
+            try await store.migration(configuration: configuration, clientID: pace.clientID, perSecond: pace.rate, logger: logger,
+                                      transferred: { user in tools?.transferred(user) }, body)
         } catch {
             await tools?.close()
-            await backend.shutdown()
+            await store.shutdown()
             if let exit = error as? ExitCode { throw exit }
             printError("\(error)")
             throw ExitCode(1)
         }
         await tools?.close()
-        await backend.shutdown()
+        await store.shutdown()
     }
 
     struct Export: AsyncParsableCommand {

@@ -3,11 +3,9 @@ import ArgumentParser
 import Crypto
 import Foundation
 import Gateway
-import GatewayConfig
 import Logging
 import NIOPosix
 import ServiceLifecycle
-import Sessions
 
 #if canImport(Glibc)
 import Glibc
@@ -181,11 +179,13 @@ struct Check: AsyncParsableCommand {
             }
         }
         if transfer {
-            let backend = configuration.store.redisURL == nil ? nil : try? SessionsCommand.backend(options.config).0
-            let store: Result<any SessionStore, MigrationError> = backend.map { .success($0.store) }
-                ?? .failure(MigrationError(configuration.store.redisURL == nil ? "store.redis_url is not set; migrate needs Redis" : "the store cannot be reached"))
-            for line in await TransferChecklist.lines(configuration, store: store) { print(line) }
-            await backend?.shutdown()
+            if configuration.store.redisURL != nil, let store = try? SessionsCommand.store(options.config).0 {
+                for line in await store.transferChecklist(configuration) { print(line) }
+                await store.shutdown()
+            } else {
+                let reason = configuration.store.redisURL == nil ? "store.redis_url is not set; migrate needs Redis" : "the store cannot be reached"
+                for line in await TransferChecklist.lines(configuration, store: .failure(MigrationError(reason))) { print(line) }
+            }
         }
         print("ok")
     }

@@ -1,10 +1,7 @@
 import ArgumentParser
 import Foundation
 import Gateway
-import GatewayConfig
 import Logging
-import NIOPosix
-import Sessions
 
 struct SessionsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -25,11 +22,8 @@ struct SessionsCommand: AsyncParsableCommand {
     }
 
     /// The configured Redis store alone (`migrate`, `check --transfer`).
-    static func backend(_ path: String) throws -> (RedisSessionBackend, GatewayConfiguration) {
-        try onRedis(path) { configuration, logger in
-            guard let endpoint = try StoreConnection.endpoint(configuration.store, commandTimeout: .seconds(5)) else { throw ExitCode(1) }
-            return (try StoreConnection.backend(endpoint, configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: logger), configuration)
-        }
+    static func store(_ path: String) throws -> (CommandStore, GatewayConfiguration) {
+        try onRedis(path) { configuration, logger in (try CommandStore.open(configuration, logger: logger), configuration) }
     }
 
     /// `make` over the configuration at `path`, which must name a Redis store; a start-up
@@ -62,19 +56,18 @@ struct SessionsCommand: AsyncParsableCommand {
         func run() async throws {
             defer { flushLogs() }
             let tools = try SessionsCommand.tools(target.options.config)
-            let sessions: [SessionRecord]
             do {
-                sessions = try await tools.sessions(of: target.sub)
+                let sessions = try await tools.sessions(of: target.sub)
                 await tools.close()
+                if sessions.isEmpty { print("no live sessions for \(target.sub)"); return }
+                print("SESSION       CREATED               LAST SEEN             CLIENT")
+                for s in sessions {
+                    print("\(s.handle.description)  \(SessionsCommand.time(s.created))  \(SessionsCommand.time(s.lastSeen))  \(s.clientID)")
+                }
             } catch {
                 await tools.close()
                 printError("\(error)")
                 throw ExitCode(1)
-            }
-            if sessions.isEmpty { print("no live sessions for \(target.sub)"); return }
-            print("SESSION       CREATED               LAST SEEN             CLIENT")
-            for s in sessions {
-                print("\(s.handle.description)  \(SessionsCommand.time(s.created))  \(SessionsCommand.time(s.lastSeen))  \(s.clientID)")
             }
         }
     }
