@@ -198,7 +198,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             return
         case .failure(let refusal):
             let log = ExchangeLog(method: .GET, version: Self.version, start: now, path: "", requestID: environment.requestID())
-            state = .exchange(X(id: 0, log: log, framing: .none))
+            state = .exchange(X(id: Self.exchange, log: log, framing: .none))
             return run(withExchange { $0.respond(.error(.requestHeaderFieldsTooLarge, "request head too large: \(refusal)")) } ?? .none)
         }
         let head = request.head
@@ -209,17 +209,21 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails, tracing: snapshot.tracing, next: environment.nextID)
         switch admission {
         case .admitted(let admitted):
-            state = .exchange(X(id: 1, log: log, admitted: admitted, now: now))
+            state = .exchange(X(id: Self.exchange, log: log, admitted: admitted, now: now))
             if endStream { _ = withExchange { $0.requestPart(.end(nil), now: self.now, responseTimeout: self.shared.timeouts.upstreamResponse) } }
             askGuard()
         case .refused(let refusal):
-            state = .exchange(X(id: 0, log: log, framing: refusal.inbound?.framing ?? .none))
+            state = .exchange(X(id: Self.exchange, log: log, framing: refusal.inbound?.framing ?? .none))
             run(withExchange { $0.respond(refusal.response) } ?? .none)
         }
     }
 
     /// HTTP/2 streams are logged as such.
     static let version = HTTPVersion(major: 2, minor: 0)
+
+    /// A stream carries one exchange, and its answers come back to this handler: the exchange's
+    /// id (which tells an HTTP/1 connection's answers apart) is never read here.
+    static let exchange: UInt64 = 1
 
     private func part(_ part: X.Part) {
         let timeout = shared.timeouts.upstreamResponse
@@ -294,8 +298,9 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
                 self.connected(result)
             }
         case .startForwarding(let connection, let head, let chunked, let body):
+            guard let method = withExchange({ $0.log.method }) else { return connection.close() }
             connection.owner = self
-            connection.writeHead(head, method: withExchange { $0.log.method } ?? .GET, chunked: chunked)
+            connection.writeHead(head, method: method, chunked: chunked)
             for part in body {
                 switch part {
                 case .body(let bytes): connection.writeBody(bytes)

@@ -19,7 +19,7 @@ struct ImageTests {
         try #require(FileManager.default.fileExists(atPath: layout + "/index.json"), "no image at \(layout): run `make image` (make test does)")
         let bundle = NSTemporaryDirectory() + "bundle-\(UUID().uuidString)"
         defer { try? FileManager.default.removeItem(atPath: bundle) }
-        let (status, output) = runCapturingOutput("/usr/bin/umoci", ["unpack", "--image", layout + ":sessiongate", bundle])
+        let (status, output) = try await blocking { runCapturingOutput("/usr/bin/umoci", ["unpack", "--image", layout + ":sessiongate", bundle]) }
         try #require(status == 0, "umoci unpack: \(output)")
         return try await body(bundle)
     }
@@ -72,7 +72,7 @@ struct ImageTests {
             try #require(mounted.status == 0, "mount /proc: \(mounted.output)")
             defer { _ = runCapturingOutput("/usr/bin/umount", [rootfs + "/proc"]) }
             let inImage = ["--userspec=10001:10001", rootfs, "/usr/local/bin/sessiongate"]
-            let check = runCapturingOutput("/usr/sbin/chroot", inImage + ["check", "--config", "/etc/sessiongate/sessiongate.yaml"])
+            let check = try await blocking { runCapturingOutput("/usr/sbin/chroot", inImage + ["check", "--config", "/etc/sessiongate/sessiongate.yaml"]) }
             #expect(check.status == 0, "\(check.output)")
             #expect(check.output.hasSuffix("ok\n"), "\(check.output)")
             try await GatewayProcess.with(arguments: inImage + ["serve", "--config", "/etc/sessiongate/sessiongate.yaml"], executable: "/usr/sbin/chroot") { gateway in

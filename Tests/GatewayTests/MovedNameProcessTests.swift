@@ -31,7 +31,7 @@ struct MovedNameProcessTests {
                                            + (replicate ? ["--replicaof", "127.0.0.2", String(port)] : []))
         defer { b.stop() }
         if replicate {
-            try Poll.until(Date().addingTimeInterval(20), "the replica syncs") { RedisCommand.info(port: port, host: "127.0.0.3")["master_link_status"] == "up" }
+            try await Poll.within(.seconds(20), "the replica syncs") { RedisCommand.info(port: port, host: "127.0.0.3")["master_link_status"] == "up" }
         }
         let directory = try makeSecretsDirectory("moved-name")
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -29,7 +29,7 @@ struct StoreDemotionTests {
 
     @Test("a demoted primary: store_up is 0, /readyz and the log name a read-only replica within seconds, a logout is held and refused at once; promoted again, the logout is applied and logout works without a restart")
     func demotion() async throws {
-        let pair = try RedisReplicatedPair()
+        let pair = try await blocking { try RedisReplicatedPair() }  // seconds, off the cooperative pool
         defer { pair.stop() }
         let a = pair.primary
         let logs = LogRecorder()

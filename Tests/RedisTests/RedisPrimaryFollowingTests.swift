@@ -32,7 +32,7 @@ struct RedisPrimaryFollowingTests {
 
     @Test("a demoted primary: the first write is refused (READONLY, or ROLE on the reconnect Redis forces), a reconnect to the replica is refused (ROLE), and once the name moves writes reach the new primary with its data")
     func demotionAndMovedName() async throws {
-        let pair = try RedisReplicatedPair()
+        let pair = try await blocking { try RedisReplicatedPair() }  // seconds, off the cooperative pool
         defer { pair.stop() }
         let (a, b) = (pair.primary, pair.replica)
 
