@@ -1,20 +1,25 @@
 import GatewayConfig
 import Logging
+import NIOCore
 import NIOPosix
 import Sessions
 
 /// The configured Redis store, opened for a one-off command (`migrate`, `check --transfer`)
 /// without a running gateway: what the CLI needs of it, so that the CLI itself knows nothing of
-/// the store's types (README "Development": the import graph).
+/// the store's types (README "Development": the import graph). Reached as the gateway reaches
+/// it, through `GatewayStore`: every operation answered within `store.timeout` or failed, so a
+/// store that stops answering fails a migration's user (run again) instead of hanging it.
 public struct CommandStore: Sendable {
     let backend: RedisSessionBackend
+    let store: GatewayStore
 
     /// Opens `configuration`'s Redis store; a start-up failure names its key.
     public static func open(_ configuration: GatewayConfiguration, logger: Logger) throws -> CommandStore {
         guard let endpoint = try StoreConnection.endpoint(configuration.store, commandTimeout: .seconds(5)) else {
             throw StartupFailure(key: "store.redis_url", "not set: this command works on the Redis store")
         }
-        return CommandStore(backend: try StoreConnection.backend(endpoint, configuration.store, group: .singleton, logger: logger))
+        let backend = try StoreConnection.backend(endpoint, configuration.store, group: .singleton, logger: logger)
+        return CommandStore(backend: backend, store: GatewayStore(backend.store, timeout: TimeAmount(configuration.store.timeout), metrics: GatewayMetrics()))
     }
 
     public func shutdown() async { await backend.shutdown() }
@@ -25,12 +30,12 @@ public struct CommandStore: Sendable {
                              transferred: @escaping @Sendable (TransferredUser) async -> Void, _ body: (Migration) async throws -> T) async throws -> T {
         let backend = self.backend
         let loop = MultiThreadedEventLoopGroup.singleton.next()
-        return try await Migration.with(configuration: configuration, store: backend.store, clientID: clientID, perSecond: perSecond, logger: logger,
+        return try await Migration.with(configuration: configuration, store: store, clientID: clientID, perSecond: perSecond, logger: logger,
                                         publish: { message in try? await backend.publish(message, on: loop).get() }, transferred: transferred, body)
     }
 
     /// The transfer checklist (`check --transfer`) with what this store holds of the transfer.
     public func transferChecklist(_ configuration: GatewayConfiguration) async -> [String] {
-        await TransferChecklist.lines(configuration, store: .success(backend.store))
+        await TransferChecklist.lines(configuration, store: .success(store))
     }
 }
