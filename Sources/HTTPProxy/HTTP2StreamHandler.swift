@@ -22,12 +22,10 @@ struct HTTP2Client: Sendable {
     }
 }
 
-/// One HTTP/2 stream as one exchange: the header block is checked by HTTP/2's rules and
-/// presented as a head (`HTTP2RequestHead`), admission and the guard are HTTP/1's
-/// (`Admission.admit`), and the exchange itself — verdict, upstream connection, body, response,
-/// deadlines — is the same `ExchangeStateMachine` an HTTP/1 connection nests. This handler only
-/// encodes what it decides as HTTP/2 frames. Upstreams stay HTTP/1.1, through the event loop's
-/// user-bound pool.
+/// One HTTP/2 stream as one exchange: what happens is decided by `HTTP2StreamStateMachine` (the
+/// header block checked by HTTP/2's rules, admission and the guard as on HTTP/1, the nested
+/// `ExchangeStateMachine`, the stream's deadlines and end); this handler runs it and encodes what
+/// it decides as HTTP/2 frames. Upstreams stay HTTP/1.1, through the event loop's user-bound pool.
 ///
 /// Back-pressure: the stream is read only while the exchange can take what it sends
 /// (`ExchangeRules.shouldReadClient`, as on HTTP/1), so NIOHTTP2 sends no WINDOW_UPDATE and the
@@ -44,24 +42,13 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         try stream.pipeline.syncOperations.addHandler(HTTP2StreamHandler(environment: environment))
     }
 
-    enum State {
-        /// Waiting for the request's header block.
-        case head
-        case exchange(X)
-        /// Answered, reset or gone.
-        case done
-    }
-
     private let environment: HTTP2StreamEnvironment
     private var shared: ProxyShared { environment.shared }
     private var context: ChannelHandlerContext!
-    private var state: State = .head
+    private var machine = HTTP2StreamStateMachine(now: .now())
     private var readPending = false
-    private var lastActivity: NIODeadline = .now()
     private var timer: Scheduled<Void>? = nil
     private var timerDeadline: NIODeadline = .distantFuture
-    /// The peer is one of `server.trusted_proxies`, as of this stream's head.
-    private var peerTrusted = false
 
     init(environment: HTTP2StreamEnvironment) {
         self.environment = environment
@@ -73,7 +60,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        lastActivity = context.eventLoop.now
+        machine.lastActivity = context.eventLoop.now
         armTimer()
     }
 
@@ -84,10 +71,10 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        lastActivity = now
+        machine.lastActivity = now
         switch unwrapInboundIn(data) {
         case .headers(let headers):
-            if case .head = state { return start(headers.headers, endStream: headers.endStream) }
+            if case .head = machine.state { return start(headers.headers, endStream: headers.endStream) }
             // Trailers: the body's end (trailers are not forwarded, as on HTTP/1).
             if headers.endStream { part(.end(nil)) }
         case .data(let data):
@@ -112,21 +99,13 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     /// still open is the client's abort.
     func channelInactive(context: ChannelHandlerContext) {
         timer?.cancel()
-        if case .exchange(var x) = state {
-            let upstream = x.upstream
-            switch x.state {
-            case .ended: break
-            case .forwarding:
-                // As on HTTP/1: recorded as the client's abort (499 unless a response began).
-                _ = x.clientLeft()
-                record(x, aborted: true)
-            default:
-                // Nothing was answered or sent upstream: nothing to record.
-                x.lease.release()
-            }
-            upstream?.close()
+        let (ending, upstream) = machine.streamClosed()
+        switch ending {
+        case .nothing: break
+        case .record(let x): record(x, aborted: true)
+        case .release(let lease): lease.release()
         }
-        state = .done
+        upstream?.close()
         context.fireChannelInactive()
     }
 
@@ -146,17 +125,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         }
     }
 
-    private var wantsRead: Bool {
-        switch state {
-        case .head: return true
-        case .done: return false
-        case .exchange:
-            return withExchange { x in
-                ExchangeRules.shouldReadClient(phase: x.phase, quiescing: false, requestEnded: x.body.ended, pipelinedEmpty: true,
-                                               upstreamWritable: x.upstream?.isWritable ?? false)
-            } ?? false
-        }
-    }
+    private var wantsRead: Bool { machine.wantsRead }
 
     private func resumeReading() {
         guard readPending, context != nil, wantsRead else { return }
@@ -171,64 +140,29 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         withExchange { $0.upstream } ?? nil
     }
 
-    /// Runs `event` on the exchange in place: it is moved out of the state and back (swap), never
-    /// copied (as `ClientConnectionStateMachine` does).
     @discardableResult
-    private func withExchange<R>(_ event: (inout X) -> R) -> R? {
-        guard case .exchange = state else { return nil }
-        var taken = State.done
-        swap(&taken, &state)
-        guard case .exchange(var x) = consume taken else { return nil }
-        let result = event(&x)
-        state = .exchange(x)
-        return result
-    }
+    private func withExchange<R>(_ event: (inout X) -> R) -> R? { machine.withExchange(event) }
 
     private func start(_ headers: HPACKHeaders, endStream: Bool) {
-        let limits = shared.limits
-        let maxHeadBytes = max(limits.maxHeaderBytes, environment.settings.maxHeaderListSize)
-        let request: HTTP2RequestHead
-        switch HTTP2RequestHead.make(headers, endStream: endStream, maxHeadBytes: maxHeadBytes, maxFields: limits.maxHeaderCount) {
-        case .success(let made): request = made
-        case .failure(let refusal) where refusal.isStreamError:
-            // Malformed (RFC 9113 §8.1.1): a stream error, never forwarded.
-            state = .done
-            context.writeAndFlush(wrapOutboundOut(.rstStream(refusal.errorCode)), promise: nil)
-            context.close(promise: nil)
-            return
-        case .failure(let refusal):
-            let log = ExchangeLog(method: .GET, version: Self.version, start: now, path: "", requestID: environment.requestID())
-            state = .exchange(X(id: Self.exchange, log: log, framing: .none))
-            return run(withExchange { $0.respond(.error(.requestHeaderFieldsTooLarge, "request head too large: \(refusal)")) } ?? .none)
-        }
-        let head = request.head
-        var log = ExchangeLog(method: head.method, version: Self.version, start: now, path: head.target, requestID: environment.requestID())
-        let snapshot = shared.snapshot
-        peerTrusted = snapshot.trusts(environment.client.address)
-        let admission = Admission.admit(head, snapshot: snapshot, peerTrusted: peerTrusted)
-        log.note(admission, head: head, userAgent: shared.observer.wantsRequestDetails, tracing: snapshot.tracing, next: environment.nextID)
-        switch admission {
-        case .admitted(let admitted):
-            state = .exchange(X(id: Self.exchange, log: log, admitted: admitted, now: now))
-            if endStream { _ = withExchange { $0.requestPart(.end(nil), now: self.now, responseTimeout: self.shared.timeouts.upstreamResponse) } }
-            askGuard()
-        case .refused(let refusal):
-            state = .exchange(X(id: Self.exchange, log: log, framing: refusal.inbound?.framing ?? .none))
-            run(withExchange { $0.respond(refusal.response) } ?? .none)
-        }
+        let environment = self.environment
+        perform(machine.start(headers, endStream: endStream, now: now, shared: shared, maxHeaderListSize: environment.settings.maxHeaderListSize,
+                              client: environment.client.address, requestID: environment.requestID(), nextID: environment.nextID))
     }
 
-    /// HTTP/2 streams are logged as such.
-    static let version = HTTPVersion(major: 2, minor: 0)
-
-    /// A stream carries one exchange, and its answers come back to this handler: the exchange's
-    /// id (which tells an HTTP/1 connection's answers apart) is never read here.
-    static let exchange: UInt64 = 1
-
     private func part(_ part: X.Part) {
-        let timeout = shared.timeouts.upstreamResponse
-        guard let action = withExchange({ $0.requestPart(part, now: self.now, responseTimeout: timeout) }) else { return }
-        run(action)
+        perform(machine.requestPart(part, now: now, responseTimeout: shared.timeouts.upstreamResponse))
+    }
+
+    /// Runs what the stream machine decided.
+    private func perform(_ action: HTTP2StreamStateMachine.Action) {
+        switch action {
+        case .none: break
+        case .exchange(let action): run(action)
+        case .askGuard: askGuard()
+        case .reset(let code):
+            context.writeAndFlush(wrapOutboundOut(.rstStream(code)), promise: nil)
+            context.close(promise: nil)
+        }
     }
 
     private func askGuard() {
@@ -248,7 +182,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     }
 
     private func verdict(_ result: Result<Verdict, any Error>) {
-        let client = X.Client(id: environment.client.id, address: environment.client.string, trusted: peerTrusted, scheme: shared.scheme)
+        let client = X.Client(id: environment.client.id, address: environment.client.string, trusted: machine.peerTrusted, scheme: shared.scheme)
         let allocator = context.channel.allocator
         guard let action = withExchange({ $0.verdict(result, client: client, allocator: allocator, now: self.now) }) else {
             if case .success(let verdict) = result { verdict.discard() }
@@ -316,7 +250,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             connection.flush()
         case .respond(let response, let upstream, let failure):
             upstream?.close()
-            guard case .exchange(let x) = state else { return }
+            guard case .exchange(let x) = machine.state else { return }
             if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
             let (headers, body) = HTTP2ResponseHeaders.local(response, requestID: x.log.requestID, headRequest: x.log.method == .HEAD)
             end(x, aborted: false)
@@ -334,12 +268,12 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(bytes)))), promise: nil)
         case .finish(_, let upstream, let reuse):
             // Recorded first: the stream's end closes its channel at once.
-            if case .exchange(let x) = state { end(x, aborted: false) }
+            if case .exchange(let x) = machine.state { end(x, aborted: false) }
             if reuse { environment.connector.release(upstream) } else { upstream.close() }
             context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
         case .abort(let upstream, let failure):
             upstream?.close()
-            guard case .exchange(let x) = state else { return }
+            guard case .exchange(let x) = machine.state else { return }
             if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
             // A truncated response must never look complete: the stream is reset, not ended.
             end(x, aborted: true)
@@ -367,7 +301,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
 
     /// The exchange ended: recorded, its places given back; the stream takes nothing more.
     private func end(_ x: X, aborted: Bool) {
-        state = .done
+        machine.ended()
         timer?.cancel()
         timer = nil
         record(x, aborted: aborted)
@@ -388,7 +322,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     }
 
     func upstreamReadComplete() {
-        lastActivity = now
+        machine.lastActivity = now
         context?.flush()
     }
 
@@ -409,11 +343,8 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     /// an allocation and two heap operations each.
     private func armTimer() {
         guard let context else { return }
-        if case .done = state { return }
-        let allowance = shared.timeouts.requestBody
-        var deadline = lastActivity + shared.timeouts.idle
-        if let eager = withExchange({ $0.deadline(bodyAllowance: allowance) }) ?? nil, eager < deadline { deadline = eager }
-        if case .head = state, lastActivity + shared.timeouts.requestHead < deadline { deadline = lastActivity + shared.timeouts.requestHead }
+        if case .done = machine.state { return }
+        let deadline = machine.deadline(shared.timeouts)
         guard timer == nil || deadline < timerDeadline else { return }
         timer?.cancel()
         timerDeadline = deadline
@@ -424,20 +355,10 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
     private func timerFired() {
         guard context != nil else { return }
         timer = nil
-        let now = self.now
-        switch state {
-        case .done: return
-        case .head:
-            // The header block never completed in time (NIOHTTP2 holds a partial one).
-            state = .done
-            context.writeAndFlush(wrapOutboundOut(.rstStream(.cancel)), promise: nil)
-            context.close(promise: nil)
-            return
-        case .exchange:
-            let allowance = shared.timeouts.requestBody
-            if let action = withExchange({ $0.timerFired(now: now, bodyAllowance: allowance) }), !action.isNone { return deliver(action) }
-            if lastActivity + shared.timeouts.idle <= now, let action = withExchange({ $0.idleTimeout() }) { return deliver(action) }
+        switch machine.timerFired(now: now, shared.timeouts) {
+        case .none: armTimer()
+        case .exchange(let action): deliver(action)
+        case let other: perform(other)
         }
-        armTimer()
     }
 }
