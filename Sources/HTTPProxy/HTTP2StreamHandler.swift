@@ -125,7 +125,7 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         }
     }
 
-    private var wantsRead: Bool { machine.wantsRead }
+    private var wantsRead: Bool { machine.wantsRead() }
 
     private func resumeReading() {
         guard readPending, context != nil, wantsRead else { return }

@@ -95,13 +95,17 @@ struct HTTP2StreamStateMachine {
     }
 
     /// Whether the stream is read: while the exchange can take what it sends (as on HTTP/1).
-    var wantsRead: Bool {
+    /// Mutating only to look at the exchange in place (a `case .exchange(let x)` copied it, with
+    /// a retain and release of everything it holds, on every read).
+    mutating func wantsRead() -> Bool {
         switch state {
         case .head: return true
         case .done: return false
-        case .exchange(let x):
-            return ExchangeRules.shouldReadClient(phase: x.phase, quiescing: false, requestEnded: x.body.ended, pipelinedEmpty: true,
-                                                  upstreamWritable: x.upstream?.isWritable ?? false)
+        case .exchange:
+            return withExchange { x in
+                ExchangeRules.shouldReadClient(phase: x.phase, quiescing: false, requestEnded: x.body.ended, pipelinedEmpty: true,
+                                               upstreamWritable: x.upstream?.isWritable ?? false)
+            } ?? false
         }
     }
 
@@ -129,13 +133,14 @@ struct HTTP2StreamStateMachine {
 
     /// When the stream's timer must fire: the idle timeout, the head's deadline while it is
     /// awaited, or the exchange's own (a body's allowance, the response's timeout).
-    func deadline(_ timeouts: ProxyConfiguration.Timeouts) -> NIODeadline {
+    /// (Mutating only to look at the exchange in place.)
+    mutating func deadline(_ timeouts: ProxyConfiguration.Timeouts) -> NIODeadline {
         var deadline = lastActivity + timeouts.idle
         switch state {
         case .head:
             deadline = min(deadline, lastActivity + timeouts.requestHead)
-        case .exchange(let x):
-            if let eager = x.deadline(bodyAllowance: timeouts.requestBody) { deadline = min(deadline, eager) }
+        case .exchange:
+            if let eager = withExchange({ $0.deadline(bodyAllowance: timeouts.requestBody) }) ?? nil { deadline = min(deadline, eager) }
         case .done:
             break
         }
