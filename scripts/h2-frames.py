@@ -86,14 +86,15 @@ class Reader(threading.Thread):
         buffer = b""
         try:
             while True:
-                pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
+                with self.io:
+                    pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
                 if not pending and not select.select([self.sock], [], [], 0.05)[0]:
                     continue
                 with self.io:
                     self.sock.setblocking(False)
                     try:
                         chunk = self.sock.recv(65536)
-                    except (ssl.SSLWantReadError, BlockingIOError):
+                    except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
                         continue  # a record not yet whole, or a TLS message with no data
                 if not chunk:
                     break

@@ -187,8 +187,14 @@ final class Revalidator: Sendable {
 
     /// What the fleet's record of this token says to do (`RetryPolicy.step`).
     private func plan(_ session: SessionRecord, tokenHash: String, keep: Int64, on loop: any EventLoop) async throws -> Plan {
+        // Not due (yet): a request that found its cached copy stale, while a validation that
+        // just ended was being written to the store, reads the session fresh from there. Asking
+        // Apple again for it was a second call for one token (`RetryPolicy.step` takes an `ok`
+        // record no newer than the session's own validation for a due session's last one).
+        let t = now()
+        if t < times.dueAt(session) { return .settled(.valid(at: session.validatedAt)) }
         let record = try await store.validation(of: tokenHash, on: loop).get()
-        switch retry.step(record, validatedAt: session.validatedAt, now: now()) {
+        switch retry.step(record, validatedAt: session.validatedAt, now: t) {
         case .adopt(let at):
             try await store.markValidated(session.handle, at: at, on: loop).get()
             return .settled(.valid(at: at))

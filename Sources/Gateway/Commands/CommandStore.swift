@@ -7,8 +7,8 @@ import Sessions
 /// The configured Redis store, opened for a one-off command (`migrate`, `check --transfer`)
 /// without a running gateway: what the CLI needs of it, so that the CLI itself knows nothing of
 /// the store's types (README "Development": the import graph). Reached as the gateway reaches
-/// it, through `GatewayStore`: every operation answered within `store.timeout` or failed, so a
-/// store that stops answering fails a migration's user (run again) instead of hanging it.
+/// it, through `GatewayStore`: every operation answered within `store.timeout` (5 s at least)
+/// or failed, and timed under its `StoreOperation`.
 public struct CommandStore: Sendable {
     let backend: RedisSessionBackend
     let store: GatewayStore
@@ -19,7 +19,11 @@ public struct CommandStore: Sendable {
             throw StartupFailure(key: "store.redis_url", "not set: this command works on the Redis store")
         }
         let backend = try StoreConnection.backend(endpoint, configuration.store, group: .singleton, logger: logger)
-        return CommandStore(backend: backend, store: GatewayStore(backend.store, timeout: TimeAmount(configuration.store.timeout), metrics: GatewayMetrics()))
+        // A command's operations chain several round trips (a transfer's arrival: a claim, the
+        // profile, the link, a revocation): bounded as the gateway's, but never tighter than the
+        // Redis client's own 5 s, which a store.timeout tuned for the hot path would be.
+        let timeout = max(TimeAmount(configuration.store.timeout), .seconds(5))
+        return CommandStore(backend: backend, store: GatewayStore(backend.store, timeout: timeout, metrics: GatewayMetrics()))
     }
 
     public func shutdown() async { await backend.shutdown() }
