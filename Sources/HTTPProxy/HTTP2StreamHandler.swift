@@ -250,10 +250,10 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             connection.flush()
         case .respond(let response, let upstream, let failure):
             upstream?.close()
-            guard case .exchange(let x) = machine.state else { return }
+            guard let x = end() else { return }
             if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
             let (headers, body) = HTTP2ResponseHeaders.local(response, requestID: x.log.requestID, headRequest: x.log.method == .HEAD)
-            end(x, aborted: false)
+            record(x, aborted: false)
             context.write(wrapOutboundOut(.headers(.init(headers: headers, endStream: body == nil))), promise: nil)
             if let body { context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(body), endStream: true))), promise: nil) }
             context.flush()
@@ -268,15 +268,15 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
             context.write(wrapOutboundOut(.data(.init(data: .byteBuffer(bytes)))), promise: nil)
         case .finish(_, let upstream, let reuse):
             // Recorded first: the stream's end closes its channel at once.
-            if case .exchange(let x) = machine.state { end(x, aborted: false) }
+            if let x = end() { record(x, aborted: false) }
             if reuse { environment.connector.release(upstream) } else { upstream.close() }
             context.writeAndFlush(wrapOutboundOut(.data(.init(data: .byteBuffer(ByteBuffer()), endStream: true))), promise: nil)
         case .abort(let upstream, let failure):
             upstream?.close()
-            guard case .exchange(let x) = machine.state else { return }
+            guard let x = end() else { return }
             if let failure { shared.observer.upstreamFailed(failure, route: x.log.route?.name ?? "-") }
             // A truncated response must never look complete: the stream is reset, not ended.
-            end(x, aborted: true)
+            record(x, aborted: true)
             context.writeAndFlush(wrapOutboundOut(.rstStream(.internalError)), promise: nil)
             context.close(promise: nil)
         case .upgrade(let connection, _, _):
@@ -299,12 +299,12 @@ final class HTTP2StreamHandler: ChannelDuplexHandler, UpstreamConnectionOwner {
         deliver(action)
     }
 
-    /// The exchange ended: recorded, its places given back; the stream takes nothing more.
-    private func end(_ x: X, aborted: Bool) {
-        machine.ended()
+    /// The exchange ended: taken out of the stream (moved, not copied), which takes nothing
+    /// more; the caller records it.
+    private func end() -> X? {
         timer?.cancel()
         timer = nil
-        record(x, aborted: aborted)
+        return machine.end()
     }
 
     private func record(_ x: X, aborted: Bool) {

@@ -126,8 +126,14 @@ struct HTTP2StreamStateMachine {
         }
     }
 
-    /// The exchange ended (answered, finished or aborted): the stream takes nothing more.
-    mutating func ended() { state = .done }
+    /// The exchange ended (answered, finished or aborted): taken out, moved rather than copied;
+    /// the stream takes nothing more.
+    mutating func end() -> X? {
+        var taken = State.done
+        swap(&taken, &state)
+        guard case .exchange(let x) = consume taken else { return nil }
+        return x
+    }
 
     // MARK: time
 

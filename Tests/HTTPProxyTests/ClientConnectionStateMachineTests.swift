@@ -154,19 +154,7 @@ struct ClientConnectionStateMachineTests {
         }
     }
 
-    struct Row: Sendable, CustomTestStringConvertible {
-        let stage: Stage
-        let event: Event
-        let action: String
-        let after: String
-        var testDescription: String { "\(stage.rawValue) + \(event.rawValue) → \(action), \(after)" }
-        init(_ stage: Stage, _ event: Event, _ action: String, _ after: String) {
-            self.stage = stage
-            self.event = event
-            self.action = action
-            self.after = after
-        }
-    }
+    typealias Row = TransitionRow<Stage, Event>
 
     static let rows: [Row] = [
         Row(.idle, .head, "admit", "exchange"),

@@ -114,19 +114,7 @@ struct HTTP2StreamStateMachineTests {
         }
     }
 
-    struct Row: Sendable, CustomTestStringConvertible {
-        let stage: Stage
-        let event: Event
-        let action: String
-        let after: String
-        var testDescription: String { "\(stage.rawValue) + \(event.rawValue) → \(action), \(after)" }
-        init(_ stage: Stage, _ event: Event, _ action: String, _ after: String) {
-            self.stage = stage
-            self.event = event
-            self.action = action
-            self.after = after
-        }
-    }
+    typealias Row = TransitionRow<Stage, Event>
 
     static let rows: [Row] = [
         Row(.head, .request, "ask guard", "exchange(awaitingVerdict)"),
@@ -178,6 +166,15 @@ struct HTTP2StreamStateMachineTests {
             #expect((upstream != nil) == (stage == .forwarding), "\(stage.rawValue)")
             #expect(Self.name(m.state) == "done")
         }
+    }
+
+    @Test("the exchange's end takes it out of the stream, which is done: a second end finds none")
+    func end() throws {
+        var m = try Self.reach(.verdict)
+        let ended = m.end()
+        #expect(ended?.log.requestID == "id")
+        #expect(Self.name(m.state) == "done")
+        #expect(m.end() == nil)
     }
 
     @Test("the deadline: the head's while the block is awaited, the body's allowance while a body arrives, the response's once forwarded, else the idle timeout")

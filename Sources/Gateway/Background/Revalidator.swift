@@ -111,6 +111,11 @@ final class Revalidator: Sendable {
     ///   - keep: how long a revocation is kept (the running absolute session timeout, ms).
     ///   - scope: the trace of the request that found it due (a `revalidation` span under it).
     func validate(_ session: SessionRecord, keep: Int64, scope: TraceScope? = nil, on loop: any EventLoop) -> EventLoopFuture<Outcome> {
+        // Not due (yet): the session read fresh from the store (`validateFromStore`) by a request
+        // that found its cached copy stale while another's validation was being written. Asked
+        // again, it was a second call to Apple for one token (`RetryPolicy.step` takes an `ok`
+        // record no newer than the session's own validation for a due session's last one).
+        if now() < times.dueAt(session) { return loop.makeSucceededFuture(.valid(at: session.validatedAt)) }
         if session.sealedRefreshToken == SessionRecord.tokenInStore { return validateFromStore(session.handle, keep: keep, scope: scope, on: loop) }
         guard let sealed = session.sealedRefreshToken, let token = keys.open(sealed, for: session.handle) else {
             return loop.makeSucceededFuture(.unknown)
@@ -187,14 +192,8 @@ final class Revalidator: Sendable {
 
     /// What the fleet's record of this token says to do (`RetryPolicy.step`).
     private func plan(_ session: SessionRecord, tokenHash: String, keep: Int64, on loop: any EventLoop) async throws -> Plan {
-        // Not due (yet): a request that found its cached copy stale, while a validation that
-        // just ended was being written to the store, reads the session fresh from there. Asking
-        // Apple again for it was a second call for one token (`RetryPolicy.step` takes an `ok`
-        // record no newer than the session's own validation for a due session's last one).
-        let t = now()
-        if t < times.dueAt(session) { return .settled(.valid(at: session.validatedAt)) }
         let record = try await store.validation(of: tokenHash, on: loop).get()
-        switch retry.step(record, validatedAt: session.validatedAt, now: t) {
+        switch retry.step(record, validatedAt: session.validatedAt, now: now()) {
         case .adopt(let at):
             try await store.markValidated(session.handle, at: at, on: loop).get()
             return .settled(.valid(at: at))
