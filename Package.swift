@@ -1,6 +1,10 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// The test targets compile unoptimised in every configuration: make test's one build is release
+// (the product as it ships), and the tests' own code gains nothing from the optimiser but build time.
+let testSettings: [SwiftSetting] = [.unsafeFlags(["-Onone", "-no-whole-module-optimization"], .when(configuration: .release))]
+
 let package = Package(
     name: "SessionGate",
     platforms: [.macOS(.v14)],
@@ -127,13 +131,23 @@ let package = Package(
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ]
+            ],
+            // A release binary carries the Swift standard library and Foundation (it runs on a
+            // Debian host without the toolchain: README, Packaging). Set here rather than with
+            // `--static-swift-stdlib`, which compiles every module against the static SDK, where
+            // the Testing module is missing: the tests and the binary come from one build.
+            // Modules compiled against the shared SDK name only Foundation for linking; its static
+            // form needs the libraries below it named too.
+            linkerSettings: [.unsafeFlags([
+                "-static-stdlib", "-lFoundationInternationalization", "-lFoundationEssentials", "-lCoreFoundation",
+                "-l_FoundationICU", "-l_FoundationCollections", "-l_FoundationCShims", "-lswiftSynchronization",
+            ], .when(platforms: [.linux], configuration: .release))]
         ),
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: testSettings),
         // Heap allocations counted per thread (malloc and its siblings replaced in the test
         // executable): the allocation tests' thresholds.
         .target(name: "AllocationCounter", path: "Tests/AllocationCounter"),
-        .testTarget(name: "GatewayConfigTests", dependencies: ["GatewayConfig"]),
+        .testTarget(name: "GatewayConfigTests", dependencies: ["GatewayConfig"], swiftSettings: testSettings),
         .testTarget(
             name: "RedisTests",
             dependencies: [
@@ -144,7 +158,8 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ]
+            ],
+            swiftSettings: testSettings
         ),
         .testTarget(
             name: "SessionsTests",
@@ -155,7 +170,8 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ]
+            ],
+            swiftSettings: testSettings
         ),
         .testTarget(
             name: "AppleIDTests",
@@ -169,7 +185,8 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
-            ]
+            ],
+            swiftSettings: testSettings
         ),
         .testTarget(
             name: "HTTPProxyTests",
@@ -184,7 +201,8 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
-            ]
+            ],
+            swiftSettings: testSettings
         ),
         .testTarget(
             name: "GatewayTests",
@@ -199,7 +217,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ]
+            ],
+            swiftSettings: testSettings
         ),
     ]
 )

