@@ -110,4 +110,13 @@ struct AppleJWSVerifier: Sendable {
         }
         throw .claimType
     }
+
+    /// `is_private_email` beside `email`: the claim when Apple sent it (either form). Apple omits
+    /// it when the user shares their real address (observed in captured tokens), so an email
+    /// without it is private only if it is Apple's relay address; no email, no answer.
+    static func privateEmail(_ claim: Any?, email: String?) throws(AppleTokenRejection) -> Bool? {
+        if let stated = try boolean(claim) { return stated }
+        guard let email, !email.isEmpty else { return nil }
+        return email.lowercased().hasSuffix("@privaterelay.appleid.com")
+    }
 }

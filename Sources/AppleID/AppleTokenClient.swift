@@ -139,9 +139,11 @@ public struct AppleTokenClient: Sendable {
             }
             if let id = object["transfer_sub"] as? String, !id.isEmpty { return .transferSubject(id) }
             if let sub = object["sub"] as? String, !sub.isEmpty {
-                // A JSON boolean here (§9.2), but tolerate the string form as elsewhere (§12).
-                let privateEmail = (object["is_private_email"] as? Bool) ?? ((object["is_private_email"] as? String) == "true")
-                return .subject(sub: sub, email: object["email"] as? String, privateEmail: privateEmail)
+                // A JSON boolean here (§9.2), but tolerate the string form as elsewhere (§12), and
+                // its absence as for identity tokens: private only for a relay address.
+                let email = object["email"] as? String
+                let privateEmail = ((try? AppleJWSVerifier.privateEmail(object["is_private_email"], email: email)) ?? nil) ?? false
+                return .subject(sub: sub, email: email, privateEmail: privateEmail)
             }
             return .transient(reason: "usermigrationinfo: 200 without transfer_sub or sub")
         }

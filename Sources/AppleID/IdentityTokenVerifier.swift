@@ -60,10 +60,11 @@ public struct IdentityTokenVerifier: Sendable {
         // 0 unsupported, 1 unknown, 2 likely real. Anything else (a value Apple adds later, a
         // string) is treated as unknown: the header is omitted, the sign-in goes on.
         let realUserStatus = AppleJWSVerifier.seconds(claims["real_user_status"]).flatMap { (0...2).contains($0) ? Int($0) : nil }
+        let email = claims["email"] as? String
         return AppleIdentity(
-            subject: subject, audience: verified.audience, email: claims["email"] as? String,
+            subject: subject, audience: verified.audience, email: email,
             emailVerified: try AppleJWSVerifier.boolean(claims["email_verified"]),
-            isPrivateEmail: try AppleJWSVerifier.boolean(claims["is_private_email"]),
+            isPrivateEmail: try AppleJWSVerifier.privateEmail(claims["is_private_email"], email: email),
             realUserStatus: realUserStatus, transferSubject: claims["transfer_sub"] as? String,
             issuedAt: iat, expiresAt: exp, nonce: claims["nonce"] as? String, nonceSupported: try AppleJWSVerifier.boolean(claims["nonce_supported"]))
     }

@@ -68,7 +68,8 @@ public struct NotificationVerifier: Sendable {
         let eventTime = AppleJWSVerifier.seconds(events["event_time"]).map { $0 > 1_000_000_000_000 ? $0 / 1000 : $0 }
         return AppleNotification(
             jti: verified.claims["jti"] as? String, audience: verified.audience, kind: kind, subject: subject,
-            email: events["email"] as? String, isPrivateEmail: try AppleJWSVerifier.boolean(events["is_private_email"]),
+            email: events["email"] as? String,
+            isPrivateEmail: try AppleJWSVerifier.privateEmail(events["is_private_email"], email: events["email"] as? String),
             eventTime: eventTime)
     }
 }

@@ -138,6 +138,7 @@ extension SimulatedAppleID {
                 if let v = body["retry_after"] as? NSNumber { f.retryAfter = v.intValue == 0 ? nil : v.intValue }
                 if let v = body["refresh_returns_id_token"] as? Bool { f.refreshReturnsIDToken = v }
                 if let v = body["string_booleans"] as? Bool { f.stringBooleans = v }
+                if let v = body["states_shared_email"] as? Bool { f.statesSharedEmail = v }
                 if let v = body["event_time_ms"] as? Bool { f.eventTimeInMilliseconds = v }
                 if let v = body["account_delete_type"] as? String { f.accountDeleteType = v }
                 if let v = body["auto_consent"] as? String { f.autoConsent = v }

@@ -213,7 +213,7 @@ extension SimulatedAppleID {
         if user.grantedScopes.contains("email") {
             claims["email"] = user.email
             claims["email_verified"] = boolean(true)
-            claims["is_private_email"] = boolean(user.isPrivateEmail)
+            if user.isPrivateEmail || faults.statesSharedEmail { claims["is_private_email"] = boolean(user.isPrivateEmail) }
         }
         if faults.nonceUnsupported {
             claims["nonce_supported"] = false

@@ -73,6 +73,9 @@ public final class SimulatedAppleID: Sendable {
         public var refreshReturnsIDToken = true
         /// Boolean claims as `"true"`/`"false"` strings instead of JSON booleans.
         public var stringBooleans = true
+        /// Identity tokens of a user who shares their real email carry `is_private_email: false`
+        /// (Apple's documented example) instead of no `is_private_email` at all (observed).
+        public var statesSharedEmail = false
         /// Identity-token lifetime in seconds.
         public var idTokenTTL: Int64 = 600
         /// Consent without a page: `""` picks the first user (created if none), or a `sub`.

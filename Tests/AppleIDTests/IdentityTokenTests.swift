@@ -69,6 +69,18 @@ struct IdentityTokenTests {
         }
     }
 
+    @Test("without is_private_email (Apple omits it for a shared address) a real email is not private, a relay address is, no email is unknown", arguments: [
+        ("jane@example.org" as String?, false as Bool?), ("x7c9q2m4tz@PrivateRelay.AppleID.com", true), (nil, nil),
+    ])
+    func privateEmailAbsent(email: String?, expected: Bool?) async throws {
+        try await VerifierFixture.with { f in
+            let token = try f.sign(VerifierFixture.claims(["is_private_email": nil, "email": email]))
+            let identity = try await f.identityVerifier.verify(token, expectedNonce: "n-123")
+            #expect(identity.email == email)
+            #expect(identity.isPrivateEmail == expected)
+        }
+    }
+
     @Test("a valid native token: JSON booleans, real_user_status, transfer_sub, aud as a list, no nonce sent")
     func validNative() async throws {
         try await VerifierFixture.with { f in
@@ -264,6 +276,18 @@ struct NotificationVerifierTests {
             #expect(n.email == "r@privaterelay.appleid.com")
             #expect(n.isPrivateEmail == true)
             #expect(n.eventTime == 1_508_184_845)
+        }
+    }
+
+    @Test("an email event without is_private_email: private by the address")
+    func notificationPrivateEmailAbsent() async throws {
+        try await VerifierFixture.with { f in
+            let relay = #"{"type":"email-enabled","sub":"s1","email":"r@privaterelay.appleid.com","event_time":1735689599}"#
+            let relayed = try await f.notificationVerifier.verify(body: Self.body(try f.sign(Self.claims(events: relay))))
+            #expect(relayed.isPrivateEmail == true)
+            let shared = #"{"type":"email-enabled","sub":"s1","email":"jane@example.org","event_time":1735689599}"#
+            let sharedNotice = try await f.notificationVerifier.verify(body: Self.body(try f.sign(Self.claims(events: shared))))
+            #expect(sharedNotice.isPrivateEmail == false)
         }
     }
 

@@ -56,6 +56,25 @@ struct SimulatorFidelityTests {
         }
     }
 
+    @Test("is_private_email only for a relay address, as Apple's tokens: absent for a shared one unless statesSharedEmail")
+    func privateEmailClaim() async throws {
+        try await AuthorizeTests.with { f, send in
+            let shared = f.simulator.createUser(email: "jane@example.org", privateEmail: false)
+            f.simulator.setFaults { $0.autoConsent = shared }
+            let query = "response_type=code%20id_token&scope=name%20email&response_mode=form_post"
+            let sharedClaims = Self.claims(try #require(Self.formField("id_token", in: try await send(AuthorizeTests.authorize(query)).body)))
+            #expect(sharedClaims["email"] as? String == "jane@example.org")
+            #expect(sharedClaims.keys.contains("is_private_email") == false)
+            f.simulator.setFaults { $0.statesSharedEmail = true }
+            let stated = Self.claims(try #require(Self.formField("id_token", in: try await send(AuthorizeTests.authorize(query)).body)))
+            #expect(stated["is_private_email"] as? String == "false" || stated["is_private_email"] as? Bool == false)
+            let relay = f.simulator.createUser(privateEmail: true)
+            f.simulator.setFaults { $0.autoConsent = relay; $0.statesSharedEmail = false }
+            let relayClaims = Self.claims(try #require(Self.formField("id_token", in: try await send(AuthorizeTests.authorize(query)).body)))
+            #expect(relayClaims["is_private_email"] as? String == "true" || relayClaims["is_private_email"] as? Bool == true)
+        }
+    }
+
     @Test("c_hash and at_hash are the halves of SHA-256 of the code and the access token")
     func hashes() async throws {
         try await AuthorizeTests.with { f, send in

@@ -140,6 +140,34 @@ struct SignInTests {
         }
     }
 
+    @Test("a user who moves from Apple's relay to their real address loses X-Auth-Private-Email: Apple omits the claim for a shared address")
+    func sharedAddressIsNotPrivate() async throws {
+        try await SignInHarness.with { h in
+            let sub = h.simulator.createUser(privateEmail: true)
+            func signInAndCall(nonce: String) async throws -> HTTPHeaders {
+                let app = TestBrowser(gatewayOrigin: h.origin)
+                let credential = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nonce)
+                let body = #"{"identity_token":"\#(credential.identityToken)","authorization_code":"\#(credential.authorizationCode)","nonce":"\#(nonce)"}"#
+                let response = try await app.request("/_auth/native", method: .POST, headers: [("accept", "application/json")], json: body)
+                #expect(response.status == 200, "\(response.body)")
+                let object = try #require(try JSONSerialization.jsonObject(with: Data(response.body.utf8)) as? [String: Any])
+                let token = try #require(object["token"] as? String)
+                let call = try await app.request("/api/items", headers: [("accept", "application/json"), ("authorization", "Bearer \(token)")])
+                #expect(call.status == 200)
+                return h.upstream.stats.withLockedValue { $0.lastHeaders }
+            }
+            let relayed = try await signInAndCall(nonce: "nonce-relay")
+            #expect(relayed["x-auth-private-email"] == ["true"])
+            #expect(relayed["x-auth-email"].first?.hasSuffix("privaterelay.appleid.com") == true)
+            // The user stops using the app and signs in again sharing their real address: Apple's
+            // token names it and carries no is_private_email.
+            h.simulator.createUser(email: "jane@example.org", privateEmail: false, sub: sub)
+            let shared = try await signInAndCall(nonce: "nonce-shared")
+            #expect(shared["x-auth-email"] == ["jane%40example.org"] || shared["x-auth-email"] == ["jane@example.org"])
+            #expect(shared["x-auth-private-email"] == ["false"], "the relay's flag outlived the relay address: \(shared)")
+        }
+    }
+
     @Test("unauthenticated requests: redirect for browsers, 401 for APIs, public and optional routes, forged and doubled cookies")
     func unauthenticated() async throws {
         try await SignInHarness.with { h in
