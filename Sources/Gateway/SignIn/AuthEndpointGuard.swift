@@ -184,8 +184,17 @@ struct AuthEndpointGuard: RequestGuard {
 
     static func name(fromUser value: Any?) -> String? {
         if let text = value as? String { return name(fromUserJSON: text) }
-        guard let user = value as? [String: Any], let n = user["name"] as? [String: Any] else { return nil }
-        let parts = [n["firstName"] as? String, n["lastName"] as? String].compactMap { $0 }
+        guard let user = value as? [String: Any] else { return nil }
+        return name(fromParts: user["name"])
+    }
+
+    /// A name given in parts: Apple's web `user.name` (`firstName`, `lastName`), or what an app
+    /// has as `ASAuthorizationAppleIDCredential.fullName`, a `PersonNameComponents` encoded by
+    /// `JSONEncoder` (`givenName`, `middleName`, `familyName`; its other parts are not a name).
+    static func name(fromParts value: Any?) -> String? {
+        guard let n = value as? [String: Any] else { return nil }
+        let keys = n["firstName"] != nil || n["lastName"] != nil ? ["firstName", "lastName"] : ["givenName", "middleName", "familyName"]
+        let parts = keys.compactMap { n[$0] as? String }
         let cleaned = parts.joined(separator: " ").unicodeScalars.filter { !$0.properties.generalCategory.isControl }
         let text = String(String.UnicodeScalarView(cleaned)).trimmingCharacters(in: .whitespaces)
         return text.isEmpty ? nil : String(text.prefix(200))

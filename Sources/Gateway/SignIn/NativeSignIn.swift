@@ -123,6 +123,7 @@ struct NativeRequest {
         self.identityToken = idToken
         self.code = code
         self.nonce = nonce
-        self.name = AuthEndpointGuard.name(fromUser: object["user"])
+        // Apple's web shape (`user`), or the app's `credential.fullName` as it encodes it.
+        self.name = AuthEndpointGuard.name(fromUser: object["user"]) ?? AuthEndpointGuard.name(fromParts: object["full_name"] ?? object["fullName"])
     }
 }
