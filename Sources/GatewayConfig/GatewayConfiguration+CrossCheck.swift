@@ -74,10 +74,29 @@ extension GatewayConfiguration {
                 r.warn(Self.path(.session, Session.Key.secretFile), sessionMark, "not set: a random secret is made at start, so sessions end when the gateway restarts")
             }
         }
+        if let domain = session.cookieDomain {
+            let path = Self.path(.session, Session.Key.cookieDomain)
+            if session.cookieName.hasPrefix("__Host-") {
+                r.report(path, sessionMark, "a __Host- cookie (session.cookie_name '\(session.cookieName)') cannot have a Domain; name it like __Secure-sessiongate")
+            }
+            if let url = server.publicURL {
+                let host = Self.hostName(ofOrigin: url)
+                if host != domain, !host.hasSuffix("." + domain) {
+                    r.report(path, sessionMark, "'\(domain)' does not hold server.public_url's host \(host): that host sets the cookie, so it must be the domain or under it")
+                }
+            }
+        }
         if session.cookieName.hasPrefix("__Host-"), let url = server.publicURL, !url.hasPrefix("https://"), !Self.isLoopbackOrigin(url) {
             r.warn(Self.path(.session, Session.Key.cookieName), sessionMark,
                    "a __Host- cookie is only kept by browsers over https (or on localhost); server.public_url is \(url)")
         }
+    }
+
+    /// The host name of an origin (`https://app.example.com:8443` → `app.example.com`).
+    public static func hostName(ofOrigin origin: String) -> String {
+        let authority = origin.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
+        if authority.hasPrefix("[") { return String(authority.prefix { $0 != "]" }) + "]" }
+        return String(authority.prefix { $0 != ":" }).lowercased()
     }
 
     /// `section.key`, the path of a key of a top-level section.

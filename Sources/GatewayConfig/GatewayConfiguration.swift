@@ -192,6 +192,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
 
     public struct Session: Sendable, Equatable {
         public var cookieName = "__Host-sessiongate"
+        /// `Domain` of the session cookie: the parent domain whose hosts share one sign-in
+        /// (`nil`: host-only; other hosts sign in by a one-time ticket).
+        public var cookieDomain: String? = nil
         public var secretFile: SecretReference? = nil
         public var idleTimeout: Duration = .seconds(12 * 3600)
         public var absoluteTimeout: Duration = .seconds(30 * 86_400)

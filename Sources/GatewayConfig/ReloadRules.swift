@@ -67,6 +67,7 @@ public enum ReloadRules {
         .on("identity.links.secret_file") { $0.identity.linksSecretFile },
         .on("identity.link_lookup_url") { $0.identity.linkLookupURL },
         .on("session.cookie_name") { $0.session.cookieName },
+        .on("session.cookie_domain") { $0.session.cookieDomain },
         .on("session.secret_file") { $0.session.secretFile },
         .on("store.redis_url") { $0.store.redisURL },
         .on("store.key_prefix") { $0.store.keyPrefix },

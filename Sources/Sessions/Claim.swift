@@ -11,6 +11,8 @@ public enum Claim: Sendable, Equatable {
     case job(id: String)
     /// One mover of a transferred user: `lock:transfer:{<transfer id>}`.
     case transfer(id: String)
+    /// A sign-in ticket redeemed (single use, `SignInTicket`): `ticket:{<id>}`.
+    case ticket(id: String)
 
     /// The key under the store's prefix.
     public var name: String {
@@ -20,6 +22,7 @@ public enum Claim: Sendable, Equatable {
         case .notification(let jti): "notification:{" + jti + "}"
         case .transfer(let id): "lock:transfer:{" + id + "}"
         case .job(let id): "lock:job:{" + id + "}"
+        case .ticket(let id): "ticket:{" + id + "}"
         }
     }
 }

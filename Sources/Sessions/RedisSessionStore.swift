@@ -439,6 +439,7 @@ public final class RedisSessionStore: SessionStore {
         let key = loginKey(state)
         var fields: [RedisArgument] = ["HSET", .string(key), "nonce", .string(login.nonce), "rd", .string(login.returnTo), "binding", .string(login.binding)]
         if let previous = login.previousSession { fields += ["previous", .string(previous)] }
+        if let ticket = login.ticketBinding { fields += ["ticket", .string(ticket)] }
         return transaction([
             fields,
             ["PEXPIRE", .string(key), RedisArgument(ttl)],
@@ -449,7 +450,7 @@ public final class RedisSessionStore: SessionStore {
         let key = loginKey(state)
         return transaction([["HGETALL", .string(key)], ["DEL", .string(key)]], on: loop).map { replies in
             guard let f = HashReply(replies[0]), let nonce = f.string("nonce"), let rd = f.string("rd"), let binding = f.string("binding") else { return nil }
-            return LoginState(nonce: nonce, returnTo: rd, binding: binding, previousSession: f.string("previous"))
+            return LoginState(nonce: nonce, returnTo: rd, binding: binding, previousSession: f.string("previous"), ticketBinding: f.string("ticket"))
         }
     }
 

@@ -248,12 +248,17 @@ public struct LoginState: Sendable, Equatable {
     /// when the new one is created (Apple's callback is a cross-site POST, so the `Lax` session
     /// cookie does not arrive with it).
     public var previousSession: String?
+    /// SHA-256 (hex) of the ticket cookie the browser holds on `returnTo`'s host, when that is
+    /// another routed host outside the session cookie's domain: the one-time ticket that carries
+    /// the session there redeems only in that browser (`SignInTicket`).
+    public var ticketBinding: String?
 
-    public init(nonce: String, returnTo: String, binding: String, previousSession: String? = nil) {
+    public init(nonce: String, returnTo: String, binding: String, previousSession: String? = nil, ticketBinding: String? = nil) {
         self.nonce = nonce
         self.returnTo = returnTo
         self.binding = binding
         self.previousSession = previousSession
+        self.ticketBinding = ticketBinding
     }
 }
 

@@ -372,6 +372,38 @@ struct ConfigLoadingTests {
         #expect(result.configuration != nil, "a warning, not an error")
     }
 
+    @Test("session.cookie_domain must hold public_url's host, and a __Host- cookie cannot have one")
+    func cookieDomain() throws {
+        func parse(_ session: String) -> GatewayConfiguration.LoadResult {
+            GatewayConfiguration.parse(yaml: """
+                server:
+                  public_url: "https://app.example.com"
+                apple:
+                  team_id: "ABCDE12345"
+                  key_id: "KEY1234567"
+                  client_ids: ["com.example.web"]
+                  private_key_file: "/dev/null"
+                session:
+                \(session)
+                routes:
+                  - name: app
+                    upstream: "http://127.0.0.1:9000"
+                """)
+        }
+        let fine = parse("  cookie_name: __Secure-sessiongate\n  cookie_domain: .Example.com")
+        #expect(fine.errors == [], "\(fine.errors)")
+        #expect(fine.configuration?.session.cookieDomain == "example.com", "lower case, the leading dot dropped")
+        let hostPrefix = parse("  cookie_domain: example.com")
+        #expect(hostPrefix.errors.map(\.path) == ["session.cookie_domain"])
+        #expect(hostPrefix.errors.first?.message.contains("__Host-") == true)
+        let elsewhere = parse("  cookie_name: __Secure-sessiongate\n  cookie_domain: example.net")
+        #expect(elsewhere.errors.map(\.path) == ["session.cookie_domain"])
+        #expect(elsewhere.errors.first?.message.contains("app.example.com") == true)
+        let malformed = parse("  cookie_name: __Secure-sessiongate\n  cookie_domain: https://example.com")
+        #expect(malformed.errors.map(\.path) == ["session.cookie_domain"])
+        #expect(malformed.errors.first?.line == 10)
+    }
+
     @Test("a route that needs sign-in needs apple, public_url and (with Redis) a session secret")
     func signInRequirements() throws {
         let yaml = """

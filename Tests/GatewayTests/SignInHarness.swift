@@ -274,6 +274,12 @@ final class TestBrowser: @unchecked Sendable {
         guard page.status == 200, let loginRange = page.body.range(of: "/login?rd="),
               let hrefRange = page.body[..<loginRange.lowerBound].range(of: "href=\"", options: .backwards) else { throw Failure.unexpected("sign-in page: \(page.status)") }
         let href = TestBrowser.unescape(String(page.body[hrefRange.upperBound...].prefix { $0 != "\"" }))
+        return try await signIn(login: href, as: sub, stopBeforeCallback: stopBeforeCallback)
+    }
+
+    /// The web flow from the login URL on: Apple's consent page (choosing `sub`), the
+    /// auto-submitting form_post to the callback. Returns the callback's response.
+    func signIn(login href: String, as sub: String, stopBeforeCallback: Bool = false) async throws -> (callback: Response?, form: (action: String, fields: [(String, String)])) {
         let login = try await request(href)
         guard login.status == 302, let authorize = login.location else { throw Failure.unexpected("login: \(login.status) \(login.body)") }
         let consent = try await request(authorize)

@@ -411,6 +411,10 @@ struct SessionStoreContractTests {
             let relogin = LoginState(nonce: "n-0", returnTo: "/", binding: "b-0", previousSession: "abc123")
             try await f.store.putLogin(state: "state-0", relogin, ttl: 600_000, on: f.loop).get()
             #expect(try await f.store.takeLogin(state: "state-0", on: f.loop).get() == relogin)
+            // So does the ticket binding of a sign-in that started on another host.
+            let elsewhere = LoginState(nonce: "n-4", returnTo: "https://other.example.net/x", binding: "b-4", ticketBinding: String(repeating: "a", count: 64))
+            try await f.store.putLogin(state: "state-4", elsewhere, ttl: 600_000, on: f.loop).get()
+            #expect(try await f.store.takeLogin(state: "state-4", on: f.loop).get() == elsewhere)
 
             // Two callbacks racing for one state: exactly one wins.
             try await f.store.putLogin(state: "state-2", login, ttl: 600_000, on: f.loop).get()

@@ -65,6 +65,12 @@ final class Authenticator: Sendable {
     let loginCookieName: String
     let prefix: String
     let publicURL: String
+    /// `public_url`'s host name (lower case, no port): where Apple posts back.
+    let publicHost: String
+    /// `session.cookie_domain`: the session cookie's `Domain` (nil: host-only).
+    let cookieDomain: String?
+    /// The routes' host names: the hosts a sign-in may start on and return to (`HostSignIn`).
+    let routeHosts: Set<String>
     let returnPolicy: ReturnURLPolicy
     /// What a stored session is worth at an instant.
     let policy: SessionPolicy
@@ -104,9 +110,11 @@ final class Authenticator: Sendable {
         loginCookieName = c.session.cookieName + "-login"
         prefix = c.server.authPrefix
         self.publicURL = publicURL
-        var hosts = c.server.allowedRedirectHosts
-        hosts += c.routes.compactMap(\.host)
-        returnPolicy = ReturnURLPolicy(origin: publicURL, allowedHosts: hosts)
+        publicHost = GatewayConfiguration.hostName(ofOrigin: publicURL)
+        cookieDomain = c.session.cookieDomain
+        routeHosts = Set(c.routes.compactMap(\.host))
+        returnPolicy = ReturnURLPolicy(origin: publicURL, allowedHosts: c.server.allowedRedirectHosts + routeHosts.sorted(),
+                                       plainHTTPHosts: publicURL.hasPrefix("http://") ? routeHosts : [])
         policy = SessionPolicy(times: SessionTimes(idle: Self.milliseconds(c.session.idleTimeout), absolute: Self.milliseconds(c.session.absoluteTimeout)),
                                revalidation: core.revalidator?.times)
         scopes = c.apple?.scopes ?? []
@@ -266,9 +274,22 @@ final class Authenticator: Sendable {
         }
     }
 
-    /// `Set-Cookie` for a session: `__Host-` rules (Secure, Path=/, no Domain), HttpOnly, Lax.
-    func sessionCookie(_ value: String) -> (String, String) {
-        ("set-cookie", "\(cookieName)=\(value); Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=\(absoluteTimeout / 1000)")
+    /// `Set-Cookie` for a session: Secure, Path=/, HttpOnly, Lax; no `Domain` (the `__Host-`
+    /// rules) unless `session.cookie_domain` shares it with that domain's hosts. `hostOnly`: the
+    /// copy a sign-in ticket sets on a host outside that domain.
+    func sessionCookie(_ value: String, hostOnly: Bool = false) -> (String, String) {
+        ("set-cookie", "\(cookieName)=\(value); Path=/\(domainAttribute(hostOnly)); Secure; HttpOnly; SameSite=Lax; Max-Age=\(absoluteTimeout / 1000)")
+    }
+
+    /// Clears the session cookie where `sessionCookie` set it (with its `Domain`, if any) and
+    /// the host-only copy of the host answering.
+    func clearSessionCookie() -> [(String, String)] {
+        cookieDomain == nil ? [clearCookie(cookieName)] : [clearCookie(cookieName), ("set-cookie", "\(cookieName)=; Path=/\(domainAttribute(false)); Secure; HttpOnly; SameSite=Lax; Max-Age=0")]
+    }
+
+    private func domainAttribute(_ hostOnly: Bool) -> String {
+        guard let cookieDomain, !hostOnly else { return "" }
+        return "; Domain=" + cookieDomain
     }
 
     func clearCookie(_ name: String, sameSiteNone: Bool = false) -> (String, String) {

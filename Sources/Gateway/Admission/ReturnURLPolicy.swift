@@ -9,12 +9,17 @@ public struct ReturnURLPolicy: Sendable {
     public var origin: String?
     /// Lower-case host names; an entry starting with `.` matches any subdomain.
     public var allowedHosts: [String]
+    /// Hosts an `http://` URL may name: the gateway's own routed hosts while `public_url` is
+    /// plain http itself (a loopback or private setup), so that a sign-in started on one of them
+    /// can return there. Every other absolute URL is https.
+    public var plainHTTPHosts: Set<String>
 
     public static let maximumLength = 2048
 
-    public init(origin: String?, allowedHosts: [String]) {
+    public init(origin: String?, allowedHosts: [String], plainHTTPHosts: Set<String> = []) {
         self.origin = origin
         self.allowedHosts = allowedHosts.map { $0.lowercased() }
+        self.plainHTTPHosts = Set(plainHTTPHosts.map { $0.lowercased() })
     }
 
     /// The validated return URL, or nil when `rd` must not be followed.
@@ -30,8 +35,9 @@ public struct ReturnURLPolicy: Sendable {
             let path = String(rd.dropFirst(origin.utf8.count))
             return validate(path)
         }
-        guard lower.hasPrefix("https://") else { return nil }
-        let afterScheme = rd.dropFirst("https://".count)
+        let plain = lower.hasPrefix("http://")
+        guard lower.hasPrefix("https://") || plain && !plainHTTPHosts.isEmpty else { return nil }
+        let afterScheme = rd.dropFirst(plain ? "http://".count : "https://".count)
         let authority = afterScheme.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
         guard !authority.isEmpty, !authority.contains("@"), !authority.contains("%") else { return nil }
         var host = authority.lowercased()
@@ -42,6 +48,7 @@ public struct ReturnURLPolicy: Sendable {
         guard host.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == ".") }) else { return nil }
         let rest = afterScheme.dropFirst(authority.count)
         guard rest.isEmpty || rest.hasPrefix("/") && Self.isSafePath(String(rest)) || rest.hasPrefix("?") else { return nil }
+        if plain { return plainHTTPHosts.contains(host) ? rd : nil }
         let allowed = allowedHosts.contains { entry in
             entry.hasPrefix(".") ? host.hasSuffix(entry) && host.count > entry.count : host == entry
         }

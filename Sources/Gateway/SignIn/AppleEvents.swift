@@ -61,9 +61,9 @@ extension AuthEndpointGuard {
         } catch {
             return AuthResponses.storeUnavailable(head)
         }
-        let clear = auth.clearCookie(auth.cookieName)
+        let clear = auth.clearSessionCookie()
         return AuthResponses.wantsHTML(head)
-            ? AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=disconnected", headers: [clear])
-            : LocalResponse(status: .noContent, headers: [clear, ("cache-control", "no-store")])
+            ? AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=disconnected", headers: clear)
+            : LocalResponse(status: .noContent, headers: clear + [("cache-control", "no-store")])
     }
 }

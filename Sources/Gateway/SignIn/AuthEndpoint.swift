@@ -6,6 +6,8 @@ import NIOHTTP1
 enum AuthEndpoint: String, CaseIterable, Sendable {
     case signIn = "/sign-in"
     case login = "/login"
+    /// A sign-in ticket redeemed on the routed host the sign-in started on (`HostSignIn`).
+    case redeem = "/redeem"
     case callback = "/callback"
     case native = "/native"
     case nativeNonce = "/native/nonce"
@@ -20,7 +22,7 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
     var methods: [HTTPMethod] {
         switch self {
         case .signIn, .check: [.GET, .HEAD]
-        case .login, .userinfo, .jwks: [.GET]
+        case .login, .redeem, .userinfo, .jwks: [.GET]
         case .callback, .native, .nativeNonce, .appleNotifications, .revoke: [.POST]
         case .logout: [.GET, .POST]
         case .links: [.POST, .DELETE]

@@ -51,7 +51,10 @@ struct AuthEndpointGuard: RequestGuard {
             let rd = query["rd"].flatMap(auth.returnPolicy.validate) ?? "/"
             return .verdict(.respond(AuthResponses.html(.ok, AuthPages.signIn(loginURL: "\(auth.prefix)/login?rd=\(FormBody.escape(rd))", message: query["message"]))))
         case .login:
-            return login(rd: query["rd"], head: head, client: client(), on: loop)
+            return login(rd: query["rd"], bind: query["bind"], host: request.host, head: head, client: client(), on: loop)
+        case .redeem:
+            let host = request.host
+            return .pending(loop.makeFutureWithTask { .respond(await redeem(query["ticket"], host: host, head: head, on: loop)) })
         case .callback:
             let client = client()
             return collect(Self.maxFormBytes, request, span: "sign_in.web", on: loop) { await callback(form: $0, head: head, client: client, on: loop) }
@@ -137,8 +140,8 @@ struct AuthEndpointGuard: RequestGuard {
 
     private func logout(_ head: HTTPRequestHead, redirect: String, on loop: any EventLoop) -> EventLoopFuture<LocalResponse> {
         let done: LocalResponse = AuthResponses.wantsHTML(head)
-            ? AuthResponses.redirect(.seeOther, to: redirect, headers: [auth.clearCookie(auth.cookieName)])
-            : LocalResponse(status: .noContent, headers: [auth.clearCookie(auth.cookieName), ("cache-control", "no-store")])
+            ? AuthResponses.redirect(.seeOther, to: redirect, headers: auth.clearSessionCookie())
+            : LocalResponse(status: .noContent, headers: auth.clearSessionCookie() + [("cache-control", "no-store")])
         guard let handle = presentedSession(head) else { return loop.makeSucceededFuture(done) }
         core.cache.invalidate(handle)
         // Ended, or held until the store takes it (refused here meanwhile): done either way.

@@ -11,16 +11,20 @@ extension AuthEndpointGuard {
     /// with the pre-auth cookie, and sends the browser to Apple with `response_mode=form_post`.
     /// Anonymous: within `apple.logins_per_minute` for `client` and `apple.max_pending_logins`
     /// for the instance, else a page saying when to try again, and nothing written.
-    func login(rd: String?, head: HTTPRequestHead, client: String, on loop: any EventLoop) -> GuardDecision {
+    /// On a routed host other than `public_url`'s, the login starts at `public_url`'s instead
+    /// (`HostSignIn`); `bind` is the ticket binding such a host sent along.
+    func login(rd: String?, bind: String?, host: RequestHost?, head: HTTPRequestHead, client: String, on loop: any EventLoop) -> GuardDecision {
         guard let apple = core.apple else { return .verdict(.respond(Self.notConfigured())) }
         let returnTo = rd.flatMap(auth.returnPolicy.validate) ?? "/"
+        if let elsewhere = loginElsewhere(host: host, returnTo: returnTo) { return .verdict(.respond(elsewhere)) }
         do { try checkWrite(.login, client: client) } catch {
             return .verdict(.respond(error.page(startAgain: auth.signInPath(rd: returnTo))))
         }
         let state = Self.randomToken()
         let nonce = Self.randomToken()
         let binding = Self.randomToken()
-        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.reference)
+        let login = LoginState(nonce: nonce, returnTo: returnTo, binding: sha256Hex(binding), previousSession: presentedSession(head)?.reference,
+                               ticketBinding: ticketBinding(bind, returnTo: returnTo))
         let future = core.store.putLogin(state: state, login, ttl: AnonymousWrites.lifetime, on: loop).map { _ -> Verdict in
             core.metrics.recordSignInStart(.login, outcome: .ok)
             let query = FormBody.encode([
@@ -32,8 +36,7 @@ extension AuthEndpointGuard {
             // login (fixation) never survives it; a real one is ended at the callback.
             return .respond(AuthResponses.redirect(.found, to: apple.baseURL + "/auth/authorize?" + query, headers: [
                 ("set-cookie", "\(auth.loginCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=600"),
-                auth.clearCookie(auth.cookieName),
-            ]))
+            ] + auth.clearSessionCookie()))
         }.recover { _ -> Verdict in
             core.metrics.recordSignInStart(.login, outcome: .storeUnavailable)
             return .respond(AuthResponses.html(.serviceUnavailable, AuthPages.message(
@@ -108,6 +111,10 @@ extension AuthEndpointGuard {
             core.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
             var headers = [auth.sessionCookie(created.cookie), clearLogin]
             if pending != nil { headers.append(auth.clearCookie(auth.nameCookieName, sameSiteNone: true)) }  // the sign-in completed
+            // Started on a routed host outside the cookie's domain: the session goes there by ticket.
+            if let ticket = ticketRedirect(login, cookie: created.cookie) {
+                return AuthResponses.redirect(.seeOther, to: ticket, headers: headers + [("referrer-policy", "no-referrer")])
+            }
             return AuthResponses.redirect(.seeOther, to: login.returnTo, headers: headers)
         } catch let failure as SignInFailure {
             var page = counted(failure, flow: .web).page(startAgain: auth.signInPath(rd: returnTo), clearing: clearLogin)
