@@ -59,8 +59,16 @@ def run(binary, out, https):
     if https:
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                         "-keyout", f"{work}/key.pem", "-out", f"{work}/cert.pem", "-days", "2", "-subj", "/CN=localhost",
-                        "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True)
+                        "-addext", "subjectAltName=DNS:localhost,DNS:other.test"], check=True, capture_output=True)
         tls = f'\n  tls: {{ certificate_file: "{work}/cert.pem", private_key_file: "{work}/key.pem" }}'
+    # Over TLS a second routed host on an unrelated domain (other.test, mapped to loopback for
+    # Chromium): a sign-in started there must end there (the one-time ticket, issue 39 §1).
+    other_route = f"""
+  - name: other
+    host: "other.test"
+    path_prefix: "/"
+    upstream: "http://127.0.0.1:{upstream}"
+    auth: required""" if https else ""
     with open(config, "w") as f:
         f.write(f"""
 server:
@@ -74,7 +82,7 @@ apple:
   client_ids: ["com.example.demo.web"]
   private_key_file: "{work}/AuthKey.p8"
   base_url: "http://127.0.0.1:{simulator}"
-routes:
+routes:{other_route}
   - name: demo
     path_prefix: "/"
     upstream: "http://127.0.0.1:{upstream}"
@@ -97,6 +105,7 @@ routes:
             options.add_argument(argument)
         if https:
             options.add_argument("--ignore-certificate-errors")
+            options.add_argument("--host-resolver-rules=MAP other.test 127.0.0.1")
         options.binary_location = "/usr/bin/chromium"
         driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
         wait = WebDriverWait(driver, 15)
@@ -147,7 +156,10 @@ routes:
             protocol = driver.execute_script("return performance.getEntriesByType('navigation')[0].nextHopProtocol")
             if https and protocol != "h2":
                 fail(f"Chromium did not negotiate HTTP/2 with the TLS listener: {protocol}")
-            print(f"browser test passed ({scheme}, {protocol}): signed in as {name} across sites; screenshots in {out}")
+            if https:
+                other_host(driver, wait, origin, f"https://other.test:{gateway}", out)
+            print(f"browser test passed ({scheme}, {protocol}): signed in as {name} across sites"
+                  f"{' and on a second host' if https else ''}; screenshots in {out}")
         finally:
             driver.quit()
     finally:
@@ -156,6 +168,42 @@ routes:
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def other_host(driver, wait, origin, other, out):
+    """Signs in on a second routed host (another site than public_url's), through public_url's
+    login and Apple, back to the page it started on; signs out there, which ends the session on
+    public_url's host too."""
+    driver.get(other + "/reports?host=2")
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "a.siwa")))
+    if not driver.current_url.startswith(other + "/_auth/sign-in"):
+        fail(f"expected the sign-in page on the second host, got {driver.current_url}")
+    driver.find_element(By.CSS_SELECTOR, "a.siwa").click()
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "button.user")))
+    driver.find_element(By.CSS_SELECTOR, "button.user").click()
+    try:
+        wait.until(lambda d: d.current_url.startswith(other + "/reports?host=2"))
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "p.who")))
+    except Exception:
+        fail(f"the sign-in started on the second host did not end there: {driver.current_url}: "
+             f"{driver.find_element(By.TAG_NAME, 'body').text[:300]}")
+    if "Signed in as" not in driver.page_source:
+        fail("the second host's app did not receive an identity")
+    driver.save_screenshot(os.path.join(out, "signed-in-other-host.png"))
+    cookies = {c["name"]: c for c in driver.get_cookies()}
+    if "__Host-sessiongate" not in cookies or "__Host-sessiongate-ticket" in cookies:
+        fail(f"the second host's cookies after the ticket: {sorted(cookies)}")
+    driver.get(other + "/_auth/logout?rd=%2Freports")
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "form button")))
+    driver.find_element(By.CSS_SELECTOR, "form button").click()
+    try:
+        wait.until(lambda d: "/_auth/sign-in" in d.current_url)
+    except Exception:
+        fail(f"signing out on the second host: {driver.current_url}: {driver.find_element(By.TAG_NAME, 'body').text[:300]}")
+    driver.get(origin + "/reports?after=logout")
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "a.siwa")))
+    if "/_auth/sign-in" not in driver.current_url:
+        fail(f"signing out on the second host left the session alive on {origin}: {driver.current_url}")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ struct AuthEndpointGuard: RequestGuard {
             // `rd`: the page the user signs out from; it picks the route's post_logout_redirect.
             let rd = query["rd"].flatMap(auth.returnPolicy.validate)
             let action = "\(auth.prefix)/logout" + (rd.map { "?rd=" + FormBody.escape($0) } ?? "")
-            return .verdict(.respond(AuthResponses.html(.ok, AuthPages.confirmSignOut(action: action, stay: rd ?? "/"))))
+            return .verdict(.respond(AuthResponses.html(.ok, AuthPages.confirmSignOut(action: action, stay: rd ?? "/"), referrerPolicy: "same-origin")))
         case .logout:
             let after = auth.afterLogout.target(from: query["rd"].flatMap(auth.returnPolicy.validate), host: request.host?.name)
             return .verdict(.collectBody(maxBytes: 4096) { _ in logout(head, redirect: after, on: loop) })

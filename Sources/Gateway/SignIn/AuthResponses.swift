@@ -29,11 +29,14 @@ enum AuthResponses {
                              body: ByteBuffer(bytes: data))
     }
 
-    static func html(_ status: HTTPResponseStatus, _ page: String, headers: [(String, String)] = []) -> LocalResponse {
+    /// - Parameter referrerPolicy: `no-referrer`, except for a page whose form posts to the
+    ///   gateway (`same-origin`): under `no-referrer` a browser sends that POST with `Origin: null`,
+    ///   which the origin check refuses.
+    static func html(_ status: HTTPResponseStatus, _ page: String, headers: [(String, String)] = [], referrerPolicy: String = "no-referrer") -> LocalResponse {
         LocalResponse(status: status, headers: [
             ("content-type", "text/html; charset=utf-8"), ("cache-control", "no-store"),
             ("content-security-policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'"),
-            ("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer"),
+            ("x-content-type-options", "nosniff"), ("referrer-policy", referrerPolicy),
         ] + headers, body: ByteBuffer(string: page))
     }
 

@@ -58,7 +58,7 @@ extension AuthEndpointGuard {
         func refused(_ detail: String, returnTo: String = "/") -> LocalResponse {
             core.metrics.recordSignIn(flow: .web, outcome: .rejected)
             return AuthResponses.html(.badRequest, AuthPages.message(title: "Sign in failed", detail: detail, action: ("Start again", auth.signInPath(rd: returnTo))),
-                                      headers: [clear, ("referrer-policy", "no-referrer")])
+                                      headers: [clear])
         }
         guard let host, let sealed, let ticket = SignInTicket.open(sealed, host: host.name, nowMilliseconds: core.now(), keys: core.keys) else {
             return refused("This sign-in link is not valid here, or it expired. Please sign in again.")
@@ -75,7 +75,7 @@ extension AuthEndpointGuard {
         } catch {
             return AuthResponses.html(.serviceUnavailable, AuthPages.message(
                 title: "Sign in is unavailable", detail: "The gateway could not finish your sign-in just now. Please try again in a moment.",
-                action: ("Try again", auth.signInPath(rd: path))), headers: [("referrer-policy", "no-referrer")])
+                action: ("Try again", auth.signInPath(rd: path))))
         }
         // A session this browser held on this host before is replaced, as at the callback.
         if let previous = presentedSession(head), previous != core.keys.handle(forCookie: Substring(ticket.cookie)) {
