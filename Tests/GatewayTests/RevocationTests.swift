@@ -99,6 +99,23 @@ struct RevocationTests {
         }
     }
 
+    @Test("a disconnect Apple has not confirmed ends every session here and says where to stop it at Apple, not that Apple stopped")
+    func unconfirmedDisconnect() async throws {
+        try await SignInHarness.with { h in
+            let sub = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin), other = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            _ = try await other.signIn(from: "/x", as: sub)
+            h.simulator.setFaults { $0.revokeFailureStatus = 503 }
+            let answer = try await browser.request("/_auth/revoke", method: .POST, form: [])
+            #expect(answer.status == 303 && answer.location == "/_auth/sign-in?message=disconnected_here")
+            #expect(try await other.request("/x").status == 302, "the user's sessions ended all the same")
+            let page = try await browser.request(try #require(answer.location))
+            #expect(page.body.contains("Apple has not confirmed") && page.body.contains("Sign in with Apple (or go to account.apple.com)"))
+            #expect(!page.body.contains("no longer uses your Apple Account, and"))
+        }
+    }
+
     @Test("logout on A ends the session on B at once")
     func logoutPropagates() async throws {
         try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600)) { h in

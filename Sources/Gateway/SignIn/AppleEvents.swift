@@ -44,6 +44,8 @@ extension AuthEndpointGuard {
     /// `disconnect`); the profile and the link stay (disconnecting is not deleting: the app
     /// deletes its account its own way, and a returning user is the same account). An Apple
     /// failure never blocks the local revocation; a store failure holds it (`HeldRevocations`).
+    /// A browser is told Apple no longer shares their account only when Apple confirmed it
+    /// (`?message=disconnected`); otherwise (`disconnected_here`) where to stop it themselves.
     func disconnect(_ head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
         let resolution = (try? await auth.resolve(head.headers, on: loop).get()) ?? .unavailable
         guard case .session(_, let cached) = resolution else {
@@ -53,17 +55,20 @@ extension AuthEndpointGuard {
         let sub = cached.stored.user.sub
         let action = HeldRevocation.Action.user(sub: sub, source: .user, at: core.now(), happened: core.now(), forget: .grants,
                                                 event: .userRevoked, reason: "disconnect", atApple: core.apple != nil)
+        // Whether Apple confirmed the consent ended: only then does the page say so (a held
+        // disconnect, no token held, or a revocation Apple refused points to Settings instead).
+        var confirmed = false
         do {
             // Done, or held until the store takes it (the tokens at Apple then too).
             try await core.revocations.durably(action, keep: auth.absoluteTimeout, on: loop) {
-                _ = try await core.apply(action, keep: auth.absoluteTimeout, on: loop)
+                confirmed = try await core.apply(action, keep: auth.absoluteTimeout, on: loop) == .applied
             }
         } catch {
             return AuthResponses.storeUnavailable(head)
         }
         let clear = auth.clearSessionCookie()
         return AuthResponses.wantsHTML(head)
-            ? AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=disconnected", headers: clear)
+            ? AuthResponses.redirect(.seeOther, to: auth.prefix + "/sign-in?message=" + (confirmed ? "disconnected" : "disconnected_here"), headers: clear)
             : LocalResponse(status: .noContent, headers: clear + [("cache-control", "no-store")])
     }
 }

@@ -97,7 +97,9 @@ extension AuthCore {
     }
 
     /// What `apply` did: applied, or nothing (an email change older than the last one applied).
-    enum Effect: Equatable { case applied, stale }
+    /// `appleUnconfirmed`: a disconnect done here, but Apple has not confirmed the end of the
+    /// user's consent (no token was held, or a revocation failed and waits in the outbox).
+    enum Effect: Equatable { case applied, stale, appleUnconfirmed }
 
     /// Does one revocation (live, or replayed from `HeldRevocations`): a disconnect's tokens at
     /// Apple first (those granted up to it), a user's revocation or a logout (`Revocations`),
@@ -105,14 +107,17 @@ extension AuthCore {
     func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Effect {
         switch action {
         case .user(let sub, _, let at, _, _, _, _, let atApple):
+            var confirmed = true
             if atApple, apple != nil {
                 let (queued, revoked) = try await revokeAtApple(sub, upTo: at, on: loop)
                 if revoked < queued {
                     logger.warning("Apple did not confirm every token revocation; the rest are retried from the outbox",
                                    metadata: ["queued": .stringConvertible(queued), "revoked": .stringConvertible(revoked)])
                 }
+                confirmed = queued > 0 && revoked == queued
             }
             try await revocations.apply(action, keep: keep, on: loop)
+            if !confirmed { return .appleUnconfirmed }
         case .session:
             try await revocations.apply(action, keep: keep, on: loop)
         case .email(let sub, let email, let privateEmail, let enabled, let at):

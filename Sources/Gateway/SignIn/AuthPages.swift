@@ -44,6 +44,7 @@ enum AuthPages {
         "cancelled": "Sign in was cancelled. You can try again whenever you are ready.",
         "signed_out": "You have been signed out.",
         "disconnected": "This site no longer uses your Apple Account, and every session has ended.",
+        "disconnected_here": "You are signed out everywhere here, but Apple has not confirmed that this site no longer uses your Apple Account. To stop it, open Settings on your iPhone, tap your name, then Sign-In & Security, then Sign in with Apple (or go to account.apple.com).",
         "expired": "Your sign-in took too long or was already used. Please start again.",
     ]
 
