@@ -41,17 +41,22 @@ struct HostSignInTests {
             #expect(login.hasSuffix("&bind=" + sha256Hex(ticketCookie)), "the login carries the hash, never the cookie")
 
             let (callback, _) = try await main.signIn(login: login, as: ticketUser)
-            let redeemURL = try #require(callback?.location)
+            var redeemURL = try #require(callback?.location)
             #expect(redeemURL.hasPrefix(otherOrigin + "/_auth/redeem?ticket="))
             #expect(callback?.headers["referrer-policy"] == ["no-referrer"])
             #expect(!redeemURL.contains(try #require(main.cookies["__Host-sessiongate"])), "the session is sealed in the ticket, not readable")
 
-            // Another browser (no ticket cookie) cannot use the link; nor can another host.
+            // Another host cannot open the link; another browser (no ticket cookie) cannot use it,
+            // and its try spends it: the first presentation uses a ticket up, whoever makes it.
+            let wrongHost = try await main.request(redeemURL.replacingOccurrences(of: otherOrigin, with: h.origin))
+            #expect(wrongHost.status == 400, "sealed for 127.0.0.1: it does not open on localhost")
             let stranger = TestBrowser(gatewayOrigin: otherOrigin)
             let stolen = try await stranger.request(redeemURL)
             #expect(stolen.status == 400 && stranger.cookies["__Host-sessiongate"] == nil)
-            let wrongHost = try await main.request(redeemURL.replacingOccurrences(of: otherOrigin, with: h.origin))
-            #expect(wrongHost.status == 400, "sealed for 127.0.0.1: it does not open on localhost")
+            #expect(stolen.body.contains("another browser"))
+            let spent = try await other.request(redeemURL)
+            #expect(spent.status == 400 && spent.body.contains("already used") && other.cookies["__Host-sessiongate"] == nil)
+            try await Self.again(other, main, ticketUser) { redeemURL = $0 }
 
             let redeemed = try await other.request(redeemURL)
             #expect(redeemed.status == 303)
@@ -84,6 +89,12 @@ struct HostSignInTests {
             let onMain = try await main.request("/app/page")
             #expect(onMain.status == 302, "the session ended on public_url's host too")
         }
+    }
+
+    /// A second sign-in from the same host page (its ticket spent by someone else's try).
+    static func again(_ other: TestBrowser, _ main: TestBrowser, _ sub: String, _ ticket: (String) -> Void) async throws {
+        let login = try #require(try await start(on: other).location)
+        ticket(try #require(try await main.signIn(login: login, as: sub).callback?.location))
     }
 
     @Test("a ticket is refused once its minute has passed")

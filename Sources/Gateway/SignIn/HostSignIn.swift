@@ -52,7 +52,7 @@ extension AuthEndpointGuard {
     /// `GET /redeem?ticket=`: the session a callback sealed for this host, set as this host's own
     /// cookie, then 303 to the page the sign-in started from. Refused (400, nothing set) when the
     /// ticket is not this gateway's, was sealed for another host, is over a minute old, was
-    /// already redeemed, or this browser does not hold the ticket cookie it was bound to.
+    /// already presented, or this browser does not hold the ticket cookie it was bound to.
     func redeem(_ sealed: String?, host: RequestHost?, head: HTTPRequestHead, on loop: any EventLoop) async -> LocalResponse {
         let clear = auth.clearCookie(auth.ticketCookieName)
         func refused(_ detail: String, returnTo: String = "/") -> LocalResponse {
@@ -64,10 +64,9 @@ extension AuthEndpointGuard {
             return refused("This sign-in link is not valid here, or it expired. Please sign in again.")
         }
         let path = auth.path(of: ticket.returnTo)
-        guard let cookie = Authenticator.cookie(auth.ticketCookieName, in: head.headers),
-              IdentityTokenVerifier.constantTimeEqual(ticket.binding, sha256Hex(cookie)) else {
-            return refused("This sign-in was started in another browser, or its cookies are blocked. Please sign in again.", returnTo: path)
-        }
+        // Used up by its first presentation, whoever presents it: the browser the callback sends
+        // here comes first, so a link that leaks afterwards (a proxy's log, a synced history) is
+        // spent even when its binding was an attacker's (`bind` is a query parameter of /login).
         do {
             guard try await core.store.claim(.ticket(id: ticket.id), ttl: SignInTicket.lifetime * 2, on: loop).get() else {
                 return refused("This sign-in link was already used. Please sign in again.", returnTo: path)
@@ -76,6 +75,10 @@ extension AuthEndpointGuard {
             return AuthResponses.html(.serviceUnavailable, AuthPages.message(
                 title: "Sign in is unavailable", detail: "The gateway could not finish your sign-in just now. Please try again in a moment.",
                 action: ("Try again", auth.signInPath(rd: path))))
+        }
+        guard let cookie = Authenticator.cookie(auth.ticketCookieName, in: head.headers),
+              IdentityTokenVerifier.constantTimeEqual(ticket.binding, sha256Hex(cookie)) else {
+            return refused("This sign-in was started in another browser, or its cookies are blocked. Please sign in again.", returnTo: path)
         }
         // A session this browser held on this host before is replaced, as at the callback.
         if let previous = presentedSession(head), previous != core.keys.handle(forCookie: Substring(ticket.cookie)) {
