@@ -143,6 +143,20 @@ struct HostSignInTests {
         }
     }
 
+    @Test("a login on a routed host returning to an allowed host elsewhere starts at public_url's login, without a ticket")
+    func elsewhereReturn() async throws {
+        try await SignInHarness.with(configure: { Self.routes(&$0, host: "127.0.0.1") }) { h in
+            let other = TestBrowser(gatewayOrigin: "http://127.0.0.1:\(h.gatewayPort)")
+            let login = try await other.request("/_auth/login?rd=" + FormBody.escape("https://docs.example.com/guide"))
+            #expect(login.status == 302)
+            #expect(login.location == h.origin + "/_auth/login?rd=" + FormBody.escape("https://docs.example.com/guide"))
+            #expect(other.cookies.isEmpty)
+            // On public_url's own host nothing changed: the login goes to Apple.
+            let own = try await TestBrowser(gatewayOrigin: h.origin).request("/_auth/login?rd=%2Fx")
+            #expect(own.location?.hasPrefix(h.simulator.baseURL + "/auth/authorize?") == true)
+        }
+    }
+
     @Test("rd may name a routed host but no other plain-http host")
     func returnPolicy() {
         let policy = ReturnURLPolicy(origin: "http://localhost:8080", allowedHosts: ["docs.example.com", "127.0.0.1"], plainHTTPHosts: ["127.0.0.1"])

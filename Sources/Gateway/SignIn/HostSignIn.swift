@@ -25,7 +25,8 @@ extension AuthEndpointGuard {
     func loginElsewhere(host: RequestHost?, returnTo: String) -> LocalResponse? {
         guard let host, let url = auth.absoluteOn(host, returnTo) else { return nil }
         let start = auth.publicURL + auth.prefix + "/login?rd=" + FormBody.escape(url)
-        if auth.sharesCookie(host.name) { return AuthResponses.redirect(.found, to: start) }
+        // A return URL elsewhere (an allowed host) signs in on public_url's host only, as there.
+        if auth.sharesCookie(host.name) || auth.ticketHost(of: url) != host.name { return AuthResponses.redirect(.found, to: start) }
         let binding = Self.randomToken()
         return AuthResponses.redirect(.found, to: start + "&bind=" + sha256Hex(binding), headers: [
             ("set-cookie", "\(auth.ticketCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=\(AnonymousWrites.lifetime / 1000)"),
@@ -130,11 +131,11 @@ extension Authenticator {
         return host == cookieDomain || host.hasSuffix("." + cookieDomain)
     }
 
-    /// `returnTo` (a validated path, or an absolute URL) as an absolute URL on `host`, when that
-    /// is a routed host other than `public_url`'s; nil otherwise.
+    /// `returnTo` (a validated path) as an absolute URL on `host` (a validated absolute URL as it
+    /// is), when `host` is a routed host other than `public_url`'s; nil otherwise.
     func absoluteOn(_ host: RequestHost, _ returnTo: String) -> String? {
         guard host.name != publicHost, routeHosts.contains(host.name) else { return nil }
-        guard returnTo.hasPrefix("/") else { return ticketHost(of: returnTo) == host.name ? returnTo : nil }
+        guard returnTo.hasPrefix("/") else { return returnTo }  // validated: an absolute URL stays as it is
         let scheme = publicURL.hasPrefix("https://") ? "https://" : "http://"
         return returnPolicy.validate(scheme + host.authority + returnTo)
     }
