@@ -133,9 +133,14 @@ extension SimulatedAppleID {
         default:
             guard form["scope"] == "user.migration" else { return Self.error(.badRequest, "invalid_scope") }
             let access = Grants.opaqueToken(prefix: "a")
+            let dead = self.faults.withLockedValue { f in
+                guard f.deadMigrationTokens > 0 else { return false }
+                f.deadMigrationTokens -= 1
+                return true
+            }
             grants.withLockedValue {
                 $0.accessTokens[access] = ""
-                $0.accessTokenExpiry[access] = now + 3600
+                $0.accessTokenExpiry[access] = dead ? now : now + 3600
             }
             return Self.json(["access_token": access, "token_type": "Bearer", "expires_in": 3600])
         }

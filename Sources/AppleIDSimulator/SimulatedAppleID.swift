@@ -107,6 +107,10 @@ public final class SimulatedAppleID: Sendable {
         public var accessTokenLifetime = 3600
         /// After `/auth/revoke` of a refresh token, send `consent-revoked` to the notification URL.
         public var notifyOnRevoke = false
+        /// The next this many `user.migration` access tokens are dead from the start (as one Apple
+        /// invalidates before its `expires_in`): `/auth/usermigrationinfo` refuses them with
+        /// `invalid_request`, as it refuses an expired one.
+        public var deadMigrationTokens = 0
         public init() {}
     }
 

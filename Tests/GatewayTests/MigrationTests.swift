@@ -153,6 +153,35 @@ struct MigrationTests {
         }
     }
 
+    @Test("an access token Apple kills before its expires_in is renewed: the export reports no user refused, and a user who did revoke is still refused")
+    func deadAccessToken() async throws {
+        let ledger = TransferLedger()
+        let redis = try TestRedis.start()
+        defer { redis.stop() }
+        let prefix = TestRedis.uniquePrefix()
+        try await Self.withGateway(team: "TEAMA12345", ledger: ledger, redis: redis, prefix: prefix, admin: "none") { a in
+            try await Self.withGateway(team: "TEAMB12345", ledger: ledger, redis: redis, prefix: prefix, admin: "none") { _ in
+                let endpoint = try #require(try StoreConnection.endpoint(a.configuration.store, commandTimeout: .seconds(5)))
+                try await withTeardown(try StoreConnection.backend(endpoint, a.configuration.store, group: MultiThreadedEventLoopGroup.singleton, logger: Logger(label: "store")), stop: { await $0.shutdown() }) { backend in
+                    let subs = [a.simulator.createUser(), a.simulator.createUser()]
+                    for sub in subs { _ = try await TestBrowser(gatewayOrigin: a.origin).signIn(from: "/x", as: sub) }
+                    a.simulator.setFaults { $0.deadMigrationTokens = 1 }
+                    let file = a.directory + "/transfer.jsonl"
+                    let report = try await Self.migrating(a, store: backend.store) { try await $0.export(target: "TEAMB12345", to: file) }
+                    #expect(report.exported == 2 && report.refused.isEmpty && report.failed.isEmpty, "\(report)")
+                    #expect(report.appleCalls == 3, "the refused call asked once more with a new token: \(report)")
+
+                    // A real refusal stays one: the user revoked consent (asked once more with a new token, then reported).
+                    let gone = a.simulator.createUser()
+                    _ = try await TestBrowser(gatewayOrigin: a.origin).signIn(from: "/x", as: gone)
+                    a.simulator.revokeConsent(sub: gone)
+                    let again = try await Self.migrating(a, store: backend.store) { try await $0.export(target: "TEAMB12345", to: file) }
+                    #expect(again.refused == [gone] && again.alreadyInFile == 2 && again.appleCalls == 2, "\(again)")
+                }
+            }
+        }
+    }
+
     @Test("an import into another operator's store: the file's link, name and email arrive; the report names the allow-list entries to add")
     func importElsewhere() async throws {
         let ledger = TransferLedger()

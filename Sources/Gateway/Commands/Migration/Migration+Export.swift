@@ -55,9 +55,11 @@ extension Migration {
             }
             var id = known[sub]
             if id == nil {
-                let access = try await accessToken(token)
-                report.appleCalls += 1
-                switch try await call({ await tokens.transferSubject(of: sub, target: target, clientID: clientID, accessToken: access) }) {
+                let (outcome, calls) = try await callWithAccess(token) { [tokens, clientID] access in
+                    await tokens.transferSubject(of: sub, target: target, clientID: clientID, accessToken: access)
+                }
+                report.appleCalls += calls
+                switch outcome {
                 case .transferSubject(let transferSubject): id = transferSubject
                 case .refused: report.refused.append(sub); continue
                 case .clientMisconfigured(let error): throw MigrationError("Apple refused our client credentials (\(error)) after \(report.exported) users; nothing else was asked")

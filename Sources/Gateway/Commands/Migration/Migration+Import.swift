@@ -31,9 +31,11 @@ extension Migration {
         guard !pending.isEmpty else { return report }
         let token = AccessToken()
         for row in pending {
-            let access = try await accessToken(token)
-            report.appleCalls += 1
-            switch try await call({ await tokens.exchange(transferSubject: row.transferSubject, clientID: clientID, accessToken: access) }) {
+            let (outcome, calls) = try await callWithAccess(token) { [tokens, clientID] access in
+                await tokens.exchange(transferSubject: row.transferSubject, clientID: clientID, accessToken: access)
+            }
+            report.appleCalls += calls
+            switch outcome {
             case .subject(let sub, let email, let privateEmail):
                 do {
                     guard let record = try await store.transfer(row.transferSubject, on: loop).get() else { report.failed.append(row.transferSubject); continue }

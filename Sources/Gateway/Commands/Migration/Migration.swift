@@ -83,6 +83,29 @@ public struct Migration: Sendable {
         var value = ""
         /// Unix ms (`now`).
         var renewAt = Int64.min
+        /// When a refusal was last asked again with a new token (Unix ms).
+        var recheckedAt: Int64? = nil
+    }
+
+    /// One call with the migration access token (`call`). Apple answers a dead token (expired
+    /// early, invalidated) as it answers a refused user (`invalid_request`) or refused
+    /// credentials (`invalid_client`), so a refusal is asked once more with a new token — at most
+    /// once a minute, so that a run of users who revoked consent costs one extra call a minute,
+    /// not one each. Before, the rest of an export was reported refused (or aborted) from the
+    /// first dead token on. Answers the outcome and the Apple calls made.
+    func callWithAccess(_ token: AccessToken, _ body: @escaping (String) async -> AppleMigrationOutcome) async throws -> (AppleMigrationOutcome, calls: Int) {
+        let access = try await accessToken(token)
+        let outcome = try await call { await body(access) }
+        switch outcome {
+        case .refused, .clientMisconfigured:
+            guard token.recheckedAt.map({ now() - $0 >= 60_000 }) ?? true else { return (outcome, 1) }
+            token.recheckedAt = now()
+            token.renewAt = .min
+            let fresh = try await accessToken(token)
+            return (try await call { await body(fresh) }, 2)
+        default:
+            return (outcome, 1)
+        }
     }
 
     func accessToken(_ current: AccessToken) async throws -> String {
