@@ -92,13 +92,6 @@ extension GatewayConfiguration {
         }
     }
 
-    /// The host name of an origin (`https://app.example.com:8443` → `app.example.com`).
-    public static func hostName(ofOrigin origin: String) -> String {
-        let authority = origin.split(separator: "/", omittingEmptySubsequences: true).dropFirst().first.map(String.init) ?? ""
-        if authority.hasPrefix("[") { return String(authority.prefix { $0 != "]" }) + "]" }
-        return String(authority.prefix { $0 != ":" }).lowercased()
-    }
-
     /// `section.key`, the path of a key of a top-level section.
     private static func path(_ section: Key, _ key: some ConfigKey) -> String { "\(section.rawValue).\(key.rawValue)" }
 }

@@ -14,9 +14,20 @@ extension GatewayConfiguration {
     }
 
     static func isLoopbackOrigin(_ origin: String) -> Bool {
+        originAddress(origin)?.isLoopback ?? false
+    }
+
+    /// The host name of an origin as a request's `Host` names it (`RequestHost.name`): lower
+    /// case, no port, an IPv6 literal bracketed (`https://App.example.com:8443` → `app.example.com`).
+    public static func hostName(ofOrigin origin: String) -> String {
+        guard let host = originAddress(origin)?.host.lowercased() else { return "" }
+        return host.contains(":") ? "[" + host + "]" : host
+    }
+
+    /// An origin's authority as an address (a port of 1 when it names none).
+    private static func originAddress(_ origin: String) -> ListenAddress? {
         let authority = origin.split(separator: "/").last.map(String.init) ?? ""
-        let address = ListenAddress.parse(authority) ?? ListenAddress.parse(authority + ":1")
-        return address?.isLoopback ?? false
+        return ListenAddress.parse(authority) ?? ListenAddress.parse(authority + ":1")
     }
 
     /// `http://` or `https://`, a host, then an optional port and path: no credentials, no

@@ -372,24 +372,27 @@ struct ConfigLoadingTests {
         #expect(result.configuration != nil, "a warning, not an error")
     }
 
+    /// The smallest file that signs in (memory store), with `sections` (top-level YAML, from
+    /// line 8) before its one route.
+    static func signIn(_ sections: String = "") -> GatewayConfiguration.LoadResult {
+        GatewayConfiguration.parse(yaml: """
+            server:
+              public_url: "https://app.example.com"
+            apple:
+              team_id: "ABCDE12345"
+              key_id: "KEY1234567"
+              client_ids: ["com.example.web"]
+              private_key_file: "/dev/null"
+            \(sections)
+            routes:
+              - name: app
+                upstream: "http://127.0.0.1:9000"
+            """)
+    }
+
     @Test("session.cookie_domain must hold public_url's host, and a __Host- cookie cannot have one")
     func cookieDomain() throws {
-        func parse(_ session: String) -> GatewayConfiguration.LoadResult {
-            GatewayConfiguration.parse(yaml: """
-                server:
-                  public_url: "https://app.example.com"
-                apple:
-                  team_id: "ABCDE12345"
-                  key_id: "KEY1234567"
-                  client_ids: ["com.example.web"]
-                  private_key_file: "/dev/null"
-                session:
-                \(session)
-                routes:
-                  - name: app
-                    upstream: "http://127.0.0.1:9000"
-                """)
-        }
+        func parse(_ session: String) -> GatewayConfiguration.LoadResult { Self.signIn("session:\n" + session) }
         let fine = parse("  cookie_name: __Secure-sessiongate\n  cookie_domain: .Example.com")
         #expect(fine.errors == [], "\(fine.errors)")
         #expect(fine.configuration?.session.cookieDomain == "example.com", "lower case, the leading dot dropped")
@@ -415,18 +418,7 @@ struct ConfigLoadingTests {
             """
         let result = GatewayConfiguration.parse(yaml: yaml)
         #expect(Set(result.errors.map(\.path)) == ["apple", "server.public_url", "session.secret_file"])
-        let memory = GatewayConfiguration.parse(yaml: """
-            server:
-              public_url: "https://app.example.com"
-            apple:
-              team_id: "ABCDE12345"
-              key_id: "KEY1234567"
-              client_ids: ["com.example.web"]
-              private_key_file: "/dev/null"
-            routes:
-              - name: app
-                upstream: "http://127.0.0.1:9000"
-            """)
+        let memory = Self.signIn()
         #expect(memory.errors == [], "\(memory.errors)")
         #expect(memory.warnings.map(\.path) == ["apple.client_ids", "session.secret_file"])
         #expect(memory.configuration?.routes[0].auth == .required, "auth defaults to required")

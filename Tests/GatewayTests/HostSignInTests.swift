@@ -111,6 +111,22 @@ struct HostSignInTests {
         }
     }
 
+    @Test("a redeem the store cannot answer is 503 within store.timeout, and sets no cookie")
+    func redeemStoreDown() async throws {
+        try await SignInHarness.withOwnRedis(storeTimeout: .seconds(1), configure: { Self.routes(&$0, host: "127.0.0.1") }) { h, redis in
+            let user = h.simulator.createUser()
+            let other = TestBrowser(gatewayOrigin: "http://127.0.0.1:\(h.gatewayPort)")
+            let login = try #require(try await Self.start(on: other).location)
+            let redeemURL = try #require(try await TestBrowser(gatewayOrigin: h.origin).signIn(login: login, as: user).callback?.location)
+            redis.freeze()
+            defer { redis.thaw() }
+            let answer = try await other.request(redeemURL)
+            #expect(answer.status == 503 && answer.body.contains("Sign in is unavailable"))
+            #expect(other.cookies["__Host-sessiongate"] == nil)
+            #expect(answer.headers["referrer-policy"] == ["no-referrer"])
+        }
+    }
+
     @Test("a sign-in started on a host under session.cookie_domain shares the session cookie: no ticket")
     func siblingHost() async throws {
         try await SignInHarness.with(configure: { c in

@@ -367,11 +367,12 @@ func firstTime(_ status: Int, within limit: Duration, every interval: Duration =
 extension SignInHarness {
     /// `with` on a redis-server of the test's own, to kill, freeze or restart (stopped after).
     static func withOwnRedis<Result>(storeTimeout: Duration = .seconds(3), localCacheTTL: Duration = .seconds(5), logs: LogRecorder? = nil,
+                                     configure: (inout GatewayConfiguration) -> Void = { _ in },
                                      _ body: (SignInHarness, RedisServerProcess) async throws -> Result) async throws -> Result {
         let redis = try RedisServerProcess()
         defer { redis.stop() }
         return try await with(store: .redis, redis: TestRedis(host: "127.0.0.1", port: redis.port, database: 0, process: nil),
-                              storeTimeout: storeTimeout, localCacheTTL: localCacheTTL, logs: logs) { try await body($0, redis) }
+                              storeTimeout: storeTimeout, localCacheTTL: localCacheTTL, logs: logs, configure: configure) { try await body($0, redis) }
     }
 
     /// GET `path` on the admin listener (this harness's, or another instance's `port`): its status and body.

@@ -284,7 +284,7 @@ final class Authenticator: Sendable {
     /// Clears the session cookie where `sessionCookie` set it (with its `Domain`, if any) and
     /// the host-only copy of the host answering.
     func clearSessionCookie() -> [(String, String)] {
-        cookieDomain == nil ? [clearCookie(cookieName)] : [clearCookie(cookieName), ("set-cookie", "\(cookieName)=; Path=/\(domainAttribute(false)); Secure; HttpOnly; SameSite=Lax; Max-Age=0")]
+        [clearCookie(cookieName)] + (cookieDomain == nil ? [] : [clearCookie(cookieName, domain: true)])
     }
 
     private func domainAttribute(_ hostOnly: Bool) -> String {
@@ -292,7 +292,8 @@ final class Authenticator: Sendable {
         return "; Domain=" + cookieDomain
     }
 
-    func clearCookie(_ name: String, sameSiteNone: Bool = false) -> (String, String) {
-        ("set-cookie", "\(name)=; Path=/; Secure; HttpOnly; SameSite=\(sameSiteNone ? "None" : "Lax"); Max-Age=0")
+    /// - Parameter domain: the copy set with `session.cookie_domain`'s `Domain`.
+    func clearCookie(_ name: String, sameSiteNone: Bool = false, domain: Bool = false) -> (String, String) {
+        ("set-cookie", "\(name)=; Path=/\(domainAttribute(!domain)); Secure; HttpOnly; SameSite=\(sameSiteNone ? "None" : "Lax"); Max-Age=0")
     }
 }
