@@ -112,7 +112,8 @@ public final class GatewayService: Service, Sendable {
         }
     }
 
-    /// Suspends until every listener is bound.
+    /// Suspends until every listener is bound and the start's checks (the first store ping, the
+    /// return URL's comparison) are done.
     public func waitUntilStarted() async {
         await withCheckedContinuation { continuation in
             let resumeNow = phase.withLockedValue { phase -> Bool in
@@ -136,22 +137,30 @@ public final class GatewayService: Service, Sendable {
         }
     }
 
-    /// Pings the store (a write, bounded by `store.timeout`) and records the answer; a change is
-    /// logged and told to systemd.
-    private func checkStore() async {
-        let loop = group.next()
+    /// Pings the store (a write, bounded by `store.timeout`); the error when it did not answer.
+    private func pingStore() async -> (any Error)? {
         var failure: (any Error)? = nil
-        do { _ = try await core.store.ping(on: loop).get() } catch { failure = error }
+        do { _ = try await core.store.ping(on: group.next()).get() } catch { failure = error }
         metrics.storeUp.set(Double(failure == nil ? 1 : 0))
-        // The first ping's finding goes to systemd with READY=1 (`run`), not on its own.
-        let (changed, first) = phase.withLockedValue { phase -> (Bool, Bool) in
-            guard case .running(let listeners, var store) = phase else { return (false, false) }
-            let first = store == .unchecked
+        return failure
+    }
+
+    /// The store watcher's tick: pings the store and records the answer; a change is logged and
+    /// told to systemd.
+    private func checkStore() async {
+        let failure = await pingStore()
+        let changed = phase.withLockedValue { phase -> Bool in
+            guard case .running(let listeners, var store) = phase else { return false }
             let changed = store.record(answered: failure == nil)
             phase = .running(listeners, store: store)
-            return (changed, first)
+            return changed
         }
-        guard changed else { return }
+        if changed { logStore(failure, first: false) }
+    }
+
+    /// Says what a ping found; the first ping's finding goes to systemd with READY=1 (`run`),
+    /// not on its own.
+    private func logStore(_ failure: (any Error)?, first: Bool) {
         if let failure {
             let fault = StoreFault(failure)
             let what = Self.outage(fault)
@@ -203,13 +212,18 @@ public final class GatewayService: Service, Sendable {
         }
         parts.resources.start()
         let reloads = configPath == nil ? nil : await SignalReloads.trapping { self.reload() }
+        // Started means the first checks are done: `waitUntilStarted` (and READY=1) come after
+        // the first ping and the return URL's comparison, whatever the order of the callers.
+        let firstPing = await pingStore()
+        await noteReturnURL()
+        var store = StoreHealth()
+        _ = store.record(answered: firstPing == nil)
         let waiters = phase.withLockedValue { phase -> [CheckedContinuation<Void, Never>] in
             guard case .starting(let waiters) = phase else { return [] }
-            phase = .running(listeners, store: StoreHealth())
+            phase = .running(listeners, store: store)
             return waiters
         }
-        await checkStore()
-        await noteReturnURL()
+        logStore(firstPing, first: true)
         logger.info("sessiongate listening", metadata: [
             "listen": "\(tls == nil ? "http" : "https")://\(proxy.localAddress.map { "\($0)" } ?? "-")",
             "admin": "\(listeners.admin.localAddress.map { "\($0)" } ?? "-")",
