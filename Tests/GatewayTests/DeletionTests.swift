@@ -1,5 +1,6 @@
 import AppleIDSimulator
 import Foundation
+import GatewayConfig
 import Sessions
 import TestSupport
 import Testing
@@ -12,6 +13,11 @@ import Testing
 /// notifications and old grants never undo newer state.
 @Suite("Deletion and late notifications", .serialized, .timeLimit(.minutes(2)))
 struct DeletionTests {
+    /// Polls `request` until it answers `status`: whether it did within `limit`.
+    func timeUntil(_ status: Int, within limit: Duration = .seconds(5), _ request: () async throws -> Int) async throws -> Bool {
+        try await firstTime(status, within: limit, every: .milliseconds(5), request) != nil
+    }
+
     static func tokens(of sub: String, at simulator: SimulatedAppleID) -> [(token: String, revoked: Bool)] {
         simulator.grants.withLockedValue { g in g.refreshTokens.filter { $0.value.sub == sub }.map { ($0.key, $0.value.revoked) } }
     }
@@ -48,6 +54,79 @@ struct DeletionTests {
             #expect(try await h.service.core.store.profile(of: sub, on: loop).get()?.email == "ada@example.org", "the profile stays")
             #expect(try await h.service.core.store.refreshTokens(of: sub, on: loop).get().isEmpty)
             #expect(try await h.service.core.store.jobs(on: loop).get().isEmpty, "nothing left to retry")
+        }
+    }
+
+    @Test("a native app deletes its user's account in one call: every token revoked at Apple; profile, tokens, link and every session gone on every instance; the app hears user.deleted; a returning user is a new account")
+    func accountDeleteFromTheApp() async throws {
+        setenv("SG_TEST_LINKS_SECRET", LinkingTests.secret, 1)
+        try await EventReceiver.with { receiver in
+            try await SignInHarness.with(store: .redis, localCacheTTL: .seconds(3600), assertion: true, configure: { c in
+                c.events.url = receiver.url
+                c.identity.linksSecretFile = SecretReference.parse("env:SG_TEST_LINKS_SECRET")
+            }) { h in
+                let b = try await h.addInstance()
+                let sub = h.simulator.createUser(email: "ada@example.org", privateEmail: false)
+                let web = try await Self.signInEverywhere(h, sub)
+                let onB = TestBrowser(gatewayOrigin: b.origin)
+                onB.cookies = web.cookies
+                #expect(try await onB.request("/x").status == 200, "in B's cache now")
+                #expect(try await LinkingTests.post(web, #"{"sub":"\#(sub)","account":"acct-7"}"#).status == 200)
+                let native = try h.simulator.nativeAuthorization(sub: sub, clientID: SignInHarness.appClient, nonce: nil)
+                let app = TestBrowser(gatewayOrigin: h.origin)
+                let signedIn = try await app.request("/_auth/native", method: .POST, json: #"{"identity_token":"\#(native.identityToken)","authorization_code":"\#(native.authorizationCode)"}"#)
+                let bearer = try #require((try JSONSerialization.jsonObject(with: Data(signedIn.body.utf8)) as? [String: Any])?["token"] as? String)
+                let revokes = h.simulator.requestCount("/auth/revoke")
+
+                let answer = try await app.request("/_auth/account/delete", method: .POST, headers: [("accept", "application/json"), ("authorization", "Bearer \(bearer)")], sendCookies: false)
+                #expect(answer.status == 200 && answer.body == #"{"apple_revoked":true,"deleted":true}"#, "\(answer.status) \(answer.body)")
+                #expect(h.simulator.requestCount("/auth/revoke") - revokes == 3, "one call per live refresh token: the web session's and both app sessions'")
+                #expect(Self.tokens(of: sub, at: h.simulator).allSatisfy { $0.revoked })
+                let (store, loop) = (h.service.core.store, h.service.core.outbox.loop)
+                #expect(try await store.profile(of: sub, on: loop).get() == nil, "the name and email are gone")
+                #expect(try await store.refreshTokens(of: sub, on: loop).get().isEmpty)
+                #expect(try await store.account(linkedTo: sub, on: loop).get() == nil, "the link is gone")
+                #expect(try await web.request("/x").status == 302)
+                #expect(try await timeUntil(302) { try await onB.request("/x").status }, "B dropped the user at once")
+                let event = try await AppEventsTests.verified(try #require(await receiver.waitFor(2).first { $0.type == "user.deleted" }), gateway: web)
+                #expect(event["type"] as? String == "user.deleted" && event["sub"] as? String == sub && event["reason"] as? String == "user_request", "\(event)")
+                #expect(try await app.request("/_auth/account/delete", method: .POST, headers: [("accept", "application/json"), ("authorization", "Bearer \(bearer)")], sendCookies: false).status == 401)
+
+                let again = TestBrowser(gatewayOrigin: h.origin)
+                _ = try await again.signIn(from: "/x", as: sub)
+                #expect(try await again.request("/x").status == 200, "signing in again is a new account")
+                #expect(try await store.account(linkedTo: sub, on: loop).get() == nil)
+            }
+        }
+    }
+
+    @Test("a browser deletes its account from a confirmation page: GET asks, a cross-origin POST is refused, the POST deletes and says whether Apple confirmed")
+    func accountDeleteFromABrowser() async throws {
+        try await SignInHarness.with(store: .memory) { h in
+            let sub = h.simulator.createUser()
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: sub)
+            let page = try await browser.request("/_auth/account/delete")
+            #expect(page.status == 200 && page.body.contains("Delete your account?"))
+            #expect(TestBrowser.form(in: page.body).action == "/_auth/account/delete")
+            #expect(page.headers.first(name: "referrer-policy") == "same-origin", "its POST carries the page's Origin, not null")
+            let foreign = try await browser.request("/_auth/account/delete", method: .POST, headers: [("accept", "text/html"), ("origin", "https://evil.example.org")], form: [])
+            #expect(foreign.status == 403)
+            #expect(try await browser.request("/x").status == 200, "nothing was deleted")
+            let answer = try await browser.request("/_auth/account/delete", method: .POST, headers: [("accept", "text/html"), ("origin", h.origin)], form: [])
+            #expect(answer.status == 303 && answer.location == "/_auth/sign-in?message=deleted", "\(answer.status) \(answer.location ?? "-")")
+            #expect(browser.cookies["__Host-sessiongate"] == nil, "the session cookie is cleared")
+            #expect(try await browser.request(try #require(answer.location)).body.contains("Your account has been deleted"))
+            #expect(try await h.service.core.store.profile(of: sub, on: h.service.core.outbox.loop).get() == nil)
+
+            // Apple not confirming: deleted here, and told where to stop it at Apple.
+            let other = h.simulator.createUser()
+            _ = try await browser.signIn(from: "/x", as: other)
+            h.simulator.setFaults { $0.revokeFailureStatus = 503 }
+            let unconfirmed = try await browser.request("/_auth/account/delete", method: .POST, form: [])
+            #expect(unconfirmed.location == "/_auth/sign-in?message=deleted_here")
+            #expect(try await browser.request(try #require(unconfirmed.location)).body.contains("Apple has not confirmed"))
+            #expect(try await browser.request("/_auth/account/delete", method: .POST, headers: [("accept", "application/json")], form: []).status == 401)
         }
     }
 

@@ -17,6 +17,9 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
     case jwks = "/jwks.json"
     case appleNotifications = "/apple/notifications"
     case revoke = "/revoke"
+    /// The user deletes their account (App Store Review Guideline 5.1.1(v)): GET is the
+    /// confirmation page, POST the deletion.
+    case accountDelete = "/account/delete"
     case links = "/links"
 
     var methods: [HTTPMethod] {
@@ -24,7 +27,7 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
         case .signIn, .check: [.GET, .HEAD]
         case .login, .redeem, .userinfo, .jwks: [.GET]
         case .callback, .native, .nativeNonce, .appleNotifications, .revoke: [.POST]
-        case .logout: [.GET, .POST]
+        case .logout, .accountDelete: [.GET, .POST]
         case .links: [.POST, .DELETE]
         }
     }
@@ -34,7 +37,7 @@ enum AuthEndpoint: String, CaseIterable, Sendable {
     /// Apple's notifications (server to server, signed).
     var checksOrigin: Bool {
         switch self {
-        case .logout, .revoke, .native, .nativeNonce: true
+        case .logout, .revoke, .accountDelete, .native, .nativeNonce: true
         default: false
         }
     }

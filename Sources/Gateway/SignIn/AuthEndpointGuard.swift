@@ -110,7 +110,11 @@ struct AuthEndpointGuard: RequestGuard {
         case .appleNotifications:
             return collect(NotificationVerifier.maximumBodyBytes, request, span: "notification.receive", on: loop) { await notification(body: $0, on: loop) }
         case .revoke:
-            return collect(4096, request, span: "disconnect", on: loop) { _ in await disconnect(head, on: loop) }
+            return collect(4096, request, span: "disconnect", on: loop) { _ in await endConsent(.disconnect, head, on: loop) }
+        case .accountDelete where method == .GET:
+            return .verdict(.respond(AuthResponses.html(.ok, AuthPages.confirmDeletion(action: "\(auth.prefix)/account/delete"), referrerPolicy: "same-origin")))
+        case .accountDelete:
+            return collect(4096, request, span: "account.delete", on: loop) { _ in await endConsent(.deletion, head, on: loop) }
         case .jwks:
             return .verdict(.respond(AuthResponses.json(.ok, auth.assertion?.jwks ?? ["keys": [Any]()])))
         case .links:

@@ -45,6 +45,8 @@ enum AuthPages {
         "signed_out": "You have been signed out.",
         "disconnected": "This site no longer uses your Apple Account, and every session has ended.",
         "disconnected_here": "You are signed out everywhere here, but Apple has not confirmed that this site no longer uses your Apple Account. To stop it, open Settings on your iPhone, tap your name, then Sign-In & Security, then Sign in with Apple (or go to account.apple.com).",
+        "deleted": "Your account has been deleted: every session has ended, this site no longer holds your name or email, and it no longer uses your Apple Account.",
+        "deleted_here": "Your account has been deleted and every session has ended, but Apple has not confirmed that this site no longer uses your Apple Account. To stop it, open Settings on your iPhone, tap your name, then Sign-In & Security, then Sign in with Apple (or go to account.apple.com).",
         "expired": "Your sign-in took too long or was already used. Please start again.",
     ]
 
@@ -74,6 +76,15 @@ enum AuthPages {
             <p>You will need to sign in with Apple again to come back.</p>
             <form method="post" action="\(escape(action))"><button class="siwa" type="submit">Sign out</button></form>
             <a class="secondary" href="\(escape(stay))">Stay signed in</a>
+            """)
+    }
+
+    static func confirmDeletion(action: String) -> String {
+        document(title: "Delete account", """
+            <h1>Delete your account?</h1>
+            <p>Every session ends, this site forgets your name, email and linked account, and stops using your Apple Account. This cannot be undone.</p>
+            <form method="post" action="\(escape(action))"><button class="siwa" type="submit">Delete my account</button></form>
+            <a class="secondary" href="/">Keep my account</a>
             """)
     }
 
