@@ -15,10 +15,14 @@ public enum AppleTokenOutcome: Sendable, Equatable {
     /// `unsupported_grant_type`, `invalid_scope`, or `invalid_request` on a code exchange.
     /// Alert; never log a user out for it.
     case clientMisconfigured(error: String)
-    /// Apple is unavailable or answered nonsense: 429, 5xx, timeout, connection error, a body
-    /// that is not the documented JSON. Keep sessions; retry later, and not before `retryAfter`
-    /// seconds when Apple said so (`Retry-After` on a 429 or 503).
+    /// Apple is unavailable or answered nonsense: 5xx, timeout, connection error, a body that
+    /// is not the documented JSON. Keep sessions; retry later, and not before `retryAfter`
+    /// seconds when Apple said so (`Retry-After` on a 503).
     case transient(reason: String, retryAfter: Int? = nil)
+    /// Apple throttles our client (429): every call of the client fares the same, so the whole
+    /// fleet backs off (not each token on its own), and not before `retryAfter` seconds when
+    /// Apple said so. Keep sessions.
+    case throttled(retryAfter: Int?)
 }
 
 public struct AppleTokens: Sendable, Equatable {
@@ -173,9 +177,9 @@ public struct AppleTokenClient: Sendable {
             return .success(AppleTokens(accessToken: access, refreshToken: object["refresh_token"] as? String,
                                         idToken: object["id_token"] as? String, expiresIn: (object["expires_in"] as? NSNumber)?.intValue))
         }
-        if status == 429 || status >= 500 {
-            return .transient(reason: "token: status \(status)", retryAfter: retryAfter.flatMap { Self.retryAfterSeconds($0, now: Date()) })
-        }
+        let advice = retryAfter.flatMap { Self.retryAfterSeconds($0, now: Date()) }
+        if status == 429 { return .throttled(retryAfter: advice) }
+        if status >= 500 { return .transient(reason: "token: status \(status)", retryAfter: advice) }
         guard status == 400, let error = errorCode(body) else { return .transient(reason: "token: status \(status) without a documented error") }
         switch error {
         case "invalid_grant": return .grantRevoked(error: error)

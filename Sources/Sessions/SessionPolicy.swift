@@ -105,23 +105,36 @@ public struct SessionPolicy: Sendable, Equatable {
     }
 }
 
-/// When the gateway may ask Apple about a refresh token (or probe a client Apple refused),
-/// from the fleet's record of the last attempt (DESIGN §3, issue 13 §2): exponential backoff
-/// with jitter after each failure, Apple's `Retry-After` honoured, and no more calls once
-/// `outage_grace` has ended the sessions that hold the token. Pure; the gateway's `Revalidator`
-/// does the I/O.
+/// When the gateway may ask Apple about a refresh token (or probe a client Apple refused or
+/// throttles), from the fleet's record of the last attempt (DESIGN §3, issue 13 §2, issue 39
+/// §5): exponential backoff with jitter after each failure, Apple's `Retry-After` honoured, and
+/// no more calls once `outage_grace` has ended the sessions that hold the token. Pure; the
+/// gateway's `Revalidator` does the I/O.
 public struct RetryPolicy: Sendable, Equatable {
     /// The first retry's delay (ms): 1/1440 of `revalidate_after` (a minute for a day), 1 s to 60 s.
     public var base: Int64
     /// The longest delay between two attempts (ms): a quarter of `revalidate_after`, at most 6 h,
     /// so that Apple's return is noticed well within `outage_grace`.
     public var cap: Int64
+    /// The first retry's delay after Apple throttled us (429, ms): 1/96 of `revalidate_after`
+    /// (15 minutes for a day), from `base` to `cap`. Throttling is Apple asking for fewer calls:
+    /// the schedule starts where an outage's is after four failures.
+    public var throttledBase: Int64
     public var outageGrace: Int64
 
     public init(_ times: RevalidationTimes) {
         base = min(60_000, max(1000, times.after / 1440))
         cap = max(base, min(6 * 3_600_000, times.after / 4))
+        throttledBase = min(cap, max(base, times.after / 96))
         outageGrace = times.outageGrace
+    }
+
+    /// Why an attempt failed: Apple unreachable or failing (each token backs off on its own), or
+    /// Apple throttling our client (the client's circuit backs the fleet off, on the slower
+    /// schedule).
+    public enum Failure: Sendable, Equatable {
+        case unavailable
+        case throttled
     }
 
     public enum Step: Sendable, Equatable {
@@ -148,27 +161,42 @@ public struct RetryPolicy: Sendable, Equatable {
         }
     }
 
-    /// Whether a client's circuit (open after Apple refused our client) holds calls back at `t`;
-    /// once it is due, one probe (a claim) goes to Apple for the whole fleet.
-    public func circuitHolds(_ record: ValidationRecord?, now t: Int64) -> Bool {
-        guard let record, record.result == .failed else { return false }
-        return t < record.retryAt
+    /// What a client's circuit (open after Apple refused or throttled our client) says of a call
+    /// about a session last validated at `validatedAt`.
+    public enum Circuit: Sendable, Equatable {
+        /// Closed: the call goes to Apple.
+        case closed
+        /// Open, its retry not due: no call.
+        case holds
+        /// Open and due: one probe (a claim) goes to Apple for the whole fleet.
+        case probe
+        /// Open and due, but the session is beyond `outage_grace` (denied already): it is not
+        /// the one to probe with — Apple's answer could not keep it anyway.
+        case givenUp
     }
 
-    /// The delay after `failures` failed attempts in a row: doubling from `base` up to `cap`,
-    /// half of it fixed and half spread by `jitter` (0 ..< 1) so that tokens that failed together
-    /// do not retry together.
-    public func delay(failures: Int, jitter: Double) -> Int64 {
-        let doubled = failures <= 1 ? base : base << Int64(min(failures - 1, 30))
-        let d = min(cap, max(base, doubled))
+    public func circuit(_ record: ValidationRecord?, validatedAt: Int64, now t: Int64) -> Circuit {
+        guard let record, record.result == .failed else { return .closed }
+        if t < record.retryAt { return .holds }
+        return t - validatedAt > outageGrace ? .givenUp : .probe
+    }
+
+    /// The delay after `failures` failed attempts in a row: doubling from `base` (`throttledBase`
+    /// when Apple throttled the last one) up to `cap`, half of it fixed and half spread by
+    /// `jitter` (0 ..< 1) so that tokens that failed together do not retry together.
+    public func delay(failures: Int, jitter: Double, _ failure: Failure = .unavailable) -> Int64 {
+        let first = failure == .throttled ? throttledBase : base
+        let doubled = failures <= 1 ? first : first << Int64(min(failures - 1, 30))
+        let d = min(cap, max(first, doubled))
         return d / 2 + Int64(Double(d / 2) * min(max(jitter, 0), 1))
     }
 
     /// The record of a failed attempt at `t` after `previous`: one more failure, and the next
     /// attempt after the backoff or Apple's `Retry-After` (seconds), whichever is later.
-    public func failed(after previous: ValidationRecord?, at t: Int64, retryAfter: Int?, jitter: Double) -> ValidationRecord {
+    public func failed(after previous: ValidationRecord?, at t: Int64, retryAfter: Int?, jitter: Double,
+                       _ failure: Failure = .unavailable) -> ValidationRecord {
         let failures = (previous?.result == .failed ? previous?.failures ?? 0 : 0) + 1
-        let wait = max(delay(failures: failures, jitter: jitter), Int64(retryAfter ?? 0) * 1000)
+        let wait = max(delay(failures: failures, jitter: jitter, failure), Int64(retryAfter ?? 0) * 1000)
         return ValidationRecord(result: .failed, at: t, failures: failures, retryAt: t + wait)
     }
 

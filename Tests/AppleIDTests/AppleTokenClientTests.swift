@@ -116,14 +116,14 @@ struct AppleTokenClientTests {
         }
     }
 
-    @Test("throttled refresh is transient, never a revocation")
+    @Test("a throttled refresh (429) is told apart from an outage, never a revocation")
     func throttled() async throws {
         try await TokenFixture.with { f in
             let refresh = try await f.refreshToken()
             f.simulator.setFaults { $0.throttleInterval = 86_400 }
-            #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .transient(reason: "token: status 429"))
+            #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .throttled(retryAfter: nil))
             f.simulator.setFaults { $0.retryAfter = 7200 }
-            #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .transient(reason: "token: status 429", retryAfter: 7200),
+            #expect(await f.tokens.refresh(token: refresh, clientID: TokenFixture.web) == .throttled(retryAfter: 7200),
                     "Apple's Retry-After is carried to the caller")
         }
     }
@@ -178,7 +178,8 @@ struct AppleTokenClientTests {
         ("invalid_client", 400, #"{"error":"invalid_client","error_description":"x"}"#, true, "clientMisconfigured"),
         ("unauthorized_client", 400, #"{"error":"unauthorized_client"}"#, true, "clientMisconfigured"),
         ("unsupported_grant_type", 400, #"{"error":"unsupported_grant_type"}"#, true, "clientMisconfigured"),
-        ("429", 429, "", true, "transient"),
+        ("429", 429, "", true, "throttled"),
+        ("429 on a code exchange", 429, #"{"error":"invalid_grant"}"#, false, "throttled"),
         ("503", 503, #"{"error":"invalid_grant"}"#, true, "transient"),
         ("400 without JSON", 400, "bad", true, "transient"),
         ("404", 404, #"{"error":"not_found"}"#, true, "transient"),
@@ -191,6 +192,7 @@ struct AppleTokenClientTests {
         case .grantRevoked: kind = "grantRevoked"
         case .clientMisconfigured: kind = "clientMisconfigured"
         case .transient: kind = "transient"
+        case .throttled: kind = "throttled"
         }
         #expect(kind == expected, "\(name)")
     }

@@ -73,6 +73,7 @@ struct SignInRulesTests {
         (AppleTokenOutcome.grantRevoked(error: "invalid_grant"), SignInFailure.codeRefused),
         (.clientMisconfigured(error: "invalid_client"), .appleMisconfigured),
         (.transient(reason: "x"), .appleUnavailable),
+        (.throttled(retryAfter: 60), .appleUnavailable),
     ] as [(AppleTokenOutcome, SignInFailure)])
     func exchangeOutcomes(outcome: AppleTokenOutcome, failure: SignInFailure) {
         #expect(outcome.signInFailure == failure)

@@ -98,6 +98,35 @@ struct SessionPolicyTests {
         #expect(Self.retry.delay(failures: failures, jitter: jitter) == expected)
     }
 
+    @Test("throttled (429), the delay starts at 15 minutes for a daily re-validation and doubles to the same cap", arguments: [
+        (1, 0.0, 450_000), (1, 1.0, 900_000), (2, 0.0, 900_000), (4, 1.0, 2 * hour), (5, 0.0, 2 * hour), (6, 0.0, 3 * hour), (60, 1.0, 6 * hour),
+    ] as [(Int, Double, Int64)])
+    func throttledDelay(failures: Int, jitter: Double, expected: Int64) {
+        #expect(Self.retry.throttledBase == 15 * 60_000)
+        #expect(Self.retry.delay(failures: failures, jitter: jitter, .throttled) == expected)
+        let tiny = RetryPolicy(RevalidationTimes(after: 100, grace: 0, outageGrace: 0))
+        #expect(tiny.throttledBase == 1000, "never below the base nor above the cap")
+    }
+
+    /// How many calls the schedule makes in the 24 hours after a first failure at 0, every
+    /// attempt failing, and in the 24 hours after those.
+    static func callsPerDay(_ failure: RetryPolicy.Failure, jitter: Double) -> (first: Int, second: Int) {
+        var record = Self.retry.failed(after: nil, at: 0, retryAfter: nil, jitter: jitter, failure)
+        var calls = [1, 0]
+        while record.retryAt < 2 * Self.day {
+            calls[record.retryAt < Self.day ? 0 : 1] += 1
+            record = Self.retry.failed(after: record, at: record.retryAt, retryAfter: nil, jitter: jitter, failure)
+        }
+        return (calls[0], calls[1])
+    }
+
+    @Test("a throttled token is asked a few times a day, fewer than an unreachable Apple's; the fleet's circuit makes that the whole fleet's count", arguments: [0.0, 0.5, 1.0])
+    func throttledCadence(jitter: Double) {
+        let throttled = Self.callsPerDay(.throttled, jitter: jitter), unavailable = Self.callsPerDay(.unavailable, jitter: jitter)
+        #expect(throttled.first <= 12 && throttled.second <= 8, "\(throttled)")
+        #expect(throttled.first < unavailable.first, "\(throttled) against \(unavailable)")
+    }
+
     @Test("a failure counts on from a failure, restarts after a success, and honours Retry-After", arguments: [
         ("first failure", nil, nil, 1, 60_000),
         ("after a success", ValidationRecord(result: .ok, at: 1), nil, 1, 60_000),
@@ -127,11 +156,15 @@ struct SessionPolicyTests {
         #expect(Self.retry.step(record, validatedAt: validatedAt, now: now) == expected, "\(name)")
     }
 
-    @Test("a client's circuit holds calls back until its probe is due", arguments: [
-        (nil, false), (ValidationRecord(result: .ok, at: 1), false), (ValidationRecord(result: .failed, at: 1, failures: 1, retryAt: 101), true),
-        (ValidationRecord(result: .failed, at: 1, failures: 1, retryAt: 100), false),
-    ] as [(ValidationRecord?, Bool)])
-    func circuit(record: ValidationRecord?, holds: Bool) {
-        #expect(Self.retry.circuitHolds(record, now: 100) == holds)
+    @Test("a client's circuit holds calls back until its probe is due, and never probes with a session beyond outage_grace", arguments: [
+        ("no record: closed", nil, 50, RetryPolicy.Circuit.closed),
+        ("a success: closed", ValidationRecord(result: .ok, at: 1), 50, .closed),
+        ("failed, not due: holds", ValidationRecord(result: .failed, at: 1, failures: 1, retryAt: 101), 50, .holds),
+        ("failed, due: one probe", ValidationRecord(result: .failed, at: 1, failures: 1, retryAt: 100), 50, .probe),
+        ("due, the session denied already: no probe", ValidationRecord(result: .failed, at: 1, failures: 1, retryAt: 100), 100 - 3 * day - 1, .givenUp),
+        ("not due, the session denied already: holds", ValidationRecord(result: .failed, at: 1, failures: 1, retryAt: 101), 100 - 3 * day - 1, .holds),
+    ] as [(String, ValidationRecord?, Int64, RetryPolicy.Circuit)])
+    func circuit(name: String, record: ValidationRecord?, validatedAt: Int64, expected: RetryPolicy.Circuit) {
+        #expect(Self.retry.circuit(record, validatedAt: validatedAt, now: 100) == expected, "\(name)")
     }
 }

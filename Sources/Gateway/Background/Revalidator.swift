@@ -14,8 +14,8 @@ import Sessions
 /// other instances adopt it instead of calling Apple. When the call may be made is
 /// `RetryPolicy`'s decision: a failed attempt (Apple down or throttling) is retried after an
 /// exponential backoff with jitter or Apple's `Retry-After`; when Apple refuses our client
-/// (`invalid_client`), the client's circuit opens for the whole fleet and one probe at a time
-/// finds out whether it is mended.
+/// (`invalid_client`) or throttles it (429), the client's circuit opens for the whole fleet and
+/// one probe at a time finds out whether it is mended.
 final class Revalidator: Sendable {
     enum Outcome: Sendable {
         /// Apple confirmed the grant at this time (Unix ms).
@@ -246,7 +246,8 @@ final class Revalidator: Sendable {
             case .settled(let outcome): return outcome
             case .ask(let record): previous = record
             }
-            // Apple refused our client lately: the whole fleet holds back, but for one probe.
+            // Apple refused or throttled our client lately: the whole fleet holds back, but for
+            // one probe.
             let circuitName = Self.circuitName(session.clientID)
             let probe = Claim.probe(clientID: session.clientID)
             var isProbe = false
@@ -254,11 +255,15 @@ final class Revalidator: Sendable {
             // holds the fleet back).
             defer { if isProbe { store.release(probe, on: loop).whenFailure { _ in } } }
             let circuit = try await store.validation(of: circuitName, on: loop).get()
-            if circuit?.result == .failed {
-                if retry.circuitHolds(circuit, now: now()) {
-                    metrics.recordAppleCallDeferred(.circuit)
-                    return .unknown
-                }
+            switch retry.circuit(circuit, validatedAt: session.validatedAt, now: now()) {
+            case .closed: break
+            case .holds:
+                metrics.recordAppleCallDeferred(.circuit)
+                return .unknown
+            case .givenUp:
+                metrics.recordAppleCallDeferred(.outage)
+                return .unknown
+            case .probe:
                 guard try await store.claim(probe, ttl: lockTTL, on: loop).get() else {
                     metrics.recordAppleCallDeferred(.circuit)
                     return .unknown
@@ -269,7 +274,7 @@ final class Revalidator: Sendable {
             let t = now()
             metrics.recordAppleCall(endpoint: .refresh, outcome: outcome.metricLabel)
             if circuit?.result == .failed, outcome.provesClient {
-                logger.notice("Apple accepts our client again: re-validation resumes", metadata: ["client_id": "\(session.clientID)"])
+                logger.notice("Apple answers our client again: re-validation resumes", metadata: ["client_id": "\(session.clientID)"])
                 try await store.recordValidation(ValidationRecord(result: .ok, at: t), of: circuitName, ttl: 0, on: loop).get()
             }
             switch outcome {
@@ -300,6 +305,17 @@ final class Revalidator: Sendable {
                                metadata: ["reason": "\(reason)", "failures": .stringConvertible(failed.failures), "retry_in_s": .stringConvertible((failed.retryAt - t) / 1000)])
                 try await store.recordValidation(failed, of: tokenHash, ttl: retry.keep(failed, now: t), on: loop).get()
                 return .unknown
+            case .throttled(let retryAfter):
+                // Every call of the client would be throttled alike: the circuit backs the whole
+                // fleet off (one probe per retry), and this token its own way besides, so that
+                // the fleet's tokens do not all come back at once.
+                let opened = retry.failed(after: circuit, at: t, retryAfter: retryAfter, jitter: .random(in: 0..<1), .throttled)
+                let failed = retry.failed(after: previous, at: t, retryAfter: retryAfter, jitter: .random(in: 0..<1), .throttled)
+                logger.warning("Apple throttles re-validation (429): the fleet holds re-validations back for this client and probes again later; sessions are kept within apple.outage_grace",
+                               metadata: ["client_id": "\(session.clientID)", "failures": .stringConvertible(opened.failures), "probe_in_s": .stringConvertible((opened.retryAt - t) / 1000)])
+                try await store.recordValidation(opened, of: circuitName, ttl: retry.keep(opened, now: t), on: loop).get()
+                try await store.recordValidation(failed, of: tokenHash, ttl: retry.keep(failed, now: t), on: loop).get()
+                return .unknown
             }
         } catch {
             logger.warning("re-validation could not use the session store", metadata: ["error": "\(error)"])
@@ -320,6 +336,7 @@ extension AppleTokenOutcome {
         case .grantRevoked: .grantRevoked
         case .clientMisconfigured: .clientMisconfigured
         case .transient: .unavailable
+        case .throttled: .throttled
         }
     }
 
@@ -327,7 +344,7 @@ extension AppleTokenOutcome {
     var provesClient: Bool {
         switch self {
         case .success, .grantRevoked: true
-        case .clientMisconfigured, .transient: false
+        case .clientMisconfigured, .transient, .throttled: false
         }
     }
 }

@@ -42,6 +42,9 @@ public enum AppleOnlineCheck {
             case .transient(let reason, _):
                 ok = false
                 lines.append("error: apple.base_url: \(id): Apple did not answer usefully (\(reason))")
+            case .throttled:
+                ok = false
+                lines.append("error: apple.client_ids: \(id): Apple throttles this client (429); try again later")
             }
         }
         return (ok, lines)

@@ -31,14 +31,14 @@ extension GatewayMetrics {
         case ok
         case grantRevoked = "grant_revoked"
         case clientMisconfigured = "client_misconfigured"
-        case unavailable, failed
+        case unavailable, throttled, failed
     }
 
     /// Why a due re-validation did not call Apple (the `reason` label).
     enum DeferredAppleCall: String, CaseIterable {
         /// The token's last attempt failed; its backoff (or Apple's `Retry-After`) has not run out.
         case backoff
-        /// Apple refused our client: the fleet holds back until one probe succeeds.
+        /// Apple refused or throttles our client: the fleet holds back, one probe at a time.
         case circuit
         /// Failing since beyond `outage_grace`: the session is denied without asking.
         case outage

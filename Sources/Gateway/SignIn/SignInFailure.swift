@@ -154,7 +154,7 @@ extension AppleTokenOutcome {
         case .success: nil
         case .grantRevoked: .codeRefused
         case .clientMisconfigured: .appleMisconfigured
-        case .transient: .appleUnavailable
+        case .transient, .throttled: .appleUnavailable
         }
     }
 }

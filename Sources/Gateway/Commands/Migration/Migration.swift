@@ -122,6 +122,9 @@ public struct Migration: Sendable {
             case .transient(let reason, let retryAfter):
                 if attempt == 2 { throw MigrationError("Apple did not answer: \(reason); run again") }
                 try await Task.sleep(for: retryAfter.map { .seconds(min($0, 60)) } ?? retryDelay * (1 << attempt))
+            case .throttled(let retryAfter):
+                if attempt == 2 { throw MigrationError("Apple throttles our client (429); run again later") }
+                try await Task.sleep(for: retryAfter.map { .seconds(min($0, 60)) } ?? retryDelay * (1 << attempt))
             }
         }
         throw MigrationError("unreachable")
