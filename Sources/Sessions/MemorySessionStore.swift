@@ -28,6 +28,7 @@ public final class MemorySessionStore: SessionStore {
         var validations: [String: (record: ValidationRecord, expiresAt: Int64)] = [:]
         var writesSinceSweep = 0
         var returnURL: String? = nil
+        var ended: [SessionHandle: (end: SessionEnd, expiresAt: Int64)] = [:]
 
         mutating func sweep(now: Int64) {
             writesSinceSweep = 0
@@ -40,6 +41,7 @@ public final class MemorySessionStore: SessionStore {
             validations = validations.filter { $0.value.expiresAt > now }
             revoked = revoked.filter { $0.value.expiresAt > now }
             nonces = nonces.filter { $0.value.expiresAt > now }
+            ended = ended.filter { $0.value.expiresAt > now }
             for (sub, at) in userExpiry where at <= now { expireUser(sub, now: now) }
         }
 
@@ -107,12 +109,20 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededVoidFuture()
     }
 
-    public func delete(_ handle: SessionHandle, sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+    public func delete(_ handle: SessionHandle, sub: String, end: SessionEnd, keep: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        let t = now()
         state.withLockedValue { s in
             s.sessions[handle] = nil
             s.userSessions[sub]?.remove(handle)
+            s.ended[handle] = (end, t + keep)
+            s.wrote(now: t)
         }
         return eventLoop.makeSucceededVoidFuture()
+    }
+
+    public func end(of handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<SessionEnd?> {
+        let t = now()
+        return eventLoop.makeSucceededFuture(state.withLockedValue { s in s.ended[handle].flatMap { $0.expiresAt > t ? $0.end : nil } })
     }
 
     public func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
@@ -123,7 +133,7 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(list.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) })
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
         let t = now()
         let outcome = state.withLockedValue { s -> Revocation in
             s.expireUser(sub, now: t)
@@ -142,6 +152,7 @@ public final class MemorySessionStore: SessionStore {
                 }
                 s.sessions[h] = nil
                 s.userSessions[sub]?.remove(h)
+                s.ended[h] = (end, t + keep)
                 if entry.expiresAt > t { live += 1 }
             }
             if s.userSessions[sub]?.isEmpty == true { s.userSessions[sub] = nil }

@@ -41,6 +41,12 @@ public final class RedisSessionStore: SessionStore {
         return "\(prefix)session:{\(sub)}:\(h.key)"
     }
 
+    /// Why a session ended (`end(of:)`): in the session's slot.
+    func endedKey(_ h: SessionHandle) -> String {
+        guard let sub = h.sub else { return "\(prefix)ended:{\(h.key)}" }
+        return "\(prefix)ended:{\(sub)}:\(h.key)"
+    }
+
     /// How `user:{sub}:sessions` names a session.
     static func member(_ h: SessionHandle) -> String { h.sub == nil ? h.key : "u:" + h.key }
 
@@ -203,15 +209,20 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    public func delete(_ handle: SessionHandle, sub: String, on loop: any EventLoop) -> EventLoopFuture<Void> {
+    public func delete(_ handle: SessionHandle, sub: String, end: SessionEnd, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
+        let ended: [RedisArgument] = ["SET", .string(endedKey(handle)), .string(end.rawValue), "PX", RedisArgument(max(keep, 1))]
         // One slot: atomically. A session from before is in its own slot: ended first, then
         // forgotten by its user (a member left behind is tidied by `sessions(of:)`).
         guard handle.sub == nil else {
-            return transaction([["DEL", .string(sessionKey(handle))], ["SREM", .string(userSessionsKey(sub)), .string(Self.member(handle))]], on: loop).map { _ in }
+            return transaction([["DEL", .string(sessionKey(handle))], ended, ["SREM", .string(userSessionsKey(sub)), .string(Self.member(handle))]], on: loop).map { _ in }
         }
-        return send(["DEL", .string(sessionKey(handle))], on: loop).flatMap { _ in
+        return transaction([["DEL", .string(sessionKey(handle))], ended], on: loop).flatMap { _ in
             self.send(["SREM", .string(self.userSessionsKey(sub)), .string(Self.member(handle))], on: loop).map { _ in }
         }
+    }
+
+    public func end(of handle: SessionHandle, on loop: any EventLoop) -> EventLoopFuture<SessionEnd?> {
+        send(["GET", .string(endedKey(handle))], on: loop).map { $0.string.flatMap(SessionEnd.init(rawValue:)) }
     }
 
     public func sessions(of sub: String, on loop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
@@ -231,7 +242,7 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         members(of: sub, on: loop).flatMap { members in
             // Each session's creation time and the user's tokens with their grant times, in one
             // round trip.
@@ -248,6 +259,8 @@ public final class RedisSessionStore: SessionStore {
                 var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript.source), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
                 let inSlot = doomed.filter { $0.handle.sub != nil }
                 if !inSlot.isEmpty { commands.append(["DEL"] + inSlot.map { .string(self.sessionKey($0.handle)) }) }
+                let remembered: (SessionHandle) -> [RedisArgument] = { ["SET", .string(self.endedKey($0)), .string(end.rawValue), "PX", RedisArgument(max(keep, 1))] }
+                commands += inSlot.map { remembered($0.handle) }
                 if !doomed.isEmpty { commands.append(["SREM", .string(self.userSessionsKey(sub))] + doomed.map { .string($0.member) }) }
                 switch forget {
                 case .nothing: break
@@ -268,7 +281,9 @@ public final class RedisSessionStore: SessionStore {
                 let before = doomed.filter { $0.handle.sub == nil }
                 return self.transaction(commands, on: loop).flatMap { results in
                     let ended = inSlot.isEmpty ? 0 : Int(results[1].int ?? 0)
-                    let more = before.map { self.send(["DEL", .string(self.sessionKey($0.handle))], on: loop).map { Int($0.int ?? 0) } }
+                    let more = before.map { m in
+                        self.transaction([["DEL", .string(self.sessionKey(m.handle))], remembered(m.handle)], on: loop).map { Int($0.first?.int ?? 0) }
+                    }
                     return EventLoopFuture.whenAllSucceed(more, on: loop).map { ended + $0.reduce(0, +) }
                 }.flatMap { ended in
                     let unlinked = forget == .everything ? self.unlink(sub, on: loop).map { _ in } : loop.makeSucceededVoidFuture()

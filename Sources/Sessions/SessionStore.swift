@@ -216,6 +216,22 @@ public enum Forgetting: String, Sendable, Equatable, Codable {
     case everything
 }
 
+/// Why a session ended, as its client is told (the 401's `reason`): kept by the store beside
+/// the session it ended (`SessionStore.end(of:)`) for as long as its cookie could be presented.
+public enum SessionEnd: String, Sendable, CaseIterable, Codable {
+    /// A logout, or a new sign-in that replaced it.
+    case signedOut = "signed_out"
+    /// The user's consent ended: Apple's `consent-revoked`, a disconnect, `invalid_grant`, an
+    /// operator's revoke.
+    case revoked
+    /// The account was deleted (Apple's `account-delete`, the user's, an operator's `--forget`).
+    case deleted
+    /// An app transfer gave the user a new `sub`: sign in again to get it.
+    case transferred
+    /// Its idle or absolute timeout passed — or the store no longer knows why.
+    case expired
+}
+
 /// What `SessionStore.revoke` did.
 public struct Revocation: Sendable, Equatable {
     /// Live sessions ended.
@@ -295,8 +311,11 @@ public protocol SessionStore: Sendable {
     func load(_ handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<StoredSession?>
     /// Records activity: `last_seen` and the new expiry (idle timeout, capped by the absolute one).
     func touch(_ handle: SessionHandle, lastSeen: Int64, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
-    /// Ends one session (logout).
-    func delete(_ handle: SessionHandle, sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Ends one session (logout), remembering why (`end`) for `keep` milliseconds.
+    func delete(_ handle: SessionHandle, sub: String, end: SessionEnd, keep: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+    /// Why the session `handle` names ended (`delete`, `revoke`); nil when the store never
+    /// ended it, or has forgotten.
+    func end(of handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<SessionEnd?>
     /// The user's live sessions, oldest first.
     func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]>
     /// Records `revokedAt` for the user (a later revocation already recorded wins), kept `keep`
@@ -306,8 +325,9 @@ public protocol SessionStore: Sendable {
     /// revocation is then `superseded`. `forget` says what else goes (`Forgetting`). A
     /// revocation of the grants that nothing superseded leaves the profile and tokens to expire
     /// with the marker (`keep`) unless the user signs in again (`create` keeps them); the link
-    /// to a legacy account is kept (only `.everything` removes it).
-    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation>
+    /// to a legacy account is kept (only `.everything` removes it). Each session it deletes
+    /// remembers `end` for `keep` (`end(of:)`).
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation>
     /// Keeps the user's latest refresh token for `clientID` (sealed for the user), granted at
     /// `grantedAt` (Unix ms: the sign-in), beyond their sessions, so that a deletion can revoke
     /// it at Apple; a revocation of the grants removes it only when it was granted up to then.

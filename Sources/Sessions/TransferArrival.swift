@@ -121,7 +121,7 @@ public enum TransferArrival {
         if let from = record.from {
             // The old sessions' refresh tokens belong to the old team: they end, and the old
             // identity's profile and tokens go with them.
-            outcome.sessionsEnded = try await store.revoke(from, at: t, keep: keep, forget: .everything, on: loop).get().ended
+            outcome.sessionsEnded = try await store.revoke(from, at: t, keep: keep, forget: .everything, end: .transferred, on: loop).get().ended
         }
         // The mapping drops the exported line (name, email, link): the profile holds it now.
         try await store.putTransfer(TransferRecord(id: record.id, to: sub, mappedAt: t), on: loop).get()

@@ -139,7 +139,8 @@ struct MigrationTests {
 
             // The old sessions are over (their refresh tokens belong to team A)…
             for user in users.prefix(3) {
-                #expect(try await browsersA[user.name]!.request("/api/x", headers: [("accept", "application/json")]).status == 401, "\(user.name)'s team-A session")
+                let old = try await browsersA[user.name]!.request("/api/x", headers: [("accept", "application/json")])
+                #expect(old.status == 401 && old.headers.first(name: "x-sessiongate-session-ended") == "transferred", "\(user.name)'s team-A session: \(old.body)")
             }
             // …and on team B each user finds the same account and the same allow-list decision.
             for user in users {
@@ -152,7 +153,8 @@ struct MigrationTests {
                 #expect(try await browser.request("/admin/x", headers: [("accept", "application/json")]).status == decisions[user.name]?.admin, "\(user.name): the same allow-list decision")
             }
             #expect(Self.seen(b, "x-auth-account") == "acct-late", "the user the batch missed was mapped at sign-in")
-            #expect(try await browsersA["late"]!.request("/api/x", headers: [("accept", "application/json")]).status == 401, "and their old session ended then")
+            let lateOld = try await browsersA["late"]!.request("/api/x", headers: [("accept", "application/json")])
+            #expect(lateOld.status == 401 && lateOld.headers.first(name: "x-sessiongate-session-ended") == "transferred", "and their old session ended then")
             let late = try await backend.store.transfer(lateID, on: loop).get()
             #expect(late?.to == a.simulator.counterpart(of: users[3].sub, at: b.simulator))
             #expect(late?.mappedAt == mappedAt, "at the gateway's clock")

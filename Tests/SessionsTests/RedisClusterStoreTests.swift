@@ -39,7 +39,7 @@ struct RedisClusterStoreTests {
             try await store.create(s, profile: UserProfile(sub: sub, name: "N"), expiresAt: now + 600_000, on: loop).get()
             try await store.saveRefreshToken("sealed", clientID: "web", grantedAt: now, of: sub, on: loop).get()
             _ = try await store.link(sub, to: "acct-\(i)", on: loop).get()
-            _ = try await store.revoke(sub, at: now - 1, keep: 600_000, forget: .nothing, on: loop).get()
+            _ = try await store.revoke(sub, at: now - 1, keep: 600_000, forget: .nothing, end: .revoked, on: loop).get()
         }
         let masters = cluster.masterPorts()
         #expect(masters.count == 3)

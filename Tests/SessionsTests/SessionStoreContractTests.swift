@@ -165,12 +165,16 @@ struct SessionStoreContractTests {
             try await f.store.create(other, profile: UserProfile(sub: "user.4"), expiresAt: now + 60_000, on: f.loop).get()
 
             #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().map(\.handle) == sessions.map(\.handle))
-            try await f.store.delete(sessions[0].handle, sub: "user.3", on: f.loop).get()
+            try await f.store.delete(sessions[0].handle, sub: "user.3", end: .signedOut, keep: 60_000, on: f.loop).get()
             #expect(try await f.store.load(sessions[0].handle, on: f.loop).get() == nil)
             #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().count == 2)
 
-            #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: .nothing, on: f.loop).get() == Revocation(ended: 2, superseded: false))
+            #expect(try await f.store.revoke("user.3", at: now + 10, keep: 60_000, forget: .nothing, end: .deleted, on: f.loop).get() == Revocation(ended: 2, superseded: false))
             for s in sessions { #expect(try await f.store.load(s.handle, on: f.loop).get() == nil) }
+            // Each remembers why it ended, for its client (the 401's reason).
+            #expect(try await f.store.end(of: sessions[0].handle, on: f.loop).get() == .signedOut)
+            #expect(try await f.store.end(of: sessions[1].handle, on: f.loop).get() == .deleted)
+            #expect(try await f.store.end(of: other.handle, on: f.loop).get() == nil, "a live session never ended")
             #expect(try await f.store.sessions(of: "user.3", on: f.loop).get().isEmpty)
             // Another user is untouched.
             let stillThere = try #require(try await f.store.load(other.handle, on: f.loop).get())
@@ -226,7 +230,7 @@ struct SessionStoreContractTests {
 
             // Consent revoked at now + 10, delivered after the user consented again at now + 20:
             // the older session and the token granted before it go; the newer ones stay.
-            #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: .grants, on: f.loop).get() == Revocation(ended: 1, superseded: true))
+            #expect(try await f.store.revoke("user.5", at: now + 10, keep: 60_000, forget: .grants, end: .revoked, on: f.loop).get() == Revocation(ended: 1, superseded: true))
             #expect(try await f.store.load(before.handle, on: f.loop).get() == nil)
             let survivor = try #require(try await f.store.load(after.handle, on: f.loop).get(), "signed in after the event: kept")
             #expect(!survivor.isRevoked && survivor.revokedAt == now + 10)
@@ -234,16 +238,16 @@ struct SessionStoreContractTests {
             #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get() == ["com.example.app": "sealed-app-2"], "the newer grant's token is theirs")
             #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
             // An older revocation arriving later never moves the marker back.
-            #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: .nothing, on: f.loop).get() == Revocation(ended: 0, superseded: true))
+            #expect(try await f.store.revoke("user.5", at: now + 5, keep: 60_000, forget: .nothing, end: .revoked, on: f.loop).get() == Revocation(ended: 0, superseded: true))
             #expect(try await f.store.load(after.handle, on: f.loop).get()?.revokedAt == now + 10)
             // Revoked after every session: the grants go; the profile and the link stay
             // (disconnecting is not deleting).
-            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: .grants, on: f.loop).get() == Revocation(ended: 1, superseded: false))
+            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: .grants, end: .revoked, on: f.loop).get() == Revocation(ended: 1, superseded: false))
             #expect(try await f.store.refreshTokens(of: "user.5", on: f.loop).get().isEmpty)
             #expect(try await f.store.profile(of: "user.5", on: f.loop).get()?.name == "Ada")
             #expect(try await f.store.account(linkedTo: "user.5", on: f.loop).get() == "acct-5")
             // Everything: nothing but the marker is left, the link included.
-            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: .everything, on: f.loop).get() == Revocation(ended: 0, superseded: false))
+            #expect(try await f.store.revoke("user.5", at: now + 30, keep: 60_000, forget: .everything, end: .revoked, on: f.loop).get() == Revocation(ended: 0, superseded: false))
             #expect(try await f.store.profile(of: "user.5", on: f.loop).get() == nil)
             #expect(try await f.store.account(linkedTo: "user.5", on: f.loop).get() == nil)
             // A user the gateway knows has a profile from the first session on, fields or not.
@@ -261,7 +265,7 @@ struct SessionStoreContractTests {
             let (_, gone) = record("user.11", created: now)
             try await f.store.create(gone, profile: UserProfile(sub: "user.11", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
             try await f.store.saveRefreshToken("sealed", clientID: "com.example.web", grantedAt: now, of: "user.11", on: f.loop).get()
-            #expect(try await f.store.revoke("user.11", at: now + 1, keep: 50, forget: .grants, on: f.loop).get() == Revocation(ended: 1, superseded: false))
+            #expect(try await f.store.revoke("user.11", at: now + 1, keep: 50, forget: .grants, end: .revoked, on: f.loop).get() == Revocation(ended: 1, superseded: false))
             #expect(try await f.store.refreshTokens(of: "user.11", on: f.loop).get().isEmpty)
             let deadline = ContinuousClock.now + .seconds(5)
             while try await f.store.profile(of: "user.11", on: f.loop).get() != nil, ContinuousClock.now < deadline {
@@ -272,7 +276,7 @@ struct SessionStoreContractTests {
             // revocation's expiry is lifted, which Redis shows as no TTL).
             let (_, back) = record("user.12", created: now)
             try await f.store.create(back, profile: UserProfile(sub: "user.12", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
-            #expect(try await f.store.revoke("user.12", at: now + 1, keep: 60_000, forget: .grants, on: f.loop).get().ended == 1)
+            #expect(try await f.store.revoke("user.12", at: now + 1, keep: 60_000, forget: .grants, end: .revoked, on: f.loop).get().ended == 1)
             if let client = f.client {
                 #expect(try await client.send(["PTTL", .string(f.prefix + "user:{user.12}")]).int ?? -1 > 0, "left to expire")
             }
@@ -290,16 +294,16 @@ struct SessionStoreContractTests {
             // supersedes it too: nothing of that grant is touched or left to expire.
             let (_, ended) = record("user.13", created: now)
             try await f.store.create(ended, profile: UserProfile(sub: "user.13", name: "Ada"), expiresAt: now + 60_000, on: f.loop).get()
-            try await f.store.delete(ended.handle, sub: "user.13", on: f.loop).get()
+            try await f.store.delete(ended.handle, sub: "user.13", end: .signedOut, keep: 60_000, on: f.loop).get()
             try await f.store.saveRefreshToken("sealed-new", clientID: "com.example.web", grantedAt: now + 20, of: "user.13", on: f.loop).get()
-            #expect(try await f.store.revoke("user.13", at: now + 10, keep: 50, forget: .grants, on: f.loop).get() == Revocation(ended: 0, superseded: true))
+            #expect(try await f.store.revoke("user.13", at: now + 10, keep: 50, forget: .grants, end: .revoked, on: f.loop).get() == Revocation(ended: 0, superseded: true))
             #expect(try await f.store.refreshTokens(of: "user.13", on: f.loop).get() == ["com.example.web": "sealed-new"])
             if let client = f.client {
                 #expect(try await client.send(["PTTL", .string(f.prefix + "user:{user.13}")]).int == -1, "not left to expire")
             }
             // An operator's plain revoke forgets nothing and leaves nothing to expire: the tokens
             // stay for a deletion to revoke at Apple later.
-            #expect(try await f.store.revoke("user.12", at: now + 300, keep: 50, forget: .nothing, on: f.loop).get().superseded == false)
+            #expect(try await f.store.revoke("user.12", at: now + 300, keep: 50, forget: .nothing, end: .revoked, on: f.loop).get().superseded == false)
             if let client = f.client {
                 #expect(try await client.send(["PTTL", .string(f.prefix + "user:{user.12}:tokens")]).int == -1)
             }
@@ -338,11 +342,11 @@ struct SessionStoreContractTests {
             #expect(try await f.store.unlink("user.8", on: f.loop).get() == nil)
             #expect(try await f.store.link("user.9", to: "acct-42", on: f.loop).get() == .linked, "unlinked: the account is free")
             // Forgetting a user (a deletion) removes their link and frees the account.
-            #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: .everything, on: f.loop).get().ended == 1)
+            #expect(try await f.store.revoke("user.7", at: now + 1, keep: 60_000, forget: .everything, end: .revoked, on: f.loop).get().ended == 1)
             #expect(try await f.store.account(linkedTo: "user.7", on: f.loop).get() == nil)
             #expect(try await f.store.link("user.10", to: "acct-43", on: f.loop).get() == .linked)
             // A revocation of the grants (a disconnect, consent revoked) keeps the link.
-            #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: .grants, on: f.loop).get().ended == 0)
+            #expect(try await f.store.revoke("user.9", at: now + 1, keep: 60_000, forget: .grants, end: .revoked, on: f.loop).get().ended == 0)
             #expect(try await f.store.account(linkedTo: "user.9", on: f.loop).get() == "acct-42")
         }
     }
@@ -529,11 +533,14 @@ struct RedisSessionStoreTests {
             let loaded = try #require(try await f.store.load(legacy[0].handle, on: f.loop).get())
             #expect(loaded.session.sub == "user.old" && loaded.user.name == "Old" && loaded.account == "acct-old")
             #expect(try await f.store.sessions(of: "user.old", on: f.loop).get().map(\.handle.key) == (legacy + [current]).map(\.handle.key))
-            try await f.store.delete(legacy[0].handle, sub: "user.old", on: f.loop).get()
+            try await f.store.delete(legacy[0].handle, sub: "user.old", end: .signedOut, keep: 60_000, on: f.loop).get()
             #expect(try await f.store.load(legacy[0].handle, on: f.loop).get() == nil)
             #expect(try await f.store.sessions(of: "user.old", on: f.loop).get().count == 2)
-            #expect(try await f.store.revoke("user.old", at: now + 10, keep: 60_000, forget: .nothing, on: f.loop).get() == Revocation(ended: 2, superseded: false))
+            #expect(try await f.store.revoke("user.old", at: now + 10, keep: 60_000, forget: .nothing, end: .revoked, on: f.loop).get() == Revocation(ended: 2, superseded: false))
             #expect(try await f.store.load(legacy[1].handle, on: f.loop).get() == nil)
+            #expect(try await f.store.end(of: legacy[0].handle, on: f.loop).get() == .signedOut)
+            #expect(try await f.store.end(of: legacy[1].handle, on: f.loop).get() == .revoked)
+            #expect(try await f.store.end(of: current.handle, on: f.loop).get() == .revoked)
             #expect(try await f.store.load(current.handle, on: f.loop).get() == nil)
             #expect(try await f.store.sessions(of: "user.old", on: f.loop).get().isEmpty)
         }

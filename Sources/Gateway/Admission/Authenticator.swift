@@ -40,8 +40,9 @@ final class SignedAssertion: Sendable {
 enum Resolution {
     /// No cookie, no bearer token.
     case anonymous
-    /// A credential that names no live session: forged, unknown, expired, revoked, ambiguous.
-    case invalid
+    /// A credential that names no live session: forged or ambiguous (nil), or a session that
+    /// ended (why, as its client is told).
+    case invalid(SessionEnd?)
     case session(SessionHandle, CachedSession)
     /// The store did not answer in time: 503, the cookie kept.
     case unavailable
@@ -153,11 +154,11 @@ final class Authenticator: Sendable {
         let handle: SessionHandle
         switch presented(headers) {
         case .none: return .now(.anonymous)
-        case .invalid: return .now(.invalid)
+        case .invalid: return .now(.invalid(nil))
         case .session(let h): handle = h
         }
         // A logout the store has not taken yet: refused whether or not the store answers.
-        if core.revocations.held.denies(key: handle.key) { return .now(.invalid) }
+        if core.revocations.held.denies(key: handle.key) { return .now(.invalid(.signedOut)) }
         let t = core.now()
         if let cached = core.cache.get(handle) {
             core.metrics.cacheHits.increment()
@@ -167,7 +168,8 @@ final class Authenticator: Sendable {
         let loaded = core.store.load(handle, on: loop)
         OpenSpan.store(.load, tracer: core.tracer, parent: trace)?.end(with: loaded)
         return .later(loaded.flatMap { stored -> EventLoopFuture<Resolution> in
-            guard let stored else { return loop.makeSucceededFuture(.invalid) }
+            // Gone: why, when the store remembers (a logout, a revocation); else it expired.
+            guard let stored else { return self.core.store.end(of: handle, on: loop).map { .invalid($0 ?? .expired) }.recover { _ in .invalid(.expired) } }
             let cached = CachedSession(stored: stored)
             if self.isLive(stored, now: t) {
                 var kept = cached
@@ -202,12 +204,12 @@ final class Authenticator: Sendable {
         let session = cached.stored.session
         // A revocation the store has not taken yet (`HeldRevocations`): refused here. The cache
         // keeps the session meanwhile, so that it is refused without asking the store.
-        if core.revocations.held.denies(key: handle.key, sub: session.sub, created: session.created) { return .now(.invalid) }
+        if core.revocations.held.denies(key: handle.key, sub: session.sub, created: session.created) { return .now(.invalid(.revoked)) }
         let revalidation: SessionPolicy.Revalidation
         switch policy.decide(cached.stored, now: t) {
-        case .dead:
+        case .dead(let end):
             core.cache.invalidate(handle)
-            return .now(.invalid)
+            return .now(.invalid(end == .revoked ? .revoked : .expired))
         case .live(let touch, let r):
             revalidation = r
             if touch {
@@ -238,7 +240,7 @@ final class Authenticator: Sendable {
                     return .session(handle, fresh)
                 case .revoked:
                     self.core.cache.invalidate(handle)
-                    return .invalid
+                    return .invalid(.revoked)
                 case .unknown:
                     return self.policy.keepsWithoutApple(session, now: t) ? .session(handle, cached) : .appleUnavailable
                 }

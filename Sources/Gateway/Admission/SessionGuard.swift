@@ -74,7 +74,9 @@ struct SessionGuard: RequestGuard {
                 return withoutSession(request)
             }
             core.metrics.recordAdmission(.unauthenticated)
-            return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix))
+            var ended: SessionEnd? = nil
+            if case .invalid(let end) = resolution { ended = end }
+            return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix, ended: ended))
         case .unavailable:
             core.metrics.recordAdmission(.storeUnavailable)
             return .respond(AuthResponses.storeUnavailable(request.head))

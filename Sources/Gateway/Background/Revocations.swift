@@ -56,7 +56,9 @@ final class Revocations: Sendable {
         // sessions cached, for `HeldRevocations` to refuse without asking the store.
         let t = now()
         let revokedAt = min(at ?? t, t)
-        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: loop).map { outcome in
+        // What its sessions' clients are told (`SessionEnd`): a deletion, or a revocation.
+        let end: SessionEnd = event?.kind == .userDeleted || (event == nil && forget == .everything) ? .deleted : .revoked
+        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, on: loop).map { outcome in
             self.cache.invalidate(sub: sub)
             self.fleet.publish(.user(sub), on: loop)
             self.recheck(self.tunnels.tunnels(of: sub))
@@ -109,7 +111,7 @@ final class Revocations: Sendable {
         case .session(let key, let sub):
             // The session the store holds under the key, if any (gone already: nothing to end).
             guard let handle = SessionHandle(key: key, sub: sub), let stored = try await store.load(handle, on: loop).get() else { return }
-            try await endSession(handle, sub: stored.session.sub, reason: .logout, on: loop).get()
+            try await endSession(handle, sub: stored.session.sub, reason: .logout, keep: keep, on: loop).get()
         case .email, .notification:
             throw HeldRevocations.NotApplicable()
         }
@@ -121,10 +123,11 @@ final class Revocations: Sendable {
         fleet.publish(.user(sub), on: loop)
     }
 
-    /// Ends one session (logout) here and on every instance.
-    func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, on loop: any EventLoop) -> EventLoopFuture<Void> {
+    /// Ends one session (logout) here and on every instance; its client is told `signed_out`
+    /// while it could present it (`keep`: the absolute timeout).
+    func endSession(_ handle: SessionHandle, sub: String, reason: GatewayMetrics.SessionEndReason, keep: Int64, on loop: any EventLoop) -> EventLoopFuture<Void> {
         cache.invalidate(handle)
-        return store.delete(handle, sub: sub, on: loop).map {
+        return store.delete(handle, sub: sub, end: .signedOut, keep: keep, on: loop).map {
             self.events?.emit(AppEvent(kind: .sessionEnded, sub: sub, reason: reason.rawValue, session: String(handle.key.prefix(12))))
             self.fleet.publish(.session(handle), on: loop)
             self.recheck(self.tunnels.tunnels(ofSession: handle.key))

@@ -75,7 +75,8 @@ struct AuthEndpointGuard: RequestGuard {
             return resolved(head, trace: request.trace, on: loop) { resolution in
                 switch resolution {
                 case .session(_, let cached): return AuthResponses.json(.ok, Self.userJSON(cached.stored.user, now: core.now()))
-                case .anonymous, .invalid: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
+                case .anonymous: return AuthResponses.json(.unauthorized, ["error": "unauthenticated"])
+                case .invalid(let ended): return AuthResponses.unauthenticatedJSON(ended: ended)
                 case .unavailable: return AuthResponses.storeUnavailable(head)
                 case .appleUnavailable: return AuthResponses.appleUnavailable(head, prefix: auth.prefix)
                 }
@@ -100,7 +101,10 @@ struct AuthEndpointGuard: RequestGuard {
                     // The front proxy answers 401 as it is to scripts, and sends browsers where
                     // this header says (nginx: auth_request_set; Caddy: handle_response).
                     let signIn = asked.signInURL(prefix: auth.prefix, policy: auth.returnPolicy)
-                    response = AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
+                    var ended: SessionEnd? = nil
+                    if case .invalid(let end) = resolution { ended = end }
+                    response = AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: (signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
+                                                  + (ended.map { [(AuthResponses.sessionEndedHeader, $0.rawValue)] } ?? []))
                 case .unavailable: response = AuthResponses.storeUnavailable(head)
                 case .appleUnavailable: response = AuthResponses.appleUnavailable(head, prefix: auth.prefix)
                 }

@@ -3,6 +3,7 @@ import GatewayConfig
 import HTTPProxy
 import NIOCore
 import NIOHTTP1
+import Sessions
 
 /// The responses the gateway writes itself for sign-in and admission: pages for browsers, JSON
 /// for everything else. No page ever includes a token, a cookie value or a session id.
@@ -45,16 +46,32 @@ enum AuthResponses {
     }
 
     /// Browsers (an HTML GET) go to the sign-in page and come back here; others get 401 JSON.
-    static func unauthenticated(_ request: GuardRequest, action: GatewayConfiguration.UnauthenticatedAction, prefix: String) -> LocalResponse {
+    /// `ended`: why the session the request presented ended (`unauthenticatedJSON(ended:)`).
+    static func unauthenticated(_ request: GuardRequest, action: GatewayConfiguration.UnauthenticatedAction, prefix: String, ended: SessionEnd? = nil) -> LocalResponse {
         if action == .redirect, request.method == .GET || request.method == .HEAD, wantsHTML(request) {
             return redirect(.found, to: "\(prefix)/sign-in?rd=\(FormBody.escape(request.target.forwarded))")
         }
-        return unauthenticatedJSON
+        return unauthenticatedJSON(ended: ended)
     }
 
-    /// Made once: the 401 is the answer to every forged or missing credential on an API route.
+    /// The header naming why a presented session ended (`SessionEnd`), for apps to act on.
+    static let sessionEndedHeader = "x-sessiongate-session-ended"
+
+    /// The 401 of an API route: for no credential (or a forged one) `unauthenticated`; for a
+    /// session that ended, also why — `reason` in the JSON, `X-Sessiongate-Session-Ended`, and
+    /// RFC 6750's `error="invalid_token"` in `WWW-Authenticate`. Made once each.
+    static func unauthenticatedJSON(ended: SessionEnd?) -> LocalResponse {
+        ended.flatMap { endedJSON[$0] } ?? unauthenticatedJSON
+    }
+
     static let unauthenticatedJSON = json(.unauthorized, ["error": "unauthenticated", "message": "sign in first"],
                                                              headers: [("www-authenticate", #"Bearer realm="sessiongate""#)])
+
+    private static let endedJSON: [SessionEnd: LocalResponse] = Dictionary(uniqueKeysWithValues: SessionEnd.allCases.map { end in
+        (end, json(.unauthorized, ["error": "unauthenticated", "reason": end.rawValue, "message": end.message],
+                   headers: [("www-authenticate", #"Bearer realm="sessiongate", error="invalid_token", error_description="\#(end.rawValue)""#),
+                             (sessionEndedHeader, end.rawValue)]))
+    })
 
     static func forbidden(_ head: HTTPRequestHead, signOutURL: String) -> LocalResponse {
         if wantsHTML(head) {
@@ -97,5 +114,18 @@ enum AuthResponses {
                                                                action: nil), headers: retry)
         }
         return json(.serviceUnavailable, ["error": "store_unavailable", "message": "the session store did not answer; retry"], headers: retry)
+    }
+}
+
+extension SessionEnd {
+    /// What the 401 says of it.
+    var message: String {
+        switch self {
+        case .signedOut: "this session was signed out: sign in again"
+        case .revoked: "the user's Sign in with Apple consent ended (or an operator revoked it): sign in again"
+        case .deleted: "the account was deleted: signing in again makes a new one"
+        case .transferred: "the app moved to another team: sign in again for the new identity"
+        case .expired: "the session expired: sign in again"
+        }
     }
 }

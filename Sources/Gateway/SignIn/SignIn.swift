@@ -94,7 +94,7 @@ extension AuthEndpointGuard {
         guard let handle else { return }
         do {
             guard let stored = try await core.store.load(handle, on: loop).get() else { return }
-            try await core.revocations.endSession(handle, sub: stored.session.sub, reason: .replaced, on: loop).get()
+            try await core.revocations.endSession(handle, sub: stored.session.sub, reason: .replaced, keep: auth.absoluteTimeout, on: loop).get()
             core.metrics.recordSessionEnded(reason: .replaced)
         } catch {
             core.logger.warning("the session replaced by a new sign-in could not be ended", metadata: ["error": "\(error)"])

@@ -53,14 +53,17 @@ struct GatewayStore: SessionStore {
     func touch(_ handle: SessionHandle, lastSeen: Int64, expiresAt: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         run(.touch, on: eventLoop, base.touch(handle, lastSeen: lastSeen, expiresAt: expiresAt, on: eventLoop))
     }
-    func delete(_ handle: SessionHandle, sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
-        run(.delete, on: eventLoop, base.delete(handle, sub: sub, on: eventLoop))
+    func delete(_ handle: SessionHandle, sub: String, end: SessionEnd, keep: Int64, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
+        run(.delete, on: eventLoop, base.delete(handle, sub: sub, end: end, keep: keep, on: eventLoop))
     }
     func sessions(of sub: String, on eventLoop: any EventLoop) -> EventLoopFuture<[SessionRecord]> {
         run(.sessions, on: eventLoop, base.sessions(of: sub, on: eventLoop))
     }
-    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
-        run(.revoke, on: eventLoop, base.revoke(sub, at: revokedAt, keep: keep, forget: forget, on: eventLoop))
+    func end(of handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<SessionEnd?> {
+        run(.end, on: eventLoop, base.end(of: handle, on: eventLoop))
+    }
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
+        run(.revoke, on: eventLoop, base.revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, on: eventLoop))
     }
     func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         run(.saveProfile, on: eventLoop, base.saveProfile(profile, on: eventLoop))

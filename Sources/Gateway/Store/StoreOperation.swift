@@ -2,7 +2,7 @@
 /// `sessiongate_store_duration_seconds`. `GatewayStore` names one case per protocol method, and
 /// the metrics are primed from `allCases`: an operation cannot go unmeasured or unlisted.
 enum StoreOperation: String, CaseIterable, Sendable {
-    case create, load, touch, delete, sessions, revoke
+    case create, load, touch, delete, sessions, revoke, end
     case saveProfile = "save_profile", profile
     case putLogin = "put_login", takeLogin = "take_login"
     case putNonce = "put_nonce", takeNonce = "take_nonce"
