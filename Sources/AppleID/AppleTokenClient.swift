@@ -25,6 +25,28 @@ public enum AppleTokenOutcome: Sendable, Equatable {
     case throttled(retryAfter: Int?)
 }
 
+extension AppleTokenOutcome {
+    /// A refresh's outcome, judged by whether this client's refresh requests are proven well
+    /// formed (Apple answered one of them with a success or `invalid_grant` since this process
+    /// started). `invalid_request` means the user revoked the app only for a well-formed
+    /// request (apple-sign-in.md §3.5); before the proof it may be our own malformed request —
+    /// revoking on it could sign out every user — so it is our client's fault until a request
+    /// of the client is answered otherwise.
+    public func judged(clientProven: Bool) -> AppleTokenOutcome {
+        guard case .grantRevoked("invalid_request") = self, !clientProven else { return self }
+        return .clientMisconfigured(error: "invalid_request before any refresh of this client was answered otherwise")
+    }
+
+    /// Proves the client's refresh requests well formed (`judged`).
+    public var provesRequests: Bool {
+        switch self {
+        case .success: true
+        case .grantRevoked(let error): error == "invalid_grant"
+        case .clientMisconfigured, .transient, .throttled: false
+        }
+    }
+}
+
 public struct AppleTokens: Sendable, Equatable {
     public var accessToken: String
     /// Present on a code exchange; a refresh answers without one (the old one stays valid).

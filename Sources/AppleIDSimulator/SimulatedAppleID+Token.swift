@@ -106,7 +106,7 @@ extension SimulatedAppleID {
                 return Self.json(body)
             }
         case "refresh_token":
-            guard let token = form["refresh_token"] else { return Self.error(.badRequest, "invalid_request", "refresh_token is required") }
+            guard let token = form["refresh_token"], !faults.refreshMalformed else { return Self.error(.badRequest, "invalid_request", "refresh_token is required") }
             let outcome: GrantCheck<Grants.RefreshToken> = grants.withLockedValue { g in
                 guard var grant = g.refreshTokens[token], grant.clientID == clientID else {
                     return .refused(Self.error(.badRequest, "invalid_grant", "The refresh token is invalid."))

@@ -95,6 +95,9 @@ public final class SimulatedAppleID: Sendable {
         /// The error a refresh of a revoked token gets: `invalid_grant` or `invalid_request`
         /// (both observed, apple-sign-in.md §12).
         public var revokedRefreshError = "invalid_grant"
+        /// Every refresh answers `invalid_request`, as Apple answers a request our side
+        /// malformed (a bug in the gateway, not the users' consent).
+        public var refreshMalformed = false
         /// Refuse Basic credentials sent alongside form credentials (TN3107); lenient by default.
         public var strictClientAuthentication = false
         /// `/auth/revoke` of a token issued to another client: `invalid_grant` (else 200).

@@ -142,6 +142,33 @@ struct RevalidationTests {
         }
     }
 
+    @Test("invalid_request revokes a user only once the client's refresh requests are proven well formed: a request we malformed signs no one out")
+    func invalidRequestNeedsAProvenClient() async throws {
+        try await SignInHarness.with(store: .memory, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), configure: { c in
+            c.apple?.revalidateAfter = .seconds(3600)
+            c.apple?.revalidateGrace = .seconds(0)
+        }) { h in
+            let (ada, bob) = (h.simulator.createUser(), h.simulator.createUser())
+            let a = TestBrowser(gatewayOrigin: h.origin), b = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await a.signIn(from: "/x", as: ada)
+            _ = try await b.signIn(from: "/x", as: bob)
+            // Our side malforms every refresh: Apple answers invalid_request to all of them.
+            h.simulator.setFaults { $0.refreshMalformed = true }
+            h.clock.advance(by: .seconds(2 * 3600))
+            #expect(try await a.request("/x").status == 200, "not signed out by our own bug")
+            #expect(try await b.request("/x").status == 200)
+            // Mended: the next probe proves the client, and a revoked user's invalid_request now revokes.
+            h.simulator.setFaults {
+                $0.refreshMalformed = false
+                $0.revokedRefreshError = "invalid_request"
+            }
+            h.simulator.revokeConsent(sub: bob)
+            h.clock.advance(by: .seconds(600))  // past the circuit's first backoff (a minute's worth at most)
+            #expect(try await a.request("/x").status == 200, "the probe: a success proves the client")
+            #expect(try await b.request("/x").status == 302, "the user Apple answers invalid_request for is revoked now")
+        }
+    }
+
     @Test("within the grace the request goes through at once and the validation runs in the background")
     func backgroundWithinGrace() async throws {
         // Apple answers after 5 s (apple.timeout): a request that waited takes 5 s. (A request

@@ -51,7 +51,7 @@ struct SignInRulesTests {
         #expect(failure.outcome == outcome)
         #expect(failure.code == code)
         #expect(failure.json.status == failure.status)
-        let page = failure.page(startAgain: "/_auth/sign-in?rd=%2F", clearing: ("set-cookie", "x=; Max-Age=0"))
+        let page = failure.page(startAgain: "/_auth/sign-in?rd=%2F", clearing: [("set-cookie", "x=; Max-Age=0")])
         #expect(page.status == failure.status && page.headers.contains { $0.0 == "set-cookie" })
         let retryAfter: Int? = switch failure {
         case .throttled(let seconds), .busy(let seconds): seconds

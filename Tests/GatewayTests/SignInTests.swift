@@ -228,11 +228,23 @@ struct SignInTests {
         try await SignInHarness.with { h in
             let sub = h.simulator.createUser()
 
-            // Without the pre-auth cookie (a browser that dropped the cross-site cookie): refused.
+            // An old browser that reads SameSite=None as Strict drops the pre-auth cookie on
+            // Apple's cross-site POST, but sends its twin without SameSite: signed in.
+            let old = TestBrowser(gatewayOrigin: h.origin)
+            let (_, oldPost) = try await old.signIn(from: "/x", as: sub, stopBeforeCallback: true)
+            #expect(old.cookies["__Host-sessiongate-login-legacy"] == old.cookies["__Host-sessiongate-login"])
+            #expect(old.setCookies.contains { $0.hasPrefix("__Host-sessiongate-login-legacy=") && !$0.contains("SameSite") })
+            old.cookies["__Host-sessiongate-login"] = nil
+            let legacy = try await old.request(oldPost.action, method: .POST, form: oldPost.fields)
+            #expect(legacy.status == 303 && old.cookies["__Host-sessiongate"] != nil, "\(legacy.status)")
+            #expect(old.cookies["__Host-sessiongate-login-legacy"] == nil, "both pre-auth cookies are cleared")
+
+            // Without either pre-auth cookie (a browser that dropped the cross-site cookies): refused.
             let a = TestBrowser(gatewayOrigin: h.origin)
             let (_, post) = try await a.signIn(from: "/x", as: sub, stopBeforeCallback: true)
             let binding = try #require(a.cookies["__Host-sessiongate-login"])
             a.cookies["__Host-sessiongate-login"] = nil
+            a.cookies["__Host-sessiongate-login-legacy"] = nil
             let noCookie = try await a.request(post.action, method: .POST, form: post.fields)
             #expect(noCookie.status == 400 && !noCookie.headers["set-cookie"].contains { $0.hasPrefix("__Host-sessiongate=") && !$0.contains("Max-Age=0") })
 

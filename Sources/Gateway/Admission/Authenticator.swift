@@ -64,6 +64,8 @@ final class Authenticator: Sendable {
     let cookieMarker: [UInt8]
     /// The pre-auth cookie binding a login to one browser (`SameSite=None`).
     let loginCookieName: String
+    /// The same without `SameSite`, for browsers that read `SameSite=None` as `Strict`.
+    let legacyLoginCookieName: String
     let prefix: String
     let publicURL: String
     /// `public_url`'s host name (lower case, no port): where Apple posts back.
@@ -109,6 +111,7 @@ final class Authenticator: Sendable {
         cookieName = c.session.cookieName
         cookieMarker = Array((c.session.cookieName + "=").utf8)
         loginCookieName = c.session.cookieName + "-login"
+        legacyLoginCookieName = c.session.cookieName + "-login-legacy"
         prefix = c.server.authPrefix
         self.publicURL = publicURL
         publicHost = GatewayConfiguration.hostName(ofOrigin: publicURL)

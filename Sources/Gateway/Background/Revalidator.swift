@@ -41,6 +41,10 @@ final class Revalidator: Sendable {
     /// A dead grant revokes the user everywhere.
     let revocations: Revocations
     private let inFlight = NIOLockedValueBox<[String: EventLoopFuture<Outcome>]>([:])
+    /// The clients whose refresh requests Apple has answered with a success or `invalid_grant`
+    /// since this process started (`AppleTokenOutcome.judged`): only for those is
+    /// `invalid_request` the user's revocation rather than our own malformed request.
+    private let provenClients = NIOLockedValueBox<Set<String>>([])
     /// Validations waiting for another instance's result, by token hash.
     private let waiters = NIOLockedValueBox<[String: [EventLoopPromise<Void>]]>([:])
     /// At most this many calls to Apple at once per instance: a storm of due sessions queues
@@ -254,7 +258,7 @@ final class Revalidator: Sendable {
             // Released once the probe's answer is recorded (the circuit's next retry time then
             // holds the fleet back).
             defer { if isProbe { store.release(probe, on: loop).whenFailure { _ in } } }
-            let circuit = try await store.validation(of: circuitName, on: loop).get()
+            var circuit = try await store.validation(of: circuitName, on: loop).get()
             switch retry.circuit(circuit, validatedAt: session.validatedAt, now: now()) {
             case .closed: break
             case .holds:
@@ -269,8 +273,20 @@ final class Revalidator: Sendable {
                     return .unknown
                 }
                 isProbe = true
+                // The circuit as it is now: a probe that ended between the read above and the
+                // claim has released it with the circuit opened again (its answer recorded).
+                circuit = try await store.validation(of: circuitName, on: loop).get()
+                let current = retry.circuit(circuit, validatedAt: session.validatedAt, now: now())
+                guard current == .probe || current == .closed else {
+                    metrics.recordAppleCallDeferred(.circuit)
+                    return .unknown
+                }
             }
-            let outcome = await metrics.timeAppleCall(.refresh) { await apple.tokens.refresh(token: token, clientID: session.clientID) }
+            let answered = await metrics.timeAppleCall(.refresh) { await apple.tokens.refresh(token: token, clientID: session.clientID) }
+            let outcome = provenClients.withLockedValue { proven in
+                if answered.provesRequests { proven.insert(session.clientID) }
+                return answered.judged(clientProven: proven.contains(session.clientID))
+            }
             let t = now()
             metrics.recordAppleCall(endpoint: .refresh, outcome: outcome.metricLabel)
             if circuit?.result == .failed, outcome.provesClient {

@@ -54,7 +54,7 @@ extension GatewayService {
                        requestGuard: endpoints)
         }
         return RoutingSnapshot(routes: authRoutes + routes, identityHeaders: c.identity.headers.all + c.identity.stripHeaders, identityPrefix: c.identity.headerPrefix,
-                               trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName, auth.nameCookieName, auth.ticketCookieName],
+                               trustedProxies: c.server.trustedProxies, hiddenCookies: [auth.cookieName, auth.loginCookieName, auth.legacyLoginCookieName, auth.nameCookieName, auth.ticketCookieName],
                                origins: origins(c), tracing: c.tracing.map { TraceSampler(ratio: $0.sampleRatio) })
     }
 

@@ -137,8 +137,8 @@ enum SignInFailure: Error, Equatable {
     }
 
     /// The web flow's page: what happened, and a link to start again from `signIn`.
-    func page(startAgain signIn: String, clearing cookie: (String, String)? = nil) -> LocalResponse {
-        AuthResponses.html(status, AuthPages.message(title: title, detail: detail, action: ("Start again", signIn)), headers: (cookie.map { [$0] } ?? []) + headers)
+    func page(startAgain signIn: String, clearing cookies: [(String, String)] = []) -> LocalResponse {
+        AuthResponses.html(status, AuthPages.message(title: title, detail: detail, action: ("Start again", signIn)), headers: cookies + headers)
     }
 
     /// The native flow's JSON answer.

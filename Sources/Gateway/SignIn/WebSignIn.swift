@@ -36,6 +36,10 @@ extension AuthEndpointGuard {
             // login (fixation) never survives it; a real one is ended at the callback.
             return .respond(AuthResponses.redirect(.found, to: apple.baseURL + "/auth/authorize?" + query, headers: [
                 ("set-cookie", "\(auth.loginCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=600"),
+                // Browsers that read SameSite=None as Strict (Safari on iOS 12 and macOS 10.14,
+                // Chrome 51–66) drop the first on Apple's cross-site POST; they send this one,
+                // which has no SameSite at all. Any other browser sends the first.
+                ("set-cookie", "\(auth.legacyLoginCookieName)=\(binding); Path=/; Secure; HttpOnly; Max-Age=600"),
             ] + auth.clearSessionCookie()))
         }.recover { _ -> Verdict in
             core.metrics.recordSignInStart(.login, outcome: .storeUnavailable)
@@ -54,7 +58,7 @@ extension AuthEndpointGuard {
     /// - Parameter client: the browser's address (`ClientAddress`): the exchange rate limit's key.
     func callback(form body: ByteBuffer, head: HTTPRequestHead, client: String, on loop: any EventLoop) async -> LocalResponse {
         guard let apple = core.apple else { return Self.notConfigured() }
-        let clearLogin = auth.clearCookie(auth.loginCookieName, sameSiteNone: true)
+        let clearLogin = [auth.clearCookie(auth.loginCookieName, sameSiteNone: true), auth.clearCookie(auth.legacyLoginCookieName)]
         let pending = Authenticator.cookie(auth.nameCookieName, in: head.headers)
         var returnTo = "/"
         var progress = CallbackProgress()
@@ -72,7 +76,7 @@ extension AuthEndpointGuard {
             if let error = form["error"] {
                 guard error != "user_cancelled_authorize" else {
                     core.metrics.recordSignIn(flow: .web, outcome: .cancelled)
-                    return AuthResponses.redirect(.seeOther, to: auth.signInPath(rd: login.returnTo, message: "cancelled"), headers: [clearLogin])
+                    return AuthResponses.redirect(.seeOther, to: auth.signInPath(rd: login.returnTo, message: "cancelled"), headers: clearLogin)
                 }
                 // Attacker-controlled form data: only the characters Apple's error codes use reach the log.
                 let code = String(error.prefix(64).filter { $0.isASCII && ($0.isLetter || $0 == "_") })
@@ -109,7 +113,7 @@ extension AuthEndpointGuard {
             await endReplaced(login.previousSession.flatMap(SessionHandle.init(reference:)), on: loop)
             core.metrics.recordSignIn(flow: .web, outcome: .ok)
             core.logger.info("signed in", metadata: ["flow": "web", "sub": "\(identity.subject)"])
-            var headers = [auth.sessionCookie(created.cookie), clearLogin]
+            var headers = [auth.sessionCookie(created.cookie)] + clearLogin
             if pending != nil { headers.append(auth.clearCookie(auth.nameCookieName, sameSiteNone: true)) }  // the sign-in completed
             // Started on a routed host outside the cookie's domain: the session goes there by ticket.
             if let ticket = ticketRedirect(login, cookie: created.cookie) {
@@ -180,7 +184,8 @@ extension AuthEndpointGuard {
     /// The login this callback completes: its state taken (single use) and its pre-auth cookie
     /// matched.
     private func takeLogin(state: String, head: HTTPRequestHead, on loop: any EventLoop) async throws -> LoginState {
-        guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) else { throw SignInFailure.loginNotStarted }
+        guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) ?? Authenticator.cookie(auth.legacyLoginCookieName, in: head.headers)
+        else { throw SignInFailure.loginNotStarted }
         let login = try await storeCall { try await core.store.takeLogin(state: state, on: loop).get() }
         guard let login, IdentityTokenVerifier.constantTimeEqual(login.binding, sha256Hex(binding)) else { throw SignInFailure.loginExpired }
         return login
