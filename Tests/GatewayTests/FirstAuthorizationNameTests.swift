@@ -97,6 +97,22 @@ struct FirstAuthorizationNameTests {
         #expect(PendingName.seal(String(repeating: "ж", count: 2000), sub: "001.a.1", nowMilliseconds: now, keys: keys) == nil, "too long for a cookie: not kept")
     }
 
+    @Test("a first callback after the login state expired (over 10 minutes at Apple) keeps the name for the browser that started it: the retry signs in with it")
+    func nameSurvivesAnExpiredLogin() async throws {
+        try await SignInHarness.with(store: .memory) { h in
+            let sub = h.simulator.createUser(privateEmail: false, firstName: "Ada", lastName: "Lovelace")
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            let first = try await browser.signIn(from: "/x", as: sub, stopBeforeCallback: true).form
+            h.clock.advance(by: .seconds(11 * 60))  // the login state (10 minutes) is gone; the pre-auth cookie is not
+            let failed = try await browser.request(first.action, method: .POST, form: first.fields)
+            #expect(failed.status == 400 && failed.body.contains("took too long"), "\(failed.status)")
+            #expect(browser.cookies["__Host-sessiongate-name"] != nil, "the name is kept, sealed: \(failed.headers["set-cookie"])")
+            _ = try await browser.signIn(from: "/x", as: sub)
+            #expect(try await browser.request("/x").status == 200)
+            #expect(h.upstream.stats.withLockedValue { $0.lastHeaders }["x-auth-name"] == ["Ada%20Lovelace"])
+        }
+    }
+
     @Test("a forged callback (no login of this browser) keeps no name")
     func forgedCallbackKeepsNothing() async throws {
         try await SignInHarness.with(store: .memory) { h in

@@ -35,11 +35,11 @@ extension AuthEndpointGuard {
             // Any session cookie the browser holds is cleared now: a cookie planted before the
             // login (fixation) never survives it; a real one is ended at the callback.
             return .respond(AuthResponses.redirect(.found, to: apple.baseURL + "/auth/authorize?" + query, headers: [
-                ("set-cookie", "\(auth.loginCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=600"),
+                ("set-cookie", "\(auth.loginCookieName)=\(binding); Path=/; Secure; HttpOnly; SameSite=None; Max-Age=\(Self.loginCookieLifetime)"),
                 // Browsers that read SameSite=None as Strict (Safari on iOS 12 and macOS 10.14,
                 // Chrome 51–66) drop the first on Apple's cross-site POST; they send this one,
                 // which has no SameSite at all. Any other browser sends the first.
-                ("set-cookie", "\(auth.legacyLoginCookieName)=\(binding); Path=/; Secure; HttpOnly; Max-Age=600"),
+                ("set-cookie", "\(auth.legacyLoginCookieName)=\(binding); Path=/; Secure; HttpOnly; Max-Age=\(Self.loginCookieLifetime)"),
             ] + auth.clearSessionCookie()))
         }.recover { _ -> Verdict in
             core.metrics.recordSignInStart(.login, outcome: .storeUnavailable)
@@ -67,10 +67,13 @@ extension AuthEndpointGuard {
                 throw SignInFailure.malformed("The response from Apple was incomplete.")
             }
             let login: LoginState
-            do { login = try await takeLogin(state: state, head: head, on: loop) } catch SignInFailure.storeUnavailable {
-                // Whose callback this is cannot be told; a verified identity token can still say whose name it carries.
+            do { login = try await takeLogin(state: state, head: head, on: loop) } catch let failure as LoginLookupFailure {
+                // Whose callback this is cannot be told (the store down; or this browser's login
+                // gone — the user spent over 10 minutes at Apple — while its pre-auth cookie
+                // lives on); a verified identity token can still say whose name it carries:
+                // Apple sends it once, ever.
                 (progress.loginUnknown, progress.token, progress.code, progress.name) = (true, form["id_token"], form["code"], form["user"].flatMap(Self.name(fromUserJSON:)))
-                throw SignInFailure.storeUnavailable
+                throw failure.failure
             }
             returnTo = login.returnTo
             if let error = form["error"] {
@@ -154,9 +157,9 @@ extension AuthEndpointGuard {
 
     /// The `set-cookie` that keeps the first-time name of a failed callback (`PendingName`), or
     /// nil: no name, already stored, or no user it can be bound to. A callback whose login is
-    /// not this browser's (no pre-auth cookie, unknown or used state) keeps nothing; one whose
-    /// login could not be read (the store down) keeps the name only for the `sub` of an identity
-    /// token that verifies.
+    /// not this browser's (no pre-auth cookie, another browser's state) keeps nothing; one whose
+    /// login could not be read (the store down, or its state gone while the browser's pre-auth
+    /// cookie lives) keeps the name only for the `sub` of an identity token that verifies.
     func keepName(_ p: CallbackProgress) async -> (String, String)? {
         guard let name = p.name, !p.saved, p.loginVerified || p.loginUnknown else { return nil }
         var sub = p.subject
@@ -183,13 +186,29 @@ extension AuthEndpointGuard {
 
     /// The login this callback completes: its state taken (single use) and its pre-auth cookie
     /// matched.
+    /// Throws `LoginLookupFailure` when the login cannot be told (the store down, or its state
+    /// gone while this browser holds a pre-auth cookie), else `SignInFailure`.
     private func takeLogin(state: String, head: HTTPRequestHead, on loop: any EventLoop) async throws -> LoginState {
         guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) ?? Authenticator.cookie(auth.legacyLoginCookieName, in: head.headers)
         else { throw SignInFailure.loginNotStarted }
-        let login = try await storeCall { try await core.store.takeLogin(state: state, on: loop).get() }
-        guard let login, IdentityTokenVerifier.constantTimeEqual(login.binding, sha256Hex(binding)) else { throw SignInFailure.loginExpired }
+        let found: LoginState?
+        do { found = try await core.store.takeLogin(state: state, on: loop).get() } catch {
+            core.logger.warning("sign-in could not use the session store", metadata: ["error": "\(error)"])
+            throw LoginLookupFailure(failure: .storeUnavailable)
+        }
+        guard let login = found else { throw LoginLookupFailure(failure: .loginExpired) }
+        // Another browser's login (a stolen callback): nothing of it is kept.
+        guard IdentityTokenVerifier.constantTimeEqual(login.binding, sha256Hex(binding)) else { throw SignInFailure.loginExpired }
         return login
     }
+
+    /// A login this callback cannot be matched with, though the browser started one here.
+    struct LoginLookupFailure: Error { var failure: SignInFailure }
+
+    /// How long the pre-auth cookie lives (seconds): beyond the login state's 10 minutes, so that
+    /// a callback after them still shows the browser started a login here (its first-time name
+    /// is kept for the retry, `keepName`).
+    static let loginCookieLifetime = 3600
 
     /// Runs a store call; its failure is the sign-in's `storeUnavailable`.
     func storeCall<T>(_ body: () async throws -> T) async throws(SignInFailure) -> T {
