@@ -6,6 +6,9 @@ struct Grants {
         var sub: String
         var email: String
         var isPrivateEmail: Bool
+        /// Apple verifies every Apple Account's email; a Sign in with Apple at Work & School
+        /// (Managed Apple Account) email may be unverified.
+        var emailVerified = true
         var realUserStatus: Int
         var firstName: String
         var lastName: String

@@ -44,6 +44,8 @@ extension SimulatedAppleID {
         var events: [String: Any] = ["type": type == .accountDelete ? faults.accountDeleteType : type.rawValue, "sub": sub,
                                      "event_time": faults.eventTimeInMilliseconds ? happened * 1000 + 123 : happened]
         if type == .emailDisabled || type == .emailEnabled {
+            // Forwarding is a relay address's: Apple has nothing to say of a shared one.
+            guard user?.isPrivateEmail != false || faults.emailEventsForSharedEmail else { return Delivery(jti: jti, attempts: 0, status: nil) }
             events["email"] = user?.email ?? "unknown@privaterelay.appleid.com"
             events["is_private_email"] = faults.stringBooleans ? "true" : true
         }

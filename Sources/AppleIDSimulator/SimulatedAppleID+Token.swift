@@ -12,12 +12,15 @@ extension SimulatedAppleID {
 
     /// Creates a user; returns its `sub`.
     @discardableResult
-    public func createUser(email: String? = nil, privateEmail: Bool = true, realUserStatus: Int = 2, firstName: String = "Jane", lastName: String = "Appleseed",
-                           sub: String? = nil) -> String {
+    /// - Parameter emailVerified: false for a Managed Apple Account (Work & School) whose email
+    ///   Apple did not verify; every other Apple Account's is.
+    public func createUser(email: String? = nil, privateEmail: Bool = true, emailVerified: Bool = true, realUserStatus: Int = 2, firstName: String = "Jane",
+                           lastName: String = "Appleseed", sub: String? = nil) -> String {
         let sub = sub ?? Grants.subject()
         let address = email ?? (privateEmail ? Grants.relayAddress(for: sub) : "user@example.org")
         grants.withLockedValue {
-            $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, realUserStatus: realUserStatus, firstName: firstName, lastName: lastName)
+            $0.users[sub] = Grants.User(sub: sub, email: address, isPrivateEmail: privateEmail, emailVerified: emailVerified, realUserStatus: realUserStatus,
+                                        firstName: firstName, lastName: lastName)
         }
         return sub
     }
@@ -217,7 +220,7 @@ extension SimulatedAppleID {
         // The email claims only when the user granted the email scope (the first time).
         if user.grantedScopes.contains("email") {
             claims["email"] = user.email
-            claims["email_verified"] = boolean(true)
+            claims["email_verified"] = boolean(user.emailVerified)
             if user.isPrivateEmail || faults.statesSharedEmail { claims["is_private_email"] = boolean(user.isPrivateEmail) }
         }
         if faults.nonceUnsupported {

@@ -76,6 +76,10 @@ public final class SimulatedAppleID: Sendable {
         /// Identity tokens of a user who shares their real email carry `is_private_email: false`
         /// (Apple's documented example) instead of no `is_private_email` at all (observed).
         public var statesSharedEmail = false
+        /// Send `email-enabled`/`email-disabled` for a user who shares their real email. Apple
+        /// sends them only for Hide My Email relay addresses: by default such a notification is
+        /// not sent at all.
+        public var emailEventsForSharedEmail = false
         /// Identity-token lifetime in seconds.
         public var idTokenTTL: Int64 = 600
         /// Consent without a page: `""` picks the first user (created if none), or a `sub`.

@@ -84,6 +84,20 @@ struct SimulatorControlTests {
         }
     }
 
+    @Test("email events only for a Hide My Email relay user, as Apple: none for a shared email unless a test asks for it")
+    func emailEventsOnlyForRelayUsers() async throws {
+        try await TokenFixture.with { f in
+            let receiver = try await NotificationReceiver(statuses: [])
+            let shared = f.simulator.createUser(privateEmail: false)
+            let none = await f.simulator.sendNotification(.emailDisabled, sub: shared, to: receiver.url, retryDelays: [])
+            #expect(none.attempts == 0 && none.status == nil, "Apple has no forwarding to speak of for a shared email")
+            #expect(await f.simulator.sendNotification(.emailDisabled, sub: f.simulator.createUser(), to: receiver.url, retryDelays: []).status == 200)
+            f.simulator.setFaults { $0.emailEventsForSharedEmail = true }
+            #expect(await f.simulator.sendNotification(.emailEnabled, sub: shared, to: receiver.url, retryDelays: []).status == 200, "the lenient switch")
+            await receiver.server.close()
+        }
+    }
+
     @Test("redelivery keeps the jti; account-deleted spelling and seconds are available as faults")
     func variants() async throws {
         try await TokenFixture.with { f in

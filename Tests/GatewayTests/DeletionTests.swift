@@ -262,6 +262,9 @@ struct DeletionTests {
             _ = try await browser.signIn(from: "/x", as: sub)
             let cookie = try #require(browser.cookies["__Host-sessiongate"] ?? browser.cookies.values.first)
             let url = h.origin + "/_auth/apple/notifications"
+            // Apple sends email events only for relay addresses; this one carries the real email,
+            // the one that must never reach a log line.
+            h.simulator.setFaults { $0.emailEventsForSharedEmail = true }
             #expect(await h.simulator.sendNotification(.emailDisabled, sub: sub, to: url, retryDelays: []).status == 200)
             h.simulator.revokeConsent(sub: sub)  // Apple refuses the token at the next validation
             #expect(try await browser.request("/_auth/revoke", method: .POST, headers: [("accept", "application/json")], form: []).status == 204)

@@ -81,3 +81,25 @@ struct SessionEndReasonTests {
         }
     }
 }
+
+/// Apple's email claims as Apple sends them (issue 39 §8): a Managed Apple Account's email
+/// (Sign in with Apple at Work & School) may be unverified, and an email allow list then does
+/// not admit it, end to end through the simulator.
+@Suite("An unverified Work & School email", .serialized, .timeLimit(.minutes(1)))
+struct UnverifiedEmailTests {
+    @Test("an email_verified false token signs in, says so to the app, and is not admitted by an email-domain allow list; a verified one of the same domain is")
+    func unverifiedEmail() async throws {
+        try await SignInHarness.with { h in
+            let managed = h.simulator.createUser(email: "ada@example.org", privateEmail: false, emailVerified: false)
+            let browser = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await browser.signIn(from: "/x", as: managed)
+            #expect(try await browser.request("/x").status == 200)
+            let info = try await browser.request("/_auth/userinfo", headers: [("accept", "application/json")])
+            #expect(info.body.contains(#""email_verified":false"#), "\(info.body)")
+            #expect(try await browser.request("/staff/x", headers: [("accept", "application/json")]).status == 403, "an unverified email is no member of example.org")
+            let verified = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await verified.signIn(from: "/x", as: h.simulator.createUser(email: "bob@example.org", privateEmail: false))
+            #expect(try await verified.request("/staff/x", headers: [("accept", "application/json")]).status == 200)
+        }
+    }
+}
