@@ -34,7 +34,9 @@ extension SimulatedAppleID {
     /// on anything but 200 after each of `retryDelays` (Apple retries; its schedule is unknown).
     /// `jti`: reuse one to redeliver the same notification (deduplication tests).
     /// `eventTime`: when the event happened (seconds; default now): a late delivery.
-    public func sendNotification(_ type: NotificationType, sub: String, to url: String, jti: String? = nil, eventTime: Int64? = nil,
+    /// - Parameter audience: the primary App ID of the app group it concerns (default: the
+    ///   team's first client without return URLs).
+    public func sendNotification(_ type: NotificationType, sub: String, to url: String, jti: String? = nil, eventTime: Int64? = nil, audience: String? = nil,
                                  retryDelays: [TimeAmount] = [.seconds(1), .seconds(4), .seconds(16)]) async -> Delivery {
         let faults = self.faults.withLockedValue { $0 }
         let now = clock()
@@ -51,7 +53,7 @@ extension SimulatedAppleID {
         }
         let eventsText = String(decoding: (try? JSONSerialization.data(withJSONObject: events, options: [.sortedKeys])) ?? Data(), as: UTF8.self)
         // Notifications name the primary App ID (observed): the first client without return URLs.
-        let audience = team.clients.filter { $0.value.isEmpty }.keys.sorted().first ?? team.clients.keys.sorted().first ?? ""
+        let audience = audience ?? team.clients.filter { $0.value.isEmpty }.keys.sorted().first ?? team.clients.keys.sorted().first ?? ""
         var claims: [String: Any] = ["iss": "https://appleid.apple.com", "aud": audience, "iat": now, "jti": jti,
                                      "events": faults.eventsAsObject ? events : eventsText]
         if faults.notificationIncludesExp { claims["exp"] = now + 86_400 }

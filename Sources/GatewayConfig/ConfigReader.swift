@@ -153,14 +153,25 @@ final class ConfigReader {
     /// A sequence of strings; each element is passed to `parse`, whose `nil` reports `what`.
     func list<K, T>(_ section: Section<K>, _ key: K, what: String, parse: (String) -> T?) -> [T]? {
         guard let node = section[key] else { return nil }
+        return list(node, path: section.child(key), what: what, parse: parse)
+    }
+
+    /// A sequence of sequences of strings (`[[a, b], [c]]`), each string passed to `parse`.
+    func lists<K, T>(_ section: Section<K>, _ key: K, what: String, parse: (String) -> T?) -> [[T]]? {
+        guard let outer = sequence(section, key) else { return nil }
+        let inner = outer.enumerated().map { i, node in list(node, path: "\(section.child(key))[\(i)]", what: what, parse: parse) }
+        return inner.contains { $0 == nil } ? nil : inner.compactMap { $0 }
+    }
+
+    private func list<T>(_ node: Node, path listPath: String, what: String, parse: (String) -> T?) -> [T]? {
         guard case .sequence(let sequence) = node else {
-            report(section, key, "expected a list, found \(kind(node))")
+            report(listPath, node.mark, "expected a list, found \(kind(node))")
             return nil
         }
         var out: [T] = []
         var failed = false
         for (i, element) in sequence.enumerated() {
-            let path = "\(section.child(key))[\(i)]"
+            let path = "\(listPath)[\(i)]"
             guard case .scalar(let scalar) = element, !isNull(scalar) else {
                 report(path, element.mark, "expected a string, found \(kind(element))")
                 failed = true

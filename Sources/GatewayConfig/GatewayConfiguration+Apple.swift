@@ -4,7 +4,7 @@ extension GatewayConfiguration.Apple {
         case baseURL = "base_url", scopes, revalidateAfter = "revalidate_after", revalidateGrace = "revalidate_grace"
         case outageGrace = "outage_grace", timeout, clockSkew = "clock_skew", nativeNonce = "native_nonce"
         case exchangesPerMinute = "exchanges_per_minute", loginsPerMinute = "logins_per_minute"
-        case maxPendingLogins = "max_pending_logins"
+        case maxPendingLogins = "max_pending_logins", appGroups = "app_groups"
     }
 
     /// Reads `apple`: the team, key and client ids are required; the rest have defaults.
@@ -64,6 +64,12 @@ extension GatewayConfiguration.Apple {
                    "lists no App ID: Apple's server-to-server notifications (account deleted, consent revoked, email changes) name the primary App ID as their audience and would be refused; add it after the Services ID")
         }
         clientIDs = v
+        guard let groups = r.lists(s, .appGroups, what: "a client id of apple.client_ids", parse: { v.contains($0) ? $0 : nil }) else { return }
+        let listed = groups.flatMap { $0 }
+        if groups.contains(where: \.isEmpty) { r.report(s, .appGroups, "has an empty group") }
+        else if Set(listed).count != listed.count { r.report(s, .appGroups, "lists a client id in two groups: a client belongs to one app group") }
+        else if Set(listed) != Set(v) { r.report(s, .appGroups, "leaves out \(v.filter { !listed.contains($0) }.joined(separator: ", ")): every client id belongs to one group") }
+        else { appGroups = groups }
     }
 
     private mutating func readDurations(_ s: ConfigReader.Section<Key>, _ r: ConfigReader) {

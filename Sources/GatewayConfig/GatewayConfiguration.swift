@@ -183,6 +183,9 @@ public struct GatewayConfiguration: Sendable, Equatable {
         /// Login states and native nonces one instance writes per 10 minutes (their lifetime), all
         /// clients together; at most twice this many are outstanding from it. 0: no cap.
         public var maxPendingLogins = 10_000
+        /// Apple's app groups (consent is per group): each lists client ids of `clientIDs`, the
+        /// primary App ID first; nil: all of them are one group.
+        public var appGroups: [[String]]? = nil
         public init() {}
     }
 

@@ -55,6 +55,7 @@ public enum ReloadRules {
         .on("apple") { $0.apple == nil },
         .on("apple.team_id") { $0.apple?.teamID },
         .on("apple.client_ids") { $0.apple?.clientIDs },
+        .on("apple.app_groups") { $0.apple?.appGroups },
         .on("apple.key_id") { $0.apple?.keyID },
         .on("apple.private_key_file") { $0.apple?.privateKeyFile },
         .on("apple.base_url") { $0.apple?.baseURL },

@@ -133,12 +133,15 @@ public final class MemorySessionStore: SessionStore {
         return eventLoop.makeSucceededFuture(list.sorted { ($0.created, $0.handle.key) < ($1.created, $1.handle.key) })
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, clients: Set<String>?,
+                       on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
         let t = now()
         let outcome = state.withLockedValue { s -> Revocation in
             s.expireUser(sub, now: t)
-            let earlier = s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil } ?? .min
-            s.revoked[sub] = (max(earlier, revokedAt), t + keep)
+            if clients == nil {
+                let earlier = s.revoked[sub].flatMap { $0.expiresAt > t ? $0.at : nil } ?? .min
+                s.revoked[sub] = (max(earlier, revokedAt), t + keep)
+            }
             var live = 0
             var survives = false
             for h in s.userSessions[sub] ?? [] {
@@ -146,6 +149,7 @@ public final class MemorySessionStore: SessionStore {
                     s.userSessions[sub]?.remove(h)
                     continue
                 }
+                guard clients?.contains(entry.record.clientID) ?? true else { continue }  // another app group's
                 guard entry.record.created <= revokedAt else {  // signed in again after it
                     survives = entry.expiresAt > t || survives
                     continue
@@ -157,18 +161,19 @@ public final class MemorySessionStore: SessionStore {
             }
             if s.userSessions[sub]?.isEmpty == true { s.userSessions[sub] = nil }
             // A session or a token from after the revocation: the user came back since.
-            let superseded = survives || (s.userTokens[sub]?.values.contains { $0.grantedAt > revokedAt } ?? false)
+            let concerned = { (client: String) in clients?.contains(client) ?? true }
+            let superseded = survives || (s.userTokens[sub]?.contains { concerned($0.key) && $0.value.grantedAt > revokedAt } ?? false)
             switch forget {
             case .nothing: break
             case .grants:
-                s.userTokens[sub] = s.userTokens[sub]?.filter { $0.value.grantedAt > revokedAt }
+                s.userTokens[sub] = s.userTokens[sub]?.filter { !concerned($0.key) || $0.value.grantedAt > revokedAt }
                 if s.userTokens[sub]?.isEmpty == true { s.userTokens[sub] = nil }
             case .everything:
                 s.users[sub] = nil
                 s.userTokens[sub] = nil
                 if let account = s.links.removeValue(forKey: sub), s.accounts[account] == sub { s.accounts[account] = nil }
             }
-            if !superseded, forget == .grants { s.userExpiry[sub] = t + keep }
+            if !superseded, forget == .grants, clients == nil { s.userExpiry[sub] = t + keep }
             s.wrote(now: t)
             return Revocation(ended: live, superseded: superseded)
         }

@@ -242,21 +242,31 @@ public final class RedisSessionStore: SessionStore {
         }
     }
 
-    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, clients: Set<String>?,
+                       on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         members(of: sub, on: loop).flatMap { members in
-            // Each session's creation time and the user's tokens with their grant times, in one
-            // round trip.
-            let reads: [[RedisArgument]] = members.map { ["HGET", .string(self.sessionKey($0.handle)), "created"] } + [["HGETALL", .string(self.userTokensKey(sub))]]
+            // Each session's creation time and client, and the user's tokens with their grant
+            // times, in one round trip.
+            let reads: [[RedisArgument]] = members.map { ["HMGET", .string(self.sessionKey($0.handle)), "created", "client_id"] } + [["HGETALL", .string(self.userTokensKey(sub))]]
             return self.redis.sendAll(reads, on: loop).flatMapErrorThrowing { throw SessionStoreError($0) }.flatMap { replies in
-                // Created up to the revocation, or already gone (no `created`): deleted.
-                let created = zip(members, replies).map { ($0, $1.string.flatMap(Int64.init)) }
+                let concerned = { (client: String?) in client.map { clients?.contains($0) ?? true } ?? true }
+                // Of the clients concerned (another app group's sessions are not), created up to
+                // the revocation, or already gone (no `created`): deleted.
+                let created = zip(members, replies).compactMap { member, reply -> ((member: String, handle: SessionHandle), Int64?)? in
+                    let fields = reply.arrayValue ?? []
+                    guard concerned(fields.count > 1 ? fields[1].string : nil) else { return nil }
+                    return (member, fields.first?.string.flatMap(Int64.init))
+                }
                 let doomed = created.filter { _, at in at.map { $0 <= revokedAt } ?? true }.map(\.0)
                 // A session or a token from after the revocation: the user came back since.
-                let granted = Self.tokens(replies.last ?? .array(nil))
+                let granted = Self.tokens(replies.last ?? .array(nil)).filter { concerned($0.key) }
                 let superseded = created.contains { _, at in at.map { $0 > revokedAt } ?? false } || granted.values.contains { $0.grantedAt > revokedAt }
                 // Everything below is in the user's slot: one transaction. The later marker wins,
-                // atomically (two revocations racing must not move it back).
-                var commands: [[RedisArgument]] = [["EVAL", .string(Self.markerScript.source), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]]
+                // atomically (two revocations racing must not move it back); an app group's
+                // revocation writes none (the user's other groups live on).
+                var commands: [[RedisArgument]] = [clients == nil
+                    ? ["EVAL", .string(Self.markerScript.source), "1", .string(self.revokedKey(sub)), RedisArgument(revokedAt), RedisArgument(max(keep, 1))]
+                    : ["PING"]]
                 let inSlot = doomed.filter { $0.handle.sub != nil }
                 if !inSlot.isEmpty { commands.append(["DEL"] + inSlot.map { .string(self.sessionKey($0.handle)) }) }
                 let remembered: (SessionHandle) -> [RedisArgument] = { ["SET", .string(self.endedKey($0)), .string(end.rawValue), "PX", RedisArgument(max(keep, 1))] }
@@ -272,7 +282,7 @@ public final class RedisSessionStore: SessionStore {
                 case .everything:
                     commands.append(["DEL", .string(self.userKey(sub)), .string(self.userTokensKey(sub))])
                 }
-                if !superseded, forget == .grants {
+                if !superseded, forget == .grants, clients == nil {
                     commands.append(["PEXPIRE", .string(self.userKey(sub)), RedisArgument(max(keep, 1))])
                     commands.append(["PEXPIRE", .string(self.userTokensKey(sub)), RedisArgument(max(keep, 1))])
                 }

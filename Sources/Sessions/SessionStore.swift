@@ -326,8 +326,11 @@ public protocol SessionStore: Sendable {
     /// revocation of the grants that nothing superseded leaves the profile and tokens to expire
     /// with the marker (`keep`) unless the user signs in again (`create` keeps them); the link
     /// to a legacy account is kept (only `.everything` removes it). Each session it deletes
-    /// remembers `end` for `keep` (`end(of:)`).
-    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation>
+    /// remembers `end` for `keep` (`end(of:)`). With `clients` (one app group's consent), only
+    /// the sessions and tokens of those client ids go, and no marker is written (the user's
+    /// other groups live on); the profile is kept.
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, clients: Set<String>?,
+                on eventLoop: any EventLoop) -> EventLoopFuture<Revocation>
     /// Keeps the user's latest refresh token for `clientID` (sealed for the user), granted at
     /// `grantedAt` (Unix ms: the sign-in), beyond their sessions, so that a deletion can revoke
     /// it at Apple; a revocation of the grants removes it only when it was granted up to then.
@@ -393,4 +396,11 @@ public protocol SessionStore: Sendable {
     func returnURL(on eventLoop: any EventLoop) -> EventLoopFuture<String?>
     /// Succeeds when the store takes a write (readiness): a demoted or full Redis fails it.
     func ping(on eventLoop: any EventLoop) -> EventLoopFuture<Void>
+}
+
+extension SessionStore {
+    /// `revoke` of every client's sessions and tokens.
+    public func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
+        revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, clients: nil, on: eventLoop)
+    }
 }

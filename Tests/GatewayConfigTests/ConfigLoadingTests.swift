@@ -407,6 +407,40 @@ struct ConfigLoadingTests {
         #expect(malformed.errors.first?.line == 10)
     }
 
+    @Test("apple.app_groups: client ids of client_ids, each in one group; absent: one group of all")
+    func appGroups() throws {
+        func parse(_ groups: String) -> GatewayConfiguration.LoadResult {
+            GatewayConfiguration.parse(yaml: """
+                server:
+                  public_url: "https://app.example.com"
+                apple:
+                  team_id: "ABCDE12345"
+                  key_id: "KEY1234567"
+                  client_ids: ["com.example.web", "com.example.app", "com.other.app"]
+                  private_key_file: "/dev/null"
+                \(groups)
+                routes:
+                  - name: app
+                    upstream: "http://127.0.0.1:9000"
+                """)
+        }
+        #expect(parse("").configuration?.apple?.appGroups == nil)
+        let fine = parse(#"  app_groups: [["com.example.app", "com.example.web"], ["com.other.app"]]"#)
+        #expect(fine.errors == [], "\(fine.errors)")
+        #expect(fine.configuration?.apple?.appGroups == [["com.example.app", "com.example.web"], ["com.other.app"]])
+        for (groups, message) in [
+            (#"[["com.example.app", "com.example.web"], ["com.unknown"]]"#, "is not a client id of apple.client_ids"),
+            (#"[["com.example.app", "com.example.web"], ["com.other.app", "com.example.web"]]"#, "in two groups"),
+            (#"[["com.example.app", "com.example.web"]]"#, "leaves out com.other.app"),
+            (#"[["com.example.app", "com.example.web", "com.other.app"], []]"#, "empty group"),
+            (#"["com.example.app"]"#, "expected a list"),
+        ] {
+            let refused = parse("  app_groups: " + groups)
+            #expect(refused.errors.count == 1 && refused.errors.first?.path.hasPrefix("apple.app_groups") == true, "\(groups): \(refused.errors)")
+            #expect(refused.errors.first?.message.contains(message) == true, "\(groups): \(refused.errors)")
+        }
+    }
+
     @Test("a route that needs sign-in needs apple, public_url and (with Redis) a session secret")
     func signInRequirements() throws {
         let yaml = """

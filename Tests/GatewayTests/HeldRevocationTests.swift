@@ -40,6 +40,16 @@ struct HeldQueueTests {
         #expect(q.denies(key: "k3", sub: "u2", created: 100))
     }
 
+    @Test("a journal line written before app groups (no clients) reads as a revocation of every client; one with clients keeps them")
+    func journalAcrossVersions() throws {
+        let old = #"{"user":{"sub":"001.a","source":"apple_notification","at":5,"forget":"grants","event":"user.revoked","reason":"consent_revoked","atApple":false}}"#
+        let action = try JSONDecoder().decode(HeldRevocation.Action.self, from: Data(old.utf8))
+        #expect(action == .user(sub: "001.a", source: .appleNotification, at: 5, happened: nil, forget: .grants, event: .userRevoked, reason: "consent_revoked", atApple: false))
+        let grouped = HeldRevocation.Action.user(sub: "001.a", source: .appleNotification, at: 5, happened: nil, forget: .grants, event: nil, reason: nil,
+                                                 atApple: false, clients: ["com.example.app"])
+        #expect(try JSONDecoder().decode(HeldRevocation.Action.self, from: JSONEncoder().encode(grouped)) == grouped)
+    }
+
     @Test("the same logout or notification held twice is kept once; beyond the capacity one more is refused; notifications not verified yet have their own, smaller bound")
     func bounds() {
         var q = HeldQueue()
@@ -76,7 +86,7 @@ struct HeldQueueTests {
             let name: String = switch entry.action {
             case .session(let key, _): key
             case .notification(let body): body
-            case .user(let sub, _, _, _, _, _, _, _): "user " + sub
+            case .user(let sub, _, _, _, _, _, _, _, _): "user " + sub
             case .email: "email"
             }
             seen.withLockedValue { $0.append(name) }

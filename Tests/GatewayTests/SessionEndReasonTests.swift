@@ -103,3 +103,37 @@ struct UnverifiedEmailTests {
         }
     }
 }
+
+/// Consent is per app group (issue 39 §2): Apple's `consent-revoked` names the group's primary
+/// App ID, and only that group's sessions and tokens end.
+@Suite("Consent per app group", .serialized, .timeLimit(.minutes(1)))
+struct AppGroupConsentTests {
+    @Test("with two app groups, consent revoked for one ends its sessions and tokens only; the other group's live on; an account deletion ends both",
+          arguments: [SignInHarness.Store.memory, .redis])
+    func twoGroups(store: SignInHarness.Store) async throws {
+        try await SignInHarness.with(store: store, configure: { c in
+            c.apple?.appGroups = [[SignInHarness.appClient], [SignInHarness.webClient]]
+        }) { h in
+            let sub = h.simulator.createUser()
+            let web = TestBrowser(gatewayOrigin: h.origin)
+            _ = try await web.signIn(from: "/x", as: sub)
+            let app = try await SessionEndReasonTests.nativeToken(h, sub)
+            let url = h.origin + "/_auth/apple/notifications"
+            let (store, loop) = (h.service.core.store, h.service.core.outbox.loop)
+            #expect(try await store.refreshTokens(of: sub, on: loop).get().count == 2)
+
+            #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, audience: SignInHarness.appClient, retryDelays: []).status == 200)
+            #expect(try await SessionEndReasonTests.call(h, app) == (401, "revoked"), "the app's group ended")
+            #expect(try await web.request("/x").status == 200, "the web group's session lives on")
+            #expect(try await store.refreshTokens(of: sub, on: loop).get().keys.sorted() == [SignInHarness.webClient], "and its token")
+
+            let again = try await SessionEndReasonTests.nativeToken(h, sub)
+            #expect(await h.simulator.sendNotification(.consentRevoked, sub: sub, to: url, audience: SignInHarness.webClient, retryDelays: []).status == 200)
+            #expect(try await web.request("/x").status == 302, "now the web group's")
+            #expect(try await SessionEndReasonTests.call(h, again).status == 200, "the app's new consent lives on")
+
+            #expect(await h.simulator.sendNotification(.accountDelete, sub: sub, to: url, audience: SignInHarness.webClient, retryDelays: []).status == 200)
+            #expect(try await SessionEndReasonTests.call(h, again) == (401, "deleted"), "a deleted account ends every group")
+        }
+    }
+}

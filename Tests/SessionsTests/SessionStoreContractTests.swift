@@ -192,6 +192,26 @@ struct SessionStoreContractTests {
         }
     }
 
+    @Test("an app group's revocation ends only its clients' sessions and tokens, and leaves no marker for the other group's", arguments: StoreKind.allCases)
+    func revokeOneAppGroup(kind: StoreKind) async throws {
+        try await StoreFixture.with(kind) { f in
+            let (_, web) = record("user.g", created: now)
+            var app = record("user.g", created: now + 1).record
+            app.clientID = "com.other.app"
+            for s in [web, app] { try await f.store.create(s, profile: UserProfile(sub: "user.g", name: "G"), expiresAt: now + 60_000, on: f.loop).get() }
+            for client in ["com.example.web", "com.other.app"] {
+                try await f.store.saveRefreshToken(keys.seal("rt-" + client, context: SessionKeys.userContext("user.g")), clientID: client, grantedAt: now, of: "user.g", on: f.loop).get()
+            }
+            let outcome = try await f.store.revoke("user.g", at: now + 10, keep: 60_000, forget: .grants, end: .revoked, clients: ["com.other.app"], on: f.loop).get()
+            #expect(outcome == Revocation(ended: 1, superseded: false))
+            #expect(try await f.store.load(app.handle, on: f.loop).get() == nil)
+            #expect(try await f.store.end(of: app.handle, on: f.loop).get() == .revoked)
+            let kept = try #require(try await f.store.load(web.handle, on: f.loop).get())
+            #expect(!kept.isRevoked && kept.user.name == "G", "the other group's session lives, with the profile")
+            #expect(try await f.store.refreshTokens(of: "user.g", on: f.loop).get().keys.sorted() == ["com.example.web"])
+        }
+    }
+
     @Test("Apple revocations queued up to a time: the sessions' tokens from up to it, the per-client ones only when no later sign-in replaced them", arguments: StoreKind.allCases)
     func appleRevocationsUpTo(kind: StoreKind) async throws {
         try await StoreFixture.with(kind) { f in

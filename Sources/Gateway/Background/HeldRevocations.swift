@@ -12,9 +12,10 @@ struct HeldRevocation: Codable, Sendable, Equatable {
     enum Action: Codable, Sendable, Equatable {
         /// `Revocations.revokeUser` (reaching what was granted up to `at`); `atApple`: the
         /// user's disconnect, whose refresh tokens from up to `at` are queued for revocation at
-        /// Apple first.
+        /// Apple first. `clients`: only the sessions and tokens of these client ids (an app
+        /// group's consent; nil: all). While held, all of the user's sessions are refused.
         case user(sub: String, source: Revocations.Source, at: Int64, happened: Int64?, forget: Forgetting,
-                  event: AppEventKind?, reason: String?, atApple: Bool)
+                  event: AppEventKind?, reason: String?, atApple: Bool, clients: [String]? = nil)
         /// A logout: the session with this store key (the SHA-256 of its id, never the id);
         /// its user when known.
         case session(key: String, sub: String?)
@@ -166,7 +167,7 @@ extension HeldRevocation.Action {
     /// post one).
     var deny: HeldRevocation.Deny? {
         switch self {
-        case .user(let sub, _, let at, _, let forget, _, _, _): .user(sub: sub, upTo: forget == .everything ? .max : at)
+        case .user(let sub, _, let at, _, let forget, _, _, _, _): .user(sub: sub, upTo: forget == .everything ? .max : at)
         case .session(let key, _): .session(key: key)
         case .email, .notification: nil
         }
@@ -175,7 +176,7 @@ extension HeldRevocation.Action {
     /// A log label: what was held (never who, nor the session).
     var kind: String {
         switch self {
-        case .user(_, let source, _, _, _, _, _, _): "revocation (\(source.rawValue))"
+        case .user(_, let source, _, _, _, _, _, _, _): "revocation (\(source.rawValue))"
         case .session: "logout"
         case .email: "apple email notification"
         case .notification: "apple notification (not verified yet)"

@@ -50,15 +50,17 @@ final class Revocations: Sendable {
     ///     nil: now.
     ///   - forget: what goes besides the sessions (`Forgetting`).
     ///   - event: what the app is told, and why (`events.url`).
+    ///   - clients: only the sessions and tokens of these client ids (one app group's consent);
+    ///     nil: all of the user's.
     func revokeUser(_ sub: String, source: Source, at: Int64? = nil, happened: Int64? = nil, keep: Int64, forget: Forgetting = .nothing,
-                    event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
+                    clients: Set<String>? = nil, event: (kind: AppEventKind, reason: String)? = nil, on loop: any EventLoop) -> EventLoopFuture<Revocation> {
         // The cache is dropped once the store took it: until then a failed write leaves the
         // sessions cached, for `HeldRevocations` to refuse without asking the store.
         let t = now()
         let revokedAt = min(at ?? t, t)
         // What its sessions' clients are told (`SessionEnd`): a deletion, or a revocation.
         let end: SessionEnd = event?.kind == .userDeleted || (event == nil && forget == .everything) ? .deleted : .revoked
-        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, on: loop).map { outcome in
+        return store.revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, clients: clients, on: loop).map { outcome in
             self.cache.invalidate(sub: sub)
             self.fleet.publish(.user(sub), on: loop)
             self.recheck(self.tunnels.tunnels(of: sub))
@@ -105,8 +107,8 @@ final class Revocations: Sendable {
     /// `AuthCore.apply`'s.
     func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws {
         switch action {
-        case .user(let sub, let source, let at, let happened, let forget, let event, let reason, _):
-            _ = try await revokeUser(sub, source: source, at: at, happened: happened, keep: keep, forget: forget,
+        case .user(let sub, let source, let at, let happened, let forget, let event, let reason, _, let clients):
+            _ = try await revokeUser(sub, source: source, at: at, happened: happened, keep: keep, forget: forget, clients: clients.map(Set.init),
                                      event: event.map { ($0, reason ?? source.rawValue) }, on: loop).get()
         case .session(let key, let sub):
             // The session the store holds under the key, if any (gone already: nothing to end).

@@ -37,8 +37,10 @@ extension AuthCore {
             // tokens granted up to it; the profile and the link to a legacy account stay, so a
             // user who comes back is the same account. A sign-in after the event (a new
             // consent) lives on, and the app is then not told.
+            // Consent is per app group: the notification names the group's primary App ID, and
+            // only that group's sessions and tokens end (all of them with one group).
             .user(sub: event.subject, source: .appleNotification, at: eventAt ?? at, happened: eventAt, forget: .grants,
-                  event: .userRevoked, reason: "consent_revoked", atApple: false)
+                  event: .userRevoked, reason: "consent_revoked", atApple: false, clients: apple.appGroup(of: event.audience))
         case .accountDeleted:
             // The Apple account is gone: its `sub` can never sign in again, so every session
             // ends and everything is forgotten, whatever Apple's clock said (`event_time` behind
@@ -106,7 +108,7 @@ extension AuthCore {
     /// an email change from Apple (`stale`: older than the last one applied).
     func apply(_ action: HeldRevocation.Action, keep: Int64, on loop: any EventLoop) async throws -> Effect {
         switch action {
-        case .user(let sub, _, let at, _, _, _, _, let atApple):
+        case .user(let sub, _, let at, _, _, _, _, let atApple, _):
             var confirmed = true
             if atApple, apple != nil {
                 let (queued, revoked) = try await revokeAtApple(sub, upTo: at, on: loop)

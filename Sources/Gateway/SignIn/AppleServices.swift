@@ -13,6 +13,8 @@ struct AppleServices: Sendable {
     let secrets: ClientSecretMinter
     let keySet: AppleKeySet
     let clientIDs: [String]
+    /// `apple.app_groups` (nil: one group of all the client ids).
+    let appGroups: [[String]]?
     let baseURL: String
     /// The `.p8` as read at start (a reload compares it).
     let keyDigest: SHA256Digest
@@ -35,7 +37,15 @@ struct AppleServices: Sendable {
         verifier = IdentityTokenVerifier(keySet: keySet, clientIDs: a.clientIDs, leeway: a.clockSkew.components.seconds)
         notifications = NotificationVerifier(keySet: keySet, clientIDs: a.clientIDs, leeway: a.clockSkew.components.seconds)
         clientIDs = a.clientIDs
+        appGroups = a.appGroups
         baseURL = a.baseURL
+    }
+
+    /// The client ids a notification for `audience` concerns: its app group, or nil when that
+    /// is every client id (one group).
+    func appGroup(of audience: String) -> [String]? {
+        guard let groups = appGroups, let group = groups.first(where: { $0.contains(audience) }), Set(group) != Set(clientIDs) else { return nil }
+        return group
     }
 
     /// The Services ID: the web flow's client id.

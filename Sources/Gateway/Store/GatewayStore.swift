@@ -62,8 +62,9 @@ struct GatewayStore: SessionStore {
     func end(of handle: SessionHandle, on eventLoop: any EventLoop) -> EventLoopFuture<SessionEnd?> {
         run(.end, on: eventLoop, base.end(of: handle, on: eventLoop))
     }
-    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
-        run(.revoke, on: eventLoop, base.revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, on: eventLoop))
+    func revoke(_ sub: String, at revokedAt: Int64, keep: Int64, forget: Forgetting, end: SessionEnd, clients: Set<String>?,
+                on eventLoop: any EventLoop) -> EventLoopFuture<Revocation> {
+        run(.revoke, on: eventLoop, base.revoke(sub, at: revokedAt, keep: keep, forget: forget, end: end, clients: clients, on: eventLoop))
     }
     func saveProfile(_ profile: UserProfile, on eventLoop: any EventLoop) -> EventLoopFuture<Void> {
         run(.saveProfile, on: eventLoop, base.saveProfile(profile, on: eventLoop))
