@@ -374,15 +374,18 @@ struct ConfigLoadingTests {
 
     /// The smallest file that signs in (memory store), with `sections` (top-level YAML, from
     /// line 8) before its one route.
-    static func signIn(_ sections: String = "") -> GatewayConfiguration.LoadResult {
+    /// - Parameters:
+    ///   - clientIDs: `apple.client_ids` as YAML.
+    ///   - apple: more lines of the `apple` section, each starting with a newline and indented.
+    static func signIn(_ sections: String = "", clientIDs: String = #"["com.example.web"]"#, apple: String = "") -> GatewayConfiguration.LoadResult {
         GatewayConfiguration.parse(yaml: """
             server:
               public_url: "https://app.example.com"
             apple:
               team_id: "ABCDE12345"
               key_id: "KEY1234567"
-              client_ids: ["com.example.web"]
-              private_key_file: "/dev/null"
+              client_ids: \(clientIDs)
+              private_key_file: "/dev/null"\(apple)
             \(sections)
             routes:
               - name: app
@@ -410,19 +413,7 @@ struct ConfigLoadingTests {
     @Test("apple.app_groups: client ids of client_ids, each in one group; absent: one group of all")
     func appGroups() throws {
         func parse(_ groups: String) -> GatewayConfiguration.LoadResult {
-            GatewayConfiguration.parse(yaml: """
-                server:
-                  public_url: "https://app.example.com"
-                apple:
-                  team_id: "ABCDE12345"
-                  key_id: "KEY1234567"
-                  client_ids: ["com.example.web", "com.example.app", "com.other.app"]
-                  private_key_file: "/dev/null"
-                \(groups)
-                routes:
-                  - name: app
-                    upstream: "http://127.0.0.1:9000"
-                """)
+            Self.signIn(clientIDs: #"["com.example.web", "com.example.app", "com.other.app"]"#, apple: groups.isEmpty ? "" : "\n" + groups)
         }
         #expect(parse("").configuration?.apple?.appGroups == nil)
         let fine = parse(#"  app_groups: [["com.example.app", "com.example.web"], ["com.other.app"]]"#)

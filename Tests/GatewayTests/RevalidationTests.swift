@@ -21,6 +21,14 @@ struct RevalidationTests {
         }) { h in try await body(h, h.simulator.createUser()) }
     }
 
+    /// A gateway on the memory store, re-validating hourly with `grace`.
+    static func inMemory<Result>(grace: Duration, _ body: (SignInHarness) async throws -> Result) async throws -> Result {
+        try await SignInHarness.with(store: .memory, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), configure: { c in
+            c.apple?.revalidateAfter = .seconds(3600)
+            c.apple?.revalidateGrace = grace
+        }, body)
+    }
+
     @Test("200 concurrent requests for a stale session over both instances: exactly one refresh call")
     func singleFlightAcrossTheFleet() async throws {
         try await Self.with { h, sub in
@@ -121,10 +129,7 @@ struct RevalidationTests {
 
     @Test("the memory store follows the same policy in-process: one refresh call, then invalid_grant revokes")
     func memoryStore() async throws {
-        try await SignInHarness.with(store: .memory, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), configure: { c in
-            c.apple?.revalidateAfter = .seconds(3600)
-            c.apple?.revalidateGrace = .seconds(600)
-        }) { h in
+        try await Self.inMemory(grace: .seconds(600)) { h in
             let sub = h.simulator.createUser()
             let a = TestBrowser(gatewayOrigin: h.origin)
             _ = try await a.signIn(from: "/x", as: sub)
@@ -144,10 +149,7 @@ struct RevalidationTests {
 
     @Test("invalid_request revokes a user only once the client's refresh requests are proven well formed: a request we malformed signs no one out")
     func invalidRequestNeedsAProvenClient() async throws {
-        try await SignInHarness.with(store: .memory, localCacheTTL: .seconds(3600), idleTimeout: .seconds(86_400), configure: { c in
-            c.apple?.revalidateAfter = .seconds(3600)
-            c.apple?.revalidateGrace = .seconds(0)
-        }) { h in
+        try await Self.inMemory(grace: .zero) { h in
             let (ada, bob) = (h.simulator.createUser(), h.simulator.createUser())
             let a = TestBrowser(gatewayOrigin: h.origin), b = TestBrowser(gatewayOrigin: h.origin)
             _ = try await a.signIn(from: "/x", as: ada)

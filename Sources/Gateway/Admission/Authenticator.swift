@@ -48,6 +48,11 @@ enum Resolution {
     case unavailable
     /// Apple could not confirm the session for longer than `apple.outage_grace`: 503.
     case appleUnavailable
+
+    /// Why the session the credential named ended (`invalid`); nil otherwise.
+    var ended: SessionEnd? {
+        if case .invalid(let end) = self { end } else { nil }
+    }
 }
 
 /// Sign-in and admission under one configuration generation: the settings a reload may change

@@ -74,9 +74,7 @@ struct SessionGuard: RequestGuard {
                 return withoutSession(request)
             }
             core.metrics.recordAdmission(.unauthenticated)
-            var ended: SessionEnd? = nil
-            if case .invalid(let end) = resolution { ended = end }
-            return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix, ended: ended))
+            return .respond(AuthResponses.unauthenticated(request, action: route.unauthenticated, prefix: auth.prefix, ended: resolution.ended))
         case .unavailable:
             core.metrics.recordAdmission(.storeUnavailable)
             return .respond(AuthResponses.storeUnavailable(request.head))

@@ -101,10 +101,8 @@ struct AuthEndpointGuard: RequestGuard {
                     // The front proxy answers 401 as it is to scripts, and sends browsers where
                     // this header says (nginx: auth_request_set; Caddy: handle_response).
                     let signIn = asked.signInURL(prefix: auth.prefix, policy: auth.returnPolicy)
-                    var ended: SessionEnd? = nil
-                    if case .invalid(let end) = resolution { ended = end }
                     response = AuthResponses.json(.unauthorized, ["error": "unauthenticated"], headers: (signIn.map { [(ForwardAuthRequest.signInHeader, $0)] } ?? [])
-                                                  + (ended.map { [(AuthResponses.sessionEndedHeader, $0.rawValue)] } ?? []))
+                                                  + (resolution.ended.map { [(AuthResponses.sessionEndedHeader, $0.rawValue)] } ?? []))
                 case .unavailable: response = AuthResponses.storeUnavailable(head)
                 case .appleUnavailable: response = AuthResponses.appleUnavailable(head, prefix: auth.prefix)
                 }

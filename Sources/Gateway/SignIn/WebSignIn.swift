@@ -192,9 +192,8 @@ extension AuthEndpointGuard {
         guard let binding = Authenticator.cookie(auth.loginCookieName, in: head.headers) ?? Authenticator.cookie(auth.legacyLoginCookieName, in: head.headers)
         else { throw SignInFailure.loginNotStarted }
         let found: LoginState?
-        do { found = try await core.store.takeLogin(state: state, on: loop).get() } catch {
-            core.logger.warning("sign-in could not use the session store", metadata: ["error": "\(error)"])
-            throw LoginLookupFailure(failure: .storeUnavailable)
+        do { found = try await storeCall { try await core.store.takeLogin(state: state, on: loop).get() } } catch {
+            throw LoginLookupFailure(failure: error)
         }
         guard let login = found else { throw LoginLookupFailure(failure: .loginExpired) }
         // Another browser's login (a stolen callback): nothing of it is kept.
